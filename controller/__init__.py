@@ -1,0 +1,1 @@
+"""The cluster daemon: VRAM-aware planning, admission webhooks, claim health reconciler, explain."""

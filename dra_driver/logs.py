@@ -1,0 +1,91 @@
+"""Structured logging: one event per line, ``key=value`` pairs, a fixed set of leading keys.
+
+Usage::
+
+    log = get_logger(__name__)
+    log.info("claim_prepared", claim_uid=uid, device="gpu-0", node=node)
+
+Every line carries ``ts``, ``level``, ``logger`` and ``event``; the caller adds the claim UID,
+device name and node where they apply. ``GPUREADY_LOG_FORMAT=json`` switches to JSON lines.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+_RESERVED = ("ts", "level", "logger", "event")
+
+
+def _quote(value: Any) -> str:
+    text = str(value)
+    if text == "" or any(c in text for c in ' ="\n\t'):
+        return json.dumps(text)
+    return text
+
+
+class _KeyValueFormatter(logging.Formatter):
+    def __init__(self, as_json: bool) -> None:
+        super().__init__()
+        self._json = as_json
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "event": record.getMessage(),
+        }
+        fields.update(getattr(record, "kv", {}))
+        if record.exc_info:
+            fields["error"] = self.formatException(record.exc_info).splitlines()[-1]
+        if self._json:
+            return json.dumps(fields, default=str)
+        return " ".join(f"{k}={_quote(v)}" for k, v in fields.items())
+
+
+class StructuredLogger:
+    """A thin wrapper that turns keyword arguments into structured fields."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self._logger = logger
+
+    def _log(self, level: int, event: str, exc_info: bool, fields: dict[str, Any]) -> None:
+        if self._logger.isEnabledFor(level):
+            kv = {k: v for k, v in fields.items() if v is not None and k not in _RESERVED}
+            self._logger.log(level, event, extra={"kv": kv}, exc_info=exc_info, stacklevel=3)
+
+    def debug(self, event: str, **fields: Any) -> None:
+        """Log a debug event."""
+        self._log(logging.DEBUG, event, False, fields)
+
+    def info(self, event: str, **fields: Any) -> None:
+        """Log an info event."""
+        self._log(logging.INFO, event, False, fields)
+
+    def warning(self, event: str, **fields: Any) -> None:
+        """Log a warning event."""
+        self._log(logging.WARNING, event, False, fields)
+
+    def error(self, event: str, exc_info: bool = False, **fields: Any) -> None:
+        """Log an error event; ``exc_info=True`` adds the current exception's last line."""
+        self._log(logging.ERROR, event, exc_info, fields)
+
+
+def get_logger(name: str) -> StructuredLogger:
+    """Return the structured logger for a module."""
+    return StructuredLogger(logging.getLogger(name))
+
+
+def configure(level: str = "info", stream: Any = None) -> None:
+    """Configure root logging once per process (daemons and the CLI call this)."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(_KeyValueFormatter(os.environ.get("GPUREADY_LOG_FORMAT", "") == "json"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())

@@ -1,0 +1,1 @@
+"""The node daemon: registration, NodePrepare/Unprepare, CDI, checkpoint, ResourceSlice publishing."""

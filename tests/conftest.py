@@ -1,0 +1,31 @@
+"""Shared pytest setup.
+
+Tests marked ``gpu`` need a real NVIDIA GPU: they run when NVML initialises on this machine and are
+skipped elsewhere (CI has no GPU; the lent H200 machine runs them with ``pytest -m gpu``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+
+@functools.cache
+def real_nvml_available() -> bool:
+    """Whether the real NVML library initialises here."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        return True
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip_gpu = pytest.mark.skip(reason="needs a real NVIDIA GPU (NVML did not initialise)")
+    for item in items:
+        if "gpu" in item.keywords and not real_nvml_available():
+            item.add_marker(skip_gpu)
