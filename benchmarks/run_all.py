@@ -1,0 +1,129 @@
+"""Run every benchmark and regenerate ``docs/benchmarks.md`` from what they print.
+
+    python -m benchmarks.run_all            # all benchmarks, full size; rewrites docs/benchmarks.md
+    python -m benchmarks.run_all --quick    # smaller runs, for a smoke check
+    python -m benchmarks.run_all --only publish,prepare --stdout
+
+Each ``benchmarks/bench_<area>.py`` runs in its own process (so one benchmark's threads, memory and
+imports cannot skew another's) and prints one JSON line per figure (``benchmarks.common.report``).
+GPU figures (real NVML, the CUDA probe) come from ``--extra FILE``: JSON lines recorded on the GPU
+machine, kept in ``docs/benchmarks-gpu.jsonl`` so the report can be regenerated anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+REPORT = ROOT / "docs" / "benchmarks.md"
+GPU_FIGURES = ROOT / "docs" / "benchmarks-gpu.jsonl"
+
+
+def discover() -> list[str]:
+    """The benchmark areas present: ``bench_<area>.py`` -> ``<area>``."""
+    return sorted(p.stem.removeprefix("bench_") for p in (ROOT / "benchmarks").glob("bench_*.py"))
+
+
+def run_one(area: str, quick: bool, timeout: float) -> tuple[list[dict[str, object]], str]:
+    """Run one benchmark module in a subprocess; return its figures and any error text."""
+    code = (
+        "import sys, benchmarks.common as c, importlib;"
+        f"m = importlib.import_module('benchmarks.bench_{area}');"
+        f"c.report(m.run(quick={quick!r}))"
+    )
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return [], f"timed out after {timeout:.0f} s"
+    rows = []
+    for line in proc.stdout.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    error = "" if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["failed"])[-1]
+    return rows, error
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}" if value < 100 else f"{value:.0f}"
+    return "" if value is None else str(value)
+
+
+def render(results: dict[str, list[dict[str, object]]], errors: dict[str, str],
+           gpu_rows: list[dict[str, object]]) -> str:
+    """The markdown report."""
+    machines = sorted({str(r.get("machine", "")) for rows in results.values() for r in rows} - {""})
+    out = [
+        "# Benchmarks",
+        "",
+        "Regenerate with `python -m benchmarks.run_all` (this file is overwritten). Each benchmark",
+        "runs in its own process; median and p99 are over the `n` samples shown. The target is the",
+        "figure the issue set; `met` says whether this run met it.",
+        "",
+        f"Machine: {'; '.join(machines) or 'unknown'}. Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        "",
+        "| area | what was measured | n | median | p99 | unit | target | met | peers |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for area, rows in results.items():
+        for r in rows:
+            met = {True: "yes", False: "**no**", None: ""}[r.get("met")]  # type: ignore[index]
+            out.append(
+                f"| {area} | {r['name']} | {r['n']} | {_fmt(r['median'])} | {_fmt(r['p99'])} | "
+                f"{r['unit']} | {r.get('target', '')} | {met} | {r.get('peers', '')} |"
+            )
+    if gpu_rows:
+        out += ["", "## On a real NVIDIA H200 (recorded on the GPU machine)", "",
+                "| what was measured | n | median | p99 | unit | target | met | machine |",
+                "|---|---|---|---|---|---|---|---|"]
+        for r in gpu_rows:
+            met = {True: "yes", False: "**no**", None: ""}[r.get("met")]  # type: ignore[index]
+            out.append(f"| {r['name']} | {r['n']} | {_fmt(r['median'])} | {_fmt(r['p99'])} | "
+                       f"{r['unit']} | {r.get('target', '')} | {met} | {r.get('machine', '')} |")
+    if errors:
+        out += ["", "## Benchmarks that did not complete", ""]
+        out += [f"- `{area}`: {err}" for area, err in errors.items()]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmarks and write the report."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smaller runs, for a smoke check")
+    parser.add_argument("--only", default="", help="comma-separated areas (default: all)")
+    parser.add_argument("--stdout", action="store_true", help="print the report instead of writing it")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per benchmark module")
+    args = parser.parse_args(argv)
+    areas = [a for a in discover() if not args.only or a in args.only.split(",")]
+    results: dict[str, list[dict[str, object]]] = {}
+    errors: dict[str, str] = {}
+    for area in areas:
+        print(f"running {area} ...", file=sys.stderr, flush=True)
+        rows, error = run_one(area, args.quick, args.timeout)
+        results[area] = rows
+        if error:
+            errors[area] = error
+    gpu_rows = []
+    if GPU_FIGURES.exists():
+        gpu_rows = [json.loads(x) for x in GPU_FIGURES.read_text().splitlines() if x.strip()]
+    text = render(results, errors, gpu_rows)
+    if args.stdout:
+        print(text)
+    else:
+        REPORT.write_text(text)
+        print(f"wrote {REPORT.relative_to(ROOT)}", file=sys.stderr)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
