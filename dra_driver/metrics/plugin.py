@@ -1,0 +1,243 @@
+"""gpuready's own kubelet-plugin metrics: health, validation, publishing, prepare, checkpoint, stream.
+
+The demo runs several plugins in one process, so nothing here touches prometheus_client's global
+default registry: each :class:`PluginMetrics` owns (or is given) a ``CollectorRegistry`` and every
+series carries the ``node`` label, so plugins for different simulated nodes can even share one
+registry without colliding.
+
+Every method is cheap (a dict update under prometheus_client's own locks) and never raises for a
+well-typed call, so callers can report from hot paths (prepare, health transitions) freely.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from dra_driver import __version__
+
+HEALTH_STATES: tuple[str, ...] = ("Healthy", "Unhealthy", "Recovering", "Validating")
+"""The device health states exported (DESIGN.md section 4; ``Validating`` before the first pass)."""
+
+# Prepare/unprepare of a whole GPU is a CDI file write plus a checkpoint fsync: 1-100 ms normally,
+# with a tail into seconds when the API server is slow (claim fetch). Buckets resolve both.
+PREPARE_BUCKETS: tuple[float, ...] = (
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0, 10.0, 45.0,
+)
+# A validation probe (NVML + device node + CUDA kernel) takes 50 ms to a few seconds (context creation).
+VALIDATION_BUCKETS: tuple[float, ...] = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+PUBLISH_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class PluginMetrics:
+    """The metric families of one kubelet plugin (one node).
+
+    ``registry``: where to register; a fresh private ``CollectorRegistry`` when None (never the global
+    default). ``node``: the node name put in every series. ``driver_name``: reported in the build info.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None, node: str = "",
+                 driver_name: str = "gpu.nvidia.com") -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self.node = node
+        self.driver_name = driver_name
+        self._lock = threading.Lock()
+        self._health: dict[str, tuple[str, str]] = {}  # device -> (state, reason)
+        self._last_xid: dict[str, tuple[int, float]] = {}  # GPU UUID -> (xid, unix time)
+        r = self.registry
+        self.build_info = Gauge(
+            "gpuready_build_info", "gpuready version and driver name of this plugin (value 1).",
+            ["node", "version", "driver_name"], registry=r)
+        self.build_info.labels(node, __version__, driver_name).set(1)
+        self.device_health_state = Gauge(
+            "gpuready_device_health_state",
+            "1 for the device's current health state, 0 for the others.",
+            ["node", "device", "state"], registry=r)
+        self.device_unhealthy_reason = Gauge(
+            "gpuready_device_unhealthy_reason",
+            "1 while the device is not Healthy, with the reason (e.g. 'XID 79', 'GPU lost').",
+            ["node", "device", "reason"], registry=r)
+        self.device_health_transitions = Counter(
+            "gpuready_device_health_transitions",
+            "Health state changes of a device, by the state entered (flapping shows here).",
+            ["node", "device", "state"], registry=r)
+        self.validation_result = Gauge(
+            "gpuready_validation_result",
+            "Result of the device's last validation probe: 1 passed, 0 failed.",
+            ["node", "device"], registry=r)
+        self.validation_last_run = Gauge(
+            "gpuready_validation_last_run_timestamp_seconds",
+            "Unix time of the device's last validation probe.", ["node", "device"], registry=r)
+        self.validation_duration = Histogram(
+            "gpuready_validation_duration_seconds",
+            "Time a validation probe took (NVML, device node, CUDA compute), by result.",
+            ["node", "device", "result"], buckets=VALIDATION_BUCKETS, registry=r)
+        self.validation_failures = Counter(
+            "gpuready_validation_failures",
+            "Validation probes that failed, by the step that failed (nvml, device_node, cuda, timeout).",
+            ["node", "device", "step"], registry=r)
+        self.published_devices = Gauge(
+            "gpuready_published_devices",
+            "Devices this node currently publishes in its ResourceSlices.", ["node"], registry=r)
+        self.withdrawn_devices = Gauge(
+            "gpuready_withdrawn_devices",
+            "Devices discovered on this node but withdrawn (or tainted) because they are not healthy.",
+            ["node"], registry=r)
+        self.slice_publish_duration = Histogram(
+            "gpuready_slice_publish_duration_seconds",
+            "Time to bring the node's ResourceSlices up to date, by result.",
+            ["node", "result"], buckets=PUBLISH_BUCKETS, registry=r)
+        self.prepare_duration = Histogram(
+            "gpuready_prepare_duration_seconds",
+            "NodePrepareResources latency per claim, by result (success, error).",
+            ["node", "result"], buckets=PREPARE_BUCKETS, registry=r)
+        self.unprepare_duration = Histogram(
+            "gpuready_unprepare_duration_seconds",
+            "NodeUnprepareResources latency per claim, by result (success, error).",
+            ["node", "result"], buckets=PREPARE_BUCKETS, registry=r)
+        self.prepare_errors = Counter(
+            "gpuready_prepare_errors",
+            "Claims whose prepare failed, by reason (claim_not_found, uid_mismatch, device_unhealthy, ...).",
+            ["node", "reason"], registry=r)
+        self.unprepare_errors = Counter(
+            "gpuready_unprepare_errors", "Claims whose unprepare failed, by reason.",
+            ["node", "reason"], registry=r)
+        self.prepared_claims = Gauge(
+            "gpuready_prepared_claims", "Claims currently prepared on this node (from the checkpoint).",
+            ["node"], registry=r)
+        self.checkpoint_writes = Counter(
+            "gpuready_checkpoint_writes", "Checkpoint writes, by result (success, error).",
+            ["node", "result"], registry=r)
+        self.checkpoint_quarantined = Counter(
+            "gpuready_checkpoint_quarantined",
+            "Corrupt checkpoints moved aside at startup (each also raises an Event).", ["node"], registry=r)
+        self.health_stream_clients_gauge = Gauge(
+            "gpuready_health_stream_clients",
+            "Open kubelet health streams (NodeWatchResources) on this plugin.", ["node"], registry=r)
+        self.xid_errors = Counter(
+            "gpuready_xid_errors",
+            "XID errors seen per device, by XID and the action taken (withdraw or ignore).",
+            ["node", "device", "xid", "action"], registry=r)
+        # Pre-create the label-free series so they read 0 (not absent) before the first event.
+        for family in (self.published_devices, self.withdrawn_devices, self.prepared_claims,
+                       self.health_stream_clients_gauge, self.checkpoint_quarantined):
+            family.labels(node)
+        for result in ("success", "error"):
+            self.checkpoint_writes.labels(node, result)
+            self.prepare_duration.labels(node, result)
+            self.unprepare_duration.labels(node, result)
+
+    # --- health -------------------------------------------------------------------------------
+    def set_device_health(self, device: str, state: str, reason: str = "") -> None:
+        """Record a device's health state (one of HEALTH_STATES) and, when not Healthy, the reason."""
+        if state not in HEALTH_STATES:
+            raise ValueError(f"device health state {state!r} is not one of {', '.join(HEALTH_STATES)}")
+        with self._lock:
+            previous = self._health.get(device)
+            self._health[device] = (state, reason if state != "Healthy" else "")
+        for s in HEALTH_STATES:
+            self.device_health_state.labels(self.node, device, s).set(1 if s == state else 0)
+        if previous is not None and previous[1] and (state == "Healthy" or previous[1] != reason):
+            self._remove(self.device_unhealthy_reason, self.node, device, previous[1])
+        if state != "Healthy":
+            self.device_unhealthy_reason.labels(self.node, device, reason or state).set(1)
+        if previous is None or previous[0] != state:
+            self.device_health_transitions.labels(self.node, device, state).inc()
+
+    def forget_device(self, device: str) -> None:
+        """Drop every per-device series of a device that no longer exists (e.g. a MIG device destroyed)."""
+        with self._lock:
+            previous = self._health.pop(device, None)
+        for s in HEALTH_STATES:
+            self._remove(self.device_health_state, self.node, device, s)
+        if previous is not None:
+            self._remove(self.device_unhealthy_reason, self.node, device, previous[1] or previous[0])
+        self._remove(self.validation_result, self.node, device)
+        self._remove(self.validation_last_run, self.node, device)
+
+    def health_snapshot(self) -> Mapping[str, tuple[str, str]]:
+        """device -> (state, reason), as last reported (for the GPU collector and tests)."""
+        with self._lock:
+            return dict(self._health)
+
+    def record_xid(self, device: str, gpu_uuid: str, xid: int, withdrew: bool) -> None:
+        """Count an XID on a device; the GPU collector exports the last one as DCGM_FI_DEV_XID_ERRORS."""
+        self.xid_errors.labels(self.node, device, str(xid), "withdraw" if withdrew else "ignore").inc()
+        with self._lock:
+            self._last_xid[gpu_uuid] = (xid, time.time())
+
+    def last_xids(self) -> Mapping[str, tuple[int, float]]:
+        """GPU UUID -> (last XID, unix time seen)."""
+        with self._lock:
+            return dict(self._last_xid)
+
+    # --- validation ---------------------------------------------------------------------------
+    def observe_validation(self, device: str, seconds: float, ok: bool, failed_step: str = "") -> None:
+        """Record one validation probe of a device: duration, result and, on failure, the step."""
+        self.validation_result.labels(self.node, device).set(1 if ok else 0)
+        self.validation_last_run.labels(self.node, device).set(time.time())
+        self.validation_duration.labels(self.node, device, "pass" if ok else "fail").observe(seconds)
+        if not ok:
+            self.validation_failures.labels(self.node, device, failed_step or "unknown").inc()
+
+    # --- publishing ---------------------------------------------------------------------------
+    def set_published(self, n_published: int, n_withdrawn: int) -> None:
+        """Record how many devices are published and how many are withdrawn (or tainted)."""
+        self.published_devices.labels(self.node).set(n_published)
+        self.withdrawn_devices.labels(self.node).set(n_withdrawn)
+
+    def observe_publish(self, seconds: float, ok: bool) -> None:
+        """Record one ResourceSlice sync."""
+        self.slice_publish_duration.labels(self.node, "success" if ok else "error").observe(seconds)
+
+    # --- prepare ------------------------------------------------------------------------------
+    def observe_prepare(self, seconds: float, ok: bool, reason: str = "") -> None:
+        """Record one claim's prepare; on failure ``reason`` is a short machine word for the cause."""
+        self.prepare_duration.labels(self.node, "success" if ok else "error").observe(seconds)
+        if not ok:
+            self.prepare_errors.labels(self.node, reason or "unknown").inc()
+
+    def observe_unprepare(self, seconds: float, ok: bool, reason: str = "") -> None:
+        """Record one claim's unprepare."""
+        self.unprepare_duration.labels(self.node, "success" if ok else "error").observe(seconds)
+        if not ok:
+            self.unprepare_errors.labels(self.node, reason or "unknown").inc()
+
+    def set_prepared_claims(self, n: int) -> None:
+        """Record how many claims the checkpoint holds as prepared."""
+        self.prepared_claims.labels(self.node).set(n)
+
+    # --- checkpoint and health stream -----------------------------------------------------------
+    def checkpoint_written(self, ok: bool = True) -> None:
+        """Count one checkpoint write."""
+        self.checkpoint_writes.labels(self.node, "success" if ok else "error").inc()
+
+    def checkpoint_quarantined_once(self) -> None:
+        """Count a corrupt checkpoint moved aside."""
+        self.checkpoint_quarantined.labels(self.node).inc()
+
+    def health_stream_clients(self, delta: int) -> None:
+        """Add ``delta`` (+1 on stream open, -1 on close) to the open health stream count."""
+        self.health_stream_clients_gauge.labels(self.node).inc(delta)
+
+    # --- helpers ------------------------------------------------------------------------------
+    @staticmethod
+    def _remove(family: Gauge | Counter, *labels: str) -> None:
+        try:
+            family.remove(*labels)
+        except KeyError:
+            pass  # never created: nothing to remove
+
+
+def sample_value(registry: CollectorRegistry, name: str, labels: Mapping[str, str]) -> float | None:
+    """The value of one sample in ``registry`` (tests, benchmarks, the demo's status view)."""
+    value: float | None = registry.get_sample_value(name, dict(labels))
+    return value
+
+
+def family_names(registry: CollectorRegistry) -> Iterable[str]:
+    """Names of every family registered (for docs checks)."""
+    return [m.name for m in registry.collect()]

@@ -1,0 +1,32 @@
+"""Serve a registry on ``/metrics`` over HTTP (one server per daemon, or per simulated node in the demo)."""
+
+from __future__ import annotations
+
+import threading
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, start_http_server
+
+
+def serve_metrics(registry: CollectorRegistry, host: str = "0.0.0.0", port: int = 8080
+                  ) -> tuple[WSGIServer, threading.Thread]:
+    """Start a daemon thread serving ``registry`` at ``http://host:port/metrics``.
+
+    ``port=0`` picks a free port: read it from ``server.server_address[1]``. Stop with
+    ``server.shutdown(); server.server_close()``. Raises ``OSError`` naming the address when the port
+    is taken, so the daemon can say which flag to change.
+    """
+    try:
+        server, thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot serve metrics on {host}:{port} ({exc.strerror}); "
+                                 f"choose another port with --metrics-port") from exc
+    return server, thread
+
+
+def metrics_url(server: WSGIServer, path: str = "/metrics") -> str:
+    """The URL a scraper would use for a server started by :func:`serve_metrics`."""
+    host, port = str(server.server_address[0]), server.server_address[1]
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    return f"http://{host}:{port}{path}"
