@@ -1,0 +1,250 @@
+"""The plugin's crash-safe record of what it prepared: one JSON file, written atomically.
+
+File layout (``<plugin data dir>/checkpoint.json``)::
+
+    {"version": 1, "bootId": "<boot id>", "checksum": "sha256:<hex>", "claims": {"<uid>": {...}}}
+
+``checksum`` covers the canonical JSON of everything else, so a torn or hand-edited file is
+detected; ``bootId`` (``/proc/sys/kernel/random/boot_id``) tells records of an earlier boot apart
+(their CDI files in ``/var/run/cdi`` and their MIG instances are gone or stale after a reboot).
+
+Each claim record goes through two phases: ``PrepareStarted`` is written *before* any side effect
+(creating a MIG instance, writing a CDI file) and names what is about to be done; ``PrepareCompleted``
+is written after all of them with the answer given to the kubelet. A record still in
+``PrepareStarted`` after a restart is a prepare that crashed half-way and is rolled back
+(:mod:`kubelet_plugin.recovery`). A file that cannot be read or fails its checksum is quarantined
+(renamed ``checkpoint.json.corrupt-<time>``) and the plugin starts clean instead of crash-looping.
+
+Several plugin instances (rolling update) share the file: every update takes an exclusive
+``flock`` on ``<file>.lock`` and re-reads the file if another instance changed it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from dra_driver.logs import get_logger
+from kubelet_plugin.atomic import atomic_write
+
+log = get_logger(__name__)
+
+CHECKPOINT_VERSION = 1
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+
+
+class ClaimState(StrEnum):
+    """The two phases of a prepare."""
+
+    PREPARE_STARTED = "PrepareStarted"
+    PREPARE_COMPLETED = "PrepareCompleted"
+
+
+@dataclass
+class MigRecord:
+    """A MIG instance prepare plans to create (dynamic MIG); ``uuid`` etc. are set once created."""
+
+    device: str  # published placement name
+    parent_uuid: str
+    parent_minor: int
+    profile: str
+    gi_profile_id: int
+    placement_start: int
+    uuid: str | None = None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+
+@dataclass
+class PreparedDeviceRecord:
+    """One device of the answer given to the kubelet (NodePrepareResourceResponse.devices[])."""
+
+    request_names: list[str]
+    pool_name: str
+    device_name: str
+    cdi_device_ids: list[str]
+    share_id: str | None = None
+
+
+@dataclass
+class ClaimRecord:
+    """Everything needed to answer a repeated prepare and to undo a prepare, even after a crash."""
+
+    uid: str
+    namespace: str
+    name: str
+    state: ClaimState
+    devices: list[str]  # allocated device names (for exclusivity checks)
+    shared_devices: list[str] = field(default_factory=list)  # the subset allocated as shared
+    cdi_spec_file: str = ""
+    cdi_spec: dict[str, Any] | None = None  # kept so a missing spec file can be rebuilt
+    answer: list[PreparedDeviceRecord] = field(default_factory=list)
+    mig: list[MigRecord] = field(default_factory=list)
+    updated_at: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON form."""
+        return asdict(self)
+
+    @staticmethod
+    def from_json(raw: dict[str, Any]) -> ClaimRecord:
+        """Inverse of :meth:`to_json`; raises KeyError/TypeError/ValueError on a malformed record."""
+        data = dict(raw)
+        data["state"] = ClaimState(data["state"])
+        data["answer"] = [PreparedDeviceRecord(**d) for d in data.get("answer", [])]
+        data["mig"] = [MigRecord(**m) for m in data.get("mig", [])]
+        return ClaimRecord(**data)
+
+
+class CheckpointCorrupt(Exception):
+    """The checkpoint file cannot be trusted (unreadable, bad checksum, unknown version)."""
+
+
+def read_boot_id(path: str = BOOT_ID_PATH) -> str:
+    """This boot's ID; ``GPUREADY_BOOT_ID`` overrides it (tests simulate a reboot with it)."""
+    override = os.environ.get("GPUREADY_BOOT_ID")
+    if override:
+        return override
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return "unknown"
+
+
+def _checksum(body: dict[str, Any]) -> str:
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return "sha256:" + hashlib.sha256(canonical).hexdigest()
+
+
+def encode(boot_id: str, claims: dict[str, ClaimRecord]) -> bytes:
+    """Serialise a checkpoint with its checksum."""
+    body = {"version": CHECKPOINT_VERSION, "bootId": boot_id,
+            "claims": {uid: rec.to_json() for uid, rec in claims.items()}}
+    return json.dumps({**body, "checksum": _checksum(body)}, sort_keys=True).encode()
+
+
+def decode(data: bytes) -> tuple[str, dict[str, ClaimRecord]]:
+    """Parse and verify a checkpoint; return (boot ID, records). Raises :class:`CheckpointCorrupt`."""
+    try:
+        raw = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointCorrupt(f"not valid JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise CheckpointCorrupt("not a JSON object")
+    version = raw.get("version")
+    if version != CHECKPOINT_VERSION:
+        raise CheckpointCorrupt(f"version {version!r} is not the supported version {CHECKPOINT_VERSION}")
+    body = {k: v for k, v in raw.items() if k != "checksum"}
+    if raw.get("checksum") != _checksum(body):
+        raise CheckpointCorrupt("checksum mismatch (torn write or edited file)")
+    try:
+        claims = {uid: ClaimRecord.from_json(rec) for uid, rec in raw["claims"].items()}
+        return str(raw["bootId"]), claims
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CheckpointCorrupt(f"malformed record: {exc}") from exc
+
+
+class CheckpointStore:
+    """The checkpoint file plus its in-memory copy; all updates go through :meth:`update`."""
+
+    def __init__(self, path: str, boot_id: str) -> None:
+        self.path = path
+        self.boot_id = boot_id
+        self.file_boot_id: str | None = None  # the boot ID the file had when opened
+        self.quarantined: str | None = None  # where a corrupt file was moved, if it was
+        self.corruption: str | None = None
+        self._claims: dict[str, ClaimRecord] = {}
+        self._lock = threading.Lock()
+        self._signature: tuple[int, int, int] | None = None
+
+    def open(self) -> None:
+        """Load the file; quarantine it when it is corrupt (then start empty). Never raises for content."""
+        with self._locked():
+            try:
+                with open(self.path, "rb") as f:
+                    data = f.read()
+            except FileNotFoundError:
+                self._claims = {}
+                return
+            try:
+                self.file_boot_id, self._claims = decode(data)
+                self._signature = self._stat()
+            except CheckpointCorrupt as exc:
+                self.corruption = str(exc)
+                self.quarantined = f"{self.path}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+                os.replace(self.path, self.quarantined)
+                log.error("checkpoint_corrupt_quarantined", path=self.path, moved_to=self.quarantined,
+                          reason=str(exc))
+                self._claims = {}
+                self._write()
+
+    def get(self, uid: str) -> ClaimRecord | None:
+        """The record of a claim (a copy is not needed: records are replaced, not mutated, by callers)."""
+        with self._lock:
+            return self._claims.get(uid)
+
+    def records(self) -> dict[str, ClaimRecord]:
+        """A shallow copy of all records."""
+        with self._lock:
+            return dict(self._claims)
+
+    @contextlib.contextmanager
+    def update(self) -> Iterator[dict[str, ClaimRecord]]:
+        """Lock, refresh from disk if another instance wrote it, yield the records, then save them.
+
+        If the body raises, nothing is written and the in-memory records are restored.
+        """
+        with self._locked():
+            self._refresh()
+            before = dict(self._claims)
+            try:
+                yield self._claims
+            except BaseException:
+                self._claims = before
+                raise
+            self._write()
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self._lock:
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)  # closing releases the flock
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _refresh(self) -> None:
+        if self._stat() == self._signature:
+            return
+        try:
+            with open(self.path, "rb") as f:
+                _, self._claims = decode(f.read())
+        except FileNotFoundError:
+            self._claims = {}
+        except CheckpointCorrupt as exc:
+            # Another writer left a bad file while we run: keep our in-memory view and overwrite it.
+            log.error("checkpoint_reload_failed", path=self.path, reason=str(exc))
+
+    def _write(self) -> None:
+        atomic_write(self.path, encode(self.boot_id, self._claims), mode=0o600)
+        self.file_boot_id = self.boot_id
+        self._signature = self._stat()

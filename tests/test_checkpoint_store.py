@@ -1,0 +1,107 @@
+"""The checkpoint file: survives restarts, detects corruption, quarantines instead of crash-looping."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from kubelet_plugin.checkpoint import (
+    CheckpointStore,
+    ClaimRecord,
+    ClaimState,
+    MigRecord,
+    PreparedDeviceRecord,
+    read_boot_id,
+)
+
+
+def _record(uid: str = "u1") -> ClaimRecord:
+    return ClaimRecord(uid=uid, namespace="ns", name="c", state=ClaimState.PREPARE_STARTED, devices=["gpu-0"],
+                       mig=[MigRecord("gpu-0-mig-1g18gb-19-0", "GPU-a", 0, "1g.18gb", 19, 0)])
+
+
+def test_records_survive_a_restart_with_both_phases() -> None:
+    path = os.path.join(tempfile.mkdtemp(dir="/tmp"), "checkpoint.json")
+    store = CheckpointStore(path, "boot-1")
+    store.open()
+    with store.update() as claims:
+        claims["u1"] = _record()
+    with store.update() as claims:
+        claims["u1"] = replace(claims["u1"], state=ClaimState.PREPARE_COMPLETED,
+                               answer=[PreparedDeviceRecord(["gpu"], "node", "gpu-0", ["k/c=x"])])
+    again = CheckpointStore(path, "boot-1")
+    again.open()
+    rec = again.get("u1")
+    assert rec is not None and rec.state is ClaimState.PREPARE_COMPLETED
+    assert rec.answer[0].cdi_device_ids == ["k/c=x"] and rec.mig[0].gi_profile_id == 19
+    assert again.file_boot_id == "boot-1"
+    raw = json.loads(Path(path).read_text())
+    assert raw["version"] == 1 and raw["checksum"].startswith("sha256:")
+
+
+def test_failed_update_leaves_file_and_memory_untouched() -> None:
+    path = os.path.join(tempfile.mkdtemp(dir="/tmp"), "checkpoint.json")
+    store = CheckpointStore(path, "b")
+    store.open()
+    try:
+        with store.update() as claims:
+            claims["u1"] = _record()
+            raise RuntimeError("boom")
+    except RuntimeError:
+        pass
+    assert store.get("u1") is None
+    assert not os.path.exists(path)
+
+
+def test_corrupt_file_is_quarantined_and_store_starts_clean() -> None:
+    d = tempfile.mkdtemp(dir="/tmp")
+    path = os.path.join(d, "checkpoint.json")
+    store = CheckpointStore(path, "b")
+    store.open()
+    with store.update() as claims:
+        claims["u1"] = _record()
+    data = Path(path).read_text().replace('"ns"', '"xx"')  # valid JSON, wrong checksum
+    Path(path).write_text(data)
+    broken = CheckpointStore(path, "b")
+    broken.open()
+    assert broken.records() == {}
+    assert broken.quarantined and os.path.exists(broken.quarantined)
+    assert Path(broken.quarantined).read_text() == data  # the evidence is kept
+    assert "checksum" in (broken.corruption or "")
+    # And the new file is healthy.
+    fresh = CheckpointStore(path, "b")
+    fresh.open()
+    assert fresh.quarantined is None
+
+
+def test_truncated_and_future_version_files_are_quarantined() -> None:
+    for content in ('{"version": 1, "claims": {', '{"version": 99, "bootId": "b", "claims": {}}'):
+        path = os.path.join(tempfile.mkdtemp(dir="/tmp"), "checkpoint.json")
+        Path(path).write_text(content)
+        store = CheckpointStore(path, "b")
+        store.open()
+        assert store.quarantined is not None and store.records() == {}
+
+
+def test_another_instance_sees_updates() -> None:
+    path = os.path.join(tempfile.mkdtemp(dir="/tmp"), "checkpoint.json")
+    a, b = CheckpointStore(path, "b"), CheckpointStore(path, "b")
+    a.open()
+    b.open()
+    with a.update() as claims:
+        claims["u1"] = _record("u1")
+    with b.update() as claims:
+        assert "u1" in claims  # re-read what instance a wrote
+        claims["u2"] = _record("u2")
+    with a.update() as claims:
+        assert set(claims) == {"u1", "u2"}
+
+
+def test_boot_id_override(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("GPUREADY_BOOT_ID", "test-boot")
+    assert read_boot_id() == "test-boot"
+    monkeypatch.delenv("GPUREADY_BOOT_ID")
+    assert read_boot_id() not in ("", "test-boot")
