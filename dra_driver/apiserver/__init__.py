@@ -1,0 +1,21 @@
+"""A local Kubernetes API server: one process, real HTTP, the kinds gpuready touches.
+
+Usage::
+
+    from dra_driver.apiserver import LocalApiServer
+
+    with LocalApiServer() as srv:              # binds 127.0.0.1 on a free port
+        api = kubernetes.client.ResourceV1Api(srv.api_client())
+        srv.faults.fail_next(2, code=503, verb="create", resource="resourceslices")
+
+Served: resource.k8s.io/v1 ResourceSlice, DeviceClass, ResourceClaim (+status), ResourceClaimTemplate;
+core/v1 Node (+status), Pod (+status, +eviction), Event, Namespace (+status); coordination.k8s.io/v1 Lease;
+events.k8s.io/v1 Event; discovery and /version. See DESIGN.md section 7.
+"""
+
+from dra_driver.apiserver.errors import ApiError
+from dra_driver.apiserver.faults import Faults
+from dra_driver.apiserver.server import LocalApiServer
+from dra_driver.apiserver.store import Store
+
+__all__ = ["ApiError", "Faults", "LocalApiServer", "Store"]

@@ -1,0 +1,322 @@
+"""The HTTP side: one handler thread per connection (HTTP/1.1 keep-alive), routing to discovery or the
+store, JSON bodies in and out, and chunked watch streams of one JSON event per line."""
+
+from __future__ import annotations
+
+import json
+import queue
+import time
+from http.server import BaseHTTPRequestHandler
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
+
+import yaml
+
+from dra_driver.apiserver import discovery, errors
+from dra_driver.apiserver.resources import ResourceType
+from dra_driver.apiserver.routes import Route, parse_resource_path
+from dra_driver.apiserver.watch import BOOKMARK, ERROR, Watcher
+from dra_driver.logs import get_logger
+
+if TYPE_CHECKING:
+    from dra_driver.apiserver.server import LocalApiServer
+
+log = get_logger(__name__)
+
+_TRUE = ("true", "1")
+
+
+class ApiHandler(BaseHTTPRequestHandler):
+    """Serves one connection; ``server.api`` is the owning LocalApiServer."""
+
+    protocol_version = "HTTP/1.1"
+    server_version = "gpuready-local-apiserver"
+    # Headers and body go out in separate writes: without TCP_NODELAY, Nagle + delayed ACK add ~40 ms.
+    disable_nagle_algorithm = True
+
+    @property
+    def api(self) -> LocalApiServer:
+        """The LocalApiServer this handler belongs to."""
+        return self.server.api  # type: ignore[attr-defined,no-any-return]
+
+    def setup(self) -> None:
+        """Register the connection so stop() and refuse_connections() can close it."""
+        super().setup()
+        self.api._track(self.connection, True)
+
+    def finish(self) -> None:
+        """Unregister the connection."""
+        try:
+            super().finish()
+        finally:
+            self.api._track(self.connection, False)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: access logs go to debug level only."""
+        log.debug("http_request", line=format % args)
+
+    # ---- responses -----------------------------------------------------------------------------
+
+    def _send_json(self, code: int, body: Any) -> None:
+        data = json.dumps(body, separators=(",", ":")).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _send_error(self, err: errors.ApiError) -> None:
+        self._send_json(err.code, err.status())
+
+    def _read_raw(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            return self._read_chunked()
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _read_body(self) -> Any:
+        raw = self._raw
+        if not raw:
+            return None
+        ct = (self.headers.get("Content-Type") or "application/json").lower()
+        try:
+            if "yaml" in ct:
+                return yaml.safe_load(raw)
+            return json.loads(raw)
+        except (ValueError, yaml.YAMLError) as exc:
+            raise errors.bad_request(f"the request body is not valid {'YAML' if 'yaml' in ct else 'JSON'}: "
+                                     f"{exc}") from None
+
+    def _read_chunked(self) -> bytes:
+        out = b""
+        while True:
+            size = int(self.rfile.readline().strip().split(b";")[0], 16)
+            if size == 0:
+                self.rfile.readline()
+                return out
+            out += self.rfile.read(size)
+            self.rfile.readline()
+
+    # ---- dispatch ------------------------------------------------------------------------------
+
+    def do_GET(self) -> None:
+        """GET: discovery, get, list, watch."""
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        """POST: create, eviction."""
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        """PUT: update (object or status)."""
+        self._dispatch("PUT")
+
+    def do_PATCH(self) -> None:
+        """PATCH: merge, JSON or strategic merge patch."""
+        self._dispatch("PATCH")
+
+    def do_DELETE(self) -> None:
+        """DELETE: delete one object or a collection."""
+        self._dispatch("DELETE")
+
+    def _dispatch(self, method: str) -> None:
+        # Read the whole body first: whatever the answer, the keep-alive connection stays in sync.
+        self._raw = self._read_raw() if method != "GET" else b""
+        url = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        try:
+            if method == "GET" and self._discovery(url.path):
+                return
+            route = parse_resource_path(url.path)
+            if route is None:
+                raise errors.ApiError(404, "NotFound", "the server could not find the requested resource")
+            verb = self._verb(method, route, query)
+            code = self.api.faults.on_request(verb, route.fault_resource)
+            if code is not None:
+                raise errors.internal(f"injected fault: {verb} {route.fault_resource} failed", code)
+            if verb == "watch":
+                self._watch(route, query)
+                return
+            status, body = self._handle(method, verb, route, query)
+            self._send_json(status, body)
+        except errors.ApiError as err:
+            self._send_error(err)
+        except (TimeoutError, BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except Exception as exc:  # a bug must answer 500, not kill the connection thread silently
+            log.error("request_failed", method=method, path=self.path, error=repr(exc))
+            self._send_error(errors.internal(f"internal error: {exc!r}"))
+
+    def _discovery(self, path: str) -> bool:
+        path = path.rstrip("/") or "/"
+        body: Any = None
+        if path == "/api":
+            body = discovery.api_versions(self.api.address)
+        elif path == "/api/v1":
+            body = discovery.resource_list("", "v1")
+        elif path == "/apis":
+            body = discovery.api_group_list()
+        elif path == "/version":
+            body = discovery.VERSION_INFO
+        elif path in ("/healthz", "/readyz", "/livez"):
+            data = b"ok"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return True
+        elif path.startswith("/apis/"):
+            parts = path.split("/")[2:]
+            if len(parts) == 1:
+                body = discovery.api_group(parts[0])
+            elif len(parts) == 2:
+                body = discovery.resource_list(parts[0], parts[1])
+        if body is None:
+            return False
+        self._send_json(200, body)
+        return True
+
+    @staticmethod
+    def _verb(method: str, route: Route, query: dict[str, str]) -> str:
+        if method == "GET":
+            if route.name is not None:
+                return "get"
+            return "watch" if query.get("watch", "").lower() in _TRUE else "list"
+        if method == "POST":
+            return "create"
+        if method == "PUT":
+            return "update"
+        if method == "PATCH":
+            return "patch"
+        return "delete" if route.name is not None else "deletecollection"
+
+    def _handle(self, method: str, verb: str, route: Route, query: dict[str, str]) -> tuple[int, Any]:
+        store, rt = self.api.store, route.rt
+        dry_run = query.get("dryRun") == "All"
+        if route.sub == "eviction":
+            if method != "POST" or route.name is None:
+                raise errors.method_not_allowed("eviction accepts only POST on a named pod")
+            store.delete(rt.key, route.namespace, route.name, dry_run=dry_run)
+            return 201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+        if route.sub == "status" and method in ("POST", "DELETE"):
+            raise errors.method_not_allowed(f"the server does not allow this method on {rt.plural}/status")
+        if verb == "get":
+            assert route.name is not None
+            return 200, store.get(rt.key, route.namespace, route.name)
+        if verb == "list":
+            items, rv, token = store.list_with_rv(
+                rt.key, route.namespace, query.get("labelSelector"), query.get("fieldSelector"),
+                int(query.get("limit") or 0), query.get("continue"))
+            meta: dict[str, Any] = {"resourceVersion": str(rv)}
+            if token:
+                meta["continue"] = token
+            return 200, {"kind": f"{rt.kind}List", "apiVersion": rt.group_version, "metadata": meta,
+                         "items": items}
+        if verb == "create":
+            if route.name is not None:
+                raise errors.method_not_allowed("POST is not allowed on a named object")
+            if rt.namespaced and route.namespace is None:
+                raise errors.ApiError(404, "NotFound", "the server could not find the requested resource")
+            body = self._object_body()
+            return 201, store.create(rt.key, route.namespace, body, dry_run=dry_run)
+        if verb == "update":
+            assert route.name is not None
+            body = self._object_body()
+            return 200, store.update(rt.key, route.namespace, route.name, body, route.sub, dry_run=dry_run)
+        if verb == "patch":
+            assert route.name is not None
+            patch = self._read_body()
+            ct = self.headers.get("Content-Type") or ""
+            return 200, store.patch(rt.key, route.namespace, route.name, ct, patch, route.sub, dry_run=dry_run)
+        if verb == "delete":
+            assert route.name is not None
+            opts = self._read_body() or {}
+            propagation = query.get("propagationPolicy") or opts.get("propagationPolicy")
+            return 200, store.delete(rt.key, route.namespace, route.name, propagation,
+                                     opts.get("preconditions"), dry_run=dry_run)
+        items = store.delete_collection(rt.key, route.namespace, query.get("labelSelector"),
+                                        query.get("fieldSelector"))
+        return 200, {"kind": f"{rt.kind}List", "apiVersion": rt.group_version,
+                     "metadata": {"resourceVersion": str(store.resource_version)}, "items": items}
+
+    def _object_body(self) -> dict[str, Any]:
+        body = self._read_body()
+        if not isinstance(body, dict):
+            raise errors.bad_request("the request body must be a JSON object")
+        return body
+
+    # ---- watch ---------------------------------------------------------------------------------
+
+    def _watch(self, route: Route, query: dict[str, str]) -> None:
+        store, rt = self.api.store, route.rt
+        bookmarks = query.get("allowWatchBookmarks", "").lower() in _TRUE
+        timeout = float(query.get("timeoutSeconds") or 0) or None
+        try:
+            w = store.watch(rt.key, route.namespace, query.get("labelSelector"), query.get("fieldSelector"),
+                            query.get("resourceVersion"))
+        except errors.ApiError as err:
+            if err.code != 410:
+                raise
+            # Like the real server: 200, then one ERROR event carrying the 410 Status.
+            self._start_stream()
+            self._chunk({"type": ERROR, "object": err.status()})
+            self._end_stream()
+            return
+        self.api._register_stream(self, True)
+        try:
+            self._start_stream()
+            self._pump(w, bookmarks, timeout)
+            self._end_stream()
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            self.close_connection = True
+        finally:
+            store.unwatch(w)
+            self.api._register_stream(self, False)
+
+    def _pump(self, w: Watcher, bookmarks: bool, timeout: float | None) -> None:
+        deadline = time.monotonic() + timeout if timeout else None
+        interval = self.api.bookmark_interval
+        while True:
+            wait = interval
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                wait = min(wait, left)
+            try:
+                item = w.queue.get(timeout=wait)
+            except queue.Empty:
+                if bookmarks:
+                    rv = self.api.store.bookmark_rv(w)
+                    if rv is not None:
+                        self._chunk({"type": BOOKMARK, "object": _bookmark_object(w.rt, rv)})
+                continue
+            if item is None:
+                return
+            self._chunk({"type": item[0], "object": item[1]})
+
+    def _start_stream(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.flush()
+
+    def _chunk(self, event: dict[str, Any]) -> None:
+        data = json.dumps(event, separators=(",", ":")).encode() + b"\n"
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def _end_stream(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+
+def _bookmark_object(rt: ResourceType, rv: int) -> dict[str, Any]:
+    """An otherwise empty object of the watched kind carrying only the resourceVersion (like the fixture)."""
+    obj: dict[str, Any] = {"kind": rt.kind, "apiVersion": rt.group_version,
+                           "metadata": {"resourceVersion": str(rv)}}
+    if rt.kind == "ResourceSlice":
+        obj["spec"] = {"driver": "", "pool": {"name": "", "generation": 0, "resourceSliceCount": 0}}
+    return obj

@@ -1,0 +1,412 @@
+"""The object store: every object as a plain dict, one global resourceVersion counter (like etcd), the
+event history and watch fan-out, and owner-reference garbage collection.
+
+Thread model: one re-entrant lock guards objects, the counter, history and the watcher set; HTTP handler
+threads call in concurrently. Garbage collection runs on its own daemon thread so a delete answers at once
+and dependents follow promptly ("background" propagation).
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import datetime
+import json
+import queue
+import random
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from dra_driver.apiserver import errors
+from dra_driver.apiserver.patches import apply_patch
+from dra_driver.apiserver.resources import RESOURCES, ResourceType, resource_for_key
+from dra_driver.apiserver.selectors import (
+    fields_match,
+    labels_match,
+    parse_field_selector,
+    parse_label_selector,
+)
+from dra_driver.apiserver.watch import ADDED, DELETED, MODIFIED, Event, History, Watcher
+
+Obj = dict[str, Any]
+ObjList = list[Obj]  # alias: the Store.list method shadows the builtin inside the class
+# Admission: (resource, new object, old object or None) -> None; raises ApiError (422) when invalid.
+Admit = Callable[[ResourceType, Obj, Obj | None], None]
+
+_GENERATED_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # the real server's generateName alphabet
+_START_RV = 1000  # resourceVersions start high, so "1" is too old like on a long-running cluster
+# Kinds whose metadata.generation the real server maintains.
+_GENERATION_GROUPS = {"resource.k8s.io"}
+_GENERATION_KINDS = {"Pod"}
+
+
+def now_rfc3339() -> str:
+    """The current time as the apiserver writes it (seconds, UTC, Z)."""
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _spec_part(obj: Obj) -> Obj:
+    return {k: v for k, v in obj.items() if k not in ("metadata", "status", "kind", "apiVersion")}
+
+
+class Store:
+    """Objects of every served kind, keyed by resource key (see ``ResourceType.key``)."""
+
+    def __init__(self, history_limit: int = 1000, admit: Admit | None = None) -> None:
+        self._lock = threading.RLock()
+        self._rv = _START_RV
+        self._objects: dict[str, dict[tuple[str, str], Obj]] = {r.key: {} for r in RESOURCES}
+        self._history = History(history_limit, _START_RV)
+        self._watchers: set[Watcher] = set()
+        self._admit = admit
+        self._gc_queue: queue.Queue[tuple[str, str, str] | threading.Event | None] = queue.Queue()
+        self._gc_thread = threading.Thread(target=self._gc_loop, name="apiserver-gc", daemon=True)
+        self._gc_thread.start()
+        for ns in ("default", "kube-system", "kube-public", "kube-node-lease"):
+            self.create("namespaces", None, {"metadata": {"name": ns}})
+
+    # ---- helpers -------------------------------------------------------------------------------
+
+    @property
+    def resource_version(self) -> int:
+        """The newest resourceVersion handed out."""
+        with self._lock:
+            return self._rv
+
+    def _bump(self) -> int:
+        self._rv += 1
+        return self._rv
+
+    def _emit(self, key: str, typ: str, obj: Obj, old: Obj | None = None) -> None:
+        ev = Event(int(obj["metadata"]["resourceVersion"]), key, typ, copy.deepcopy(obj),
+                   copy.deepcopy(old) if old is not None else None)
+        self._history.append(ev)
+        for w in list(self._watchers):
+            w.offer(ev)
+
+    def _bucket(self, rt: ResourceType) -> dict[tuple[str, str], Obj]:
+        return self._objects[rt.key]
+
+    @staticmethod
+    def _ns(rt: ResourceType, namespace: str | None) -> str:
+        return (namespace or "") if rt.namespaced else ""
+
+    def _generate_name(self, rt: ResourceType, ns: str, prefix: str) -> str:
+        for _ in range(100):
+            name = prefix + "".join(random.choice(_GENERATED_CHARS) for _ in range(5))
+            if (ns, name) not in self._bucket(rt):
+                return name
+        raise errors.ApiError(409, "AlreadyExists", f"could not generate a unique name from {prefix!r}")
+
+    # ---- reads ---------------------------------------------------------------------------------
+
+    def get(self, key: str, namespace: str | None, name: str) -> Obj:
+        """A copy of one object; ApiError 404 when absent."""
+        rt = resource_for_key(key)
+        with self._lock:
+            obj = self._bucket(rt).get((self._ns(rt, namespace), name))
+            if obj is None:
+                raise errors.not_found(rt, name)
+            return copy.deepcopy(obj)
+
+    def list(self, key: str, namespace: str | None = None, label_selector: str | None = None,
+             field_selector: str | None = None) -> ObjList:
+        """Copies of matching objects sorted by namespace/name (direct access for tests and the demo)."""
+        return self.list_with_rv(key, namespace, label_selector, field_selector)[0]
+
+    def list_with_rv(self, key: str, namespace: str | None = None, label_selector: str | None = None,
+                     field_selector: str | None = None, limit: int = 0,
+                     continue_token: str | None = None) -> tuple[ObjList, int, str | None]:
+        """Matching objects, the list resourceVersion and a continue token when ``limit`` cut it short."""
+        rt = resource_for_key(key)
+        labels = parse_label_selector(label_selector)
+        fields = parse_field_selector(field_selector, rt)
+        start: tuple[str, str] | None = None
+        if continue_token:
+            try:
+                start = tuple(json.loads(base64.urlsafe_b64decode(continue_token.encode())))  # type: ignore[assignment]
+            except (ValueError, TypeError):
+                raise errors.bad_request("continue key is not valid") from None
+        with self._lock:
+            out: ObjList = []
+            token = None
+            for k in sorted(self._bucket(rt)):
+                if start is not None and k <= start:
+                    continue
+                obj = self._bucket(rt)[k]
+                if namespace is not None and rt.namespaced and k[0] != namespace:
+                    continue
+                if not (labels_match(labels, obj) and fields_match(fields, obj)):
+                    continue
+                if limit and len(out) >= limit:
+                    last = out[-1]["metadata"]
+                    token = base64.urlsafe_b64encode(
+                        json.dumps([last.get("namespace", "") if rt.namespaced else "", last["name"]]).encode()
+                    ).decode()
+                    break
+                out.append(copy.deepcopy(obj))
+            return out, self._rv, token
+
+    # ---- writes --------------------------------------------------------------------------------
+
+    def create(self, key: str, namespace: str | None, body: Obj, dry_run: bool = False) -> Obj:
+        """Create an object (fills uid, creationTimestamp, resourceVersion, generation, generateName)."""
+        rt = resource_for_key(key)
+        obj = copy.deepcopy(body)
+        meta = obj.setdefault("metadata", {})
+        if not isinstance(meta, dict):
+            raise errors.bad_request("metadata must be an object")
+        obj["apiVersion"], obj["kind"] = rt.group_version, rt.kind
+        ns = self._ns(rt, namespace)
+        if rt.namespaced:
+            if meta.get("namespace") and meta["namespace"] != ns:
+                raise errors.bad_request("the namespace of the provided object does not match the namespace "
+                                         "sent on the request")
+            meta["namespace"] = ns
+        else:
+            meta.pop("namespace", None)
+        with self._lock:
+            if not meta.get("name") and meta.get("generateName"):
+                meta["name"] = self._generate_name(rt, ns, meta["generateName"])
+            for f in ("uid", "resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds",
+                      "managedFields", "selfLink"):
+                meta.pop(f, None)
+            meta["uid"] = str(uuid.uuid4())
+            meta["creationTimestamp"] = now_rfc3339()
+            if rt.group in _GENERATION_GROUPS or rt.kind in _GENERATION_KINDS:
+                meta["generation"] = 1
+            else:
+                meta.pop("generation", None)
+            if self._admit is not None:
+                self._admit(rt, obj, None)
+            name = meta["name"]
+            if (ns, name) in self._bucket(rt):
+                raise errors.already_exists(rt, name)
+            if dry_run:
+                return obj
+            meta["resourceVersion"] = str(self._bump())
+            self._bucket(rt)[(ns, name)] = obj
+            self._emit(rt.key, ADDED, obj)
+            return copy.deepcopy(obj)
+
+    def update(self, key: str, namespace: str | None, name: str, body: Obj, subresource: str = "",
+               dry_run: bool = False) -> Obj:
+        """Replace an object (PUT). A body resourceVersion that is not current is a 409 Conflict."""
+        rt = resource_for_key(key)
+        meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else None
+        if meta is None:
+            raise errors.bad_request("metadata must be an object")
+        if meta.get("name") not in (None, name):
+            raise errors.bad_request(f"the name of the object ({meta.get('name')}) does not match the name on "
+                                     f"the URL ({name})")
+        with self._lock:
+            current = self._bucket(rt).get((self._ns(rt, namespace), name))
+            if current is None:
+                raise errors.not_found(rt, name)
+            rv = meta.get("resourceVersion")
+            if rv and rv != current["metadata"]["resourceVersion"]:
+                raise errors.conflict(rt, name)
+            return self._commit(rt, current, body, subresource, dry_run)
+
+    def patch(self, key: str, namespace: str | None, name: str, content_type: str, patch: Any,
+              subresource: str = "", dry_run: bool = False) -> Obj:
+        """Apply a merge/JSON/strategic patch under the lock (read-modify-write cannot interleave)."""
+        rt = resource_for_key(key)
+        with self._lock:
+            current = self._bucket(rt).get((self._ns(rt, namespace), name))
+            if current is None:
+                raise errors.not_found(rt, name)
+            patched = apply_patch(content_type, current, patch)
+            if not isinstance(patched, dict) or not isinstance(patched.get("metadata"), dict):
+                raise errors.bad_request("the patch produced an object without metadata")
+            if patched["metadata"].get("resourceVersion") not in (None, current["metadata"]["resourceVersion"]):
+                raise errors.conflict(rt, name)
+            if patched["metadata"].get("name") != name:
+                raise errors.bad_request("the patch may not change metadata.name")
+            return self._commit(rt, current, patched, subresource, dry_run)
+
+    def _commit(self, rt: ResourceType, current: Obj, body: Obj, subresource: str, dry_run: bool) -> Obj:
+        """Build the new object from ``body`` and ``current``, admit it and store it (lock held)."""
+        new = copy.deepcopy(body)
+        old_meta = current["metadata"]
+        if subresource == "status":
+            # A status write changes only status (and nothing else), like the real status strategies.
+            new = {**copy.deepcopy(current), "status": copy.deepcopy(body.get("status"))}
+            if new["status"] is None:
+                new.pop("status")
+        elif rt.has_status:
+            # A main-resource write cannot change status.
+            new.pop("status", None)
+            if "status" in current:
+                new["status"] = copy.deepcopy(current["status"])
+        new["apiVersion"], new["kind"] = rt.group_version, rt.kind
+        meta = new.setdefault("metadata", {})
+        for f in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp",
+                  "deletionGracePeriodSeconds", "generation"):
+            if f in old_meta:
+                meta[f] = old_meta[f]
+            else:
+                meta.pop(f, None)
+        meta.pop("managedFields", None)
+        meta["resourceVersion"] = old_meta["resourceVersion"]
+        if "generation" in old_meta and _spec_part(new) != _spec_part(current):
+            meta["generation"] = int(old_meta["generation"]) + 1
+        if self._admit is not None:
+            self._admit(rt, new, current)
+        if new == current:
+            return copy.deepcopy(current)  # a no-op write does not bump the resourceVersion
+        if dry_run:
+            return new
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            return self._remove(rt, new, "Background")
+        meta["resourceVersion"] = str(self._bump())
+        self._bucket(rt)[(meta.get("namespace", ""), meta["name"])] = new
+        self._emit(rt.key, MODIFIED, new, current)
+        return copy.deepcopy(new)
+
+    def delete(self, key: str, namespace: str | None, name: str, propagation: str | None = None,
+               preconditions: dict[str, Any] | None = None, dry_run: bool = False) -> Obj:
+        """Delete an object (or mark it deleting while it has finalizers); returns its last state."""
+        rt = resource_for_key(key)
+        with self._lock:
+            current = self._bucket(rt).get((self._ns(rt, namespace), name))
+            if current is None:
+                raise errors.not_found(rt, name)
+            pre = preconditions or {}
+            if pre.get("uid") and pre["uid"] != current["metadata"]["uid"]:
+                raise errors.ApiError(409, "Conflict", f"Precondition failed: UID in precondition: {pre['uid']}, "
+                                      f"UID in object meta: {current['metadata']['uid']}",
+                                      {"name": name, "group": rt.group, "kind": rt.plural})
+            if pre.get("resourceVersion") and pre["resourceVersion"] != current["metadata"]["resourceVersion"]:
+                raise errors.conflict(rt, name)
+            if dry_run:
+                return copy.deepcopy(current)
+            if current["metadata"].get("finalizers"):
+                if current["metadata"].get("deletionTimestamp"):
+                    return copy.deepcopy(current)
+                new = copy.deepcopy(current)
+                new["metadata"]["deletionTimestamp"] = now_rfc3339()
+                new["metadata"]["deletionGracePeriodSeconds"] = 0
+                new["metadata"]["resourceVersion"] = str(self._bump())
+                self._bucket(rt)[(self._ns(rt, namespace), name)] = new
+                self._emit(rt.key, MODIFIED, new, current)
+                return copy.deepcopy(new)
+            return self._remove(rt, current, propagation or "Background")
+
+    def _remove(self, rt: ResourceType, obj: Obj, propagation: str) -> Obj:
+        meta = obj["metadata"]
+        self._bucket(rt).pop((meta.get("namespace", ""), meta["name"]), None)
+        gone = copy.deepcopy(obj)
+        gone["metadata"]["resourceVersion"] = str(self._bump())
+        self._emit(rt.key, DELETED, gone)
+        if propagation != "Orphan":
+            self._gc_queue.put((rt.kind, meta["uid"], meta["name"]))
+        return gone
+
+    def delete_collection(self, key: str, namespace: str | None, label_selector: str | None,
+                          field_selector: str | None) -> ObjList:
+        """Delete every matching object; returns their last states."""
+        with self._lock:
+            items = self.list(key, namespace, label_selector, field_selector)
+            return [self.delete(key, (o["metadata"].get("namespace")), o["metadata"]["name"]) for o in items]
+
+    # ---- watch ---------------------------------------------------------------------------------
+
+    def watch(self, key: str, namespace: str | None, label_selector: str | None, field_selector: str | None,
+              resource_version: str | None) -> Watcher:
+        """Open a watch. No resourceVersion (or "0"): synthetic ADDED for current objects, then changes.
+        Otherwise every change after it; 410 Expired (raised as ApiError) when it was compacted away."""
+        rt = resource_for_key(key)
+        w = Watcher(rt, namespace if rt.namespaced else None, parse_label_selector(label_selector),
+                    parse_field_selector(field_selector, rt))
+        with self._lock:
+            if not resource_version or resource_version == "0":
+                for k in sorted(self._bucket(rt)):
+                    obj = self._bucket(rt)[k]
+                    w.offer(Event(int(obj["metadata"]["resourceVersion"]), rt.key, ADDED, obj))
+            else:
+                try:
+                    rv = int(resource_version)
+                except ValueError:
+                    raise errors.bad_request(f"invalid resource version: {resource_version!r}") from None
+                if rv < self._history.compacted_rv:
+                    raise errors.expired(
+                        f"too old resource version: {rv} ({self._history.compacted_rv + 1})")
+                for ev in self._history.since(rv):
+                    w.offer(ev)
+            self._watchers.add(w)
+        return w
+
+    def bookmark_rv(self, w: Watcher) -> int | None:
+        """The resourceVersion a BOOKMARK may carry now: only when ``w`` has nothing pending."""
+        with self._lock:
+            return self._rv if w.queue.empty() else None
+
+    def unwatch(self, w: Watcher) -> None:
+        """Forget a watcher whose stream ended."""
+        with self._lock:
+            self._watchers.discard(w)
+        w.close()
+
+    def drop_watches(self) -> int:
+        """Close every open watch stream; returns how many were closed."""
+        with self._lock:
+            ws = list(self._watchers)
+            self._watchers.clear()
+        for w in ws:
+            w.close()
+        return len(ws)
+
+    def compact(self) -> int:
+        """Forget all history up to now: a watch from any older resourceVersion gets 410 Expired."""
+        with self._lock:
+            self._history.compact(self._rv)
+            return self._rv
+
+    # ---- garbage collection --------------------------------------------------------------------
+
+    def _gc_loop(self) -> None:
+        while True:
+            item = self._gc_queue.get()
+            if item is None:
+                return
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            kind, uid, name = item
+            try:
+                self._collect(kind, uid, name)
+            except Exception:  # GC must never die; a failed collection is retried on the next delete
+                continue
+
+    def _collect(self, kind: str, uid: str, name: str) -> None:
+        with self._lock:
+            live_uids = {o["metadata"]["uid"] for b in self._objects.values() for o in b.values()}
+            for rt in RESOURCES:
+                for obj in list(self._bucket(rt).values()):
+                    meta = obj["metadata"]
+                    if kind == "Namespace" and rt.namespaced and meta.get("namespace") == name:
+                        self.delete(rt.key, meta["namespace"], meta["name"])
+                        continue
+                    refs = meta.get("ownerReferences") or []
+                    if not any(r.get("uid") == uid for r in refs):
+                        continue
+                    if any(r.get("uid") in live_uids for r in refs if r.get("uid") != uid):
+                        body = copy.deepcopy(obj)
+                        body["metadata"]["ownerReferences"] = [r for r in refs if r.get("uid") != uid]
+                        self._commit(rt, obj, body, "", False)
+                    else:
+                        self.delete(rt.key, meta.get("namespace"), meta["name"])
+
+    def wait_gc_idle(self, timeout: float = 5.0) -> bool:
+        """Block until garbage collection queued so far has run (tests use it instead of sleeping)."""
+        marker = threading.Event()
+        self._gc_queue.put(marker)
+        return marker.wait(timeout)
+
+    def close(self) -> None:
+        """Stop the GC thread and close every watch."""
+        self.drop_watches()
+        self._gc_queue.put(None)

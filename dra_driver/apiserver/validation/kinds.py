@@ -1,0 +1,44 @@
+"""Per-kind defaulting and validation dispatch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dra_driver.apiserver.errors import Cause
+from dra_driver.apiserver.resources import ResourceType
+from dra_driver.apiserver.store import now_rfc3339
+
+
+def default(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+    """Fill what the real server fills: taint timeAdded, Pod phase, Namespace phase, claim status."""
+    if rt.kind == "ResourceSlice":
+        for dev in (obj.get("spec") or {}).get("devices") or []:
+            if isinstance(dev, dict):
+                for taint in dev.get("taints") or []:
+                    if isinstance(taint, dict) and not taint.get("timeAdded"):
+                        taint["timeAdded"] = now_rfc3339()
+    elif rt.kind == "Pod" and old is None:
+        # A new pod is Pending; only the kubelet (via pods/status) moves it on.
+        obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
+    elif rt.kind == "Namespace":
+        obj.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
+        obj.setdefault("status", {}).setdefault("phase", "Active")
+    elif rt.kind == "ResourceClaim" and old is None:
+        obj.pop("status", None)  # status is written through resourceclaims/status only
+
+
+def validate(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -> list[Cause]:
+    """Kind-specific validation causes (empty when valid)."""
+    if rt.kind == "ResourceSlice":
+        from dra_driver.apiserver.validation.slices import validate_slice
+
+        return validate_slice(obj, old)
+    if rt.kind == "DeviceClass":
+        from dra_driver.apiserver.validation.claims import validate_device_class
+
+        return validate_device_class(obj)
+    if rt.kind in ("ResourceClaim", "ResourceClaimTemplate"):
+        from dra_driver.apiserver.validation.claims import validate_claim
+
+        return validate_claim(obj, old, template=rt.kind == "ResourceClaimTemplate")
+    return []
