@@ -1,0 +1,392 @@
+"""The health monitor: NVML events, polls and validation driving the per-device state machine.
+
+Concurrency model: three daemon threads around one lock-protected table of :class:`DeviceRecord`.
+
+* **events**: blocks in ``nvmlEventSetWait_v2`` (a short timeout, so stop() is prompt). An XID or
+  double-bit ECC event is classified and applied at once, and ``on_change`` is called from this
+  thread: this is the withdrawal hot path (no sleeping, no I/O besides the callback).
+* **poll**: every ``poll_interval_s`` (or when woken by an event-wait error) checks NVML answers at
+  all, then each GPU's lasting conditions (GPU lost, Unknown Error, remapped rows, retired pages,
+  recovery action, fabric). While NVML cannot initialise it retries with backoff.
+* **validate**: runs the validation (NVML checks, then the CUDA probe in a child process under a
+  time limit) for devices that need it: at start, while recovering, and optionally periodically.
+
+``on_change(snapshot)`` is called, in order, after every state transition (never under the table
+lock, always under a separate notify lock so snapshots arrive in the order they were taken).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pynvml
+
+from dra_driver.devices import NodeDevices
+from dra_driver.health.events import (
+    DBE_EVENT,
+    XID_EVENT,
+    Registration,
+    decode_event,
+    free_events,
+    register_events,
+)
+from dra_driver.health.nvml_checks import (
+    POLLED_KEYS,
+    NvmlUnavailable,
+    check_driver,
+    check_gpu,
+    describe_nvml_error,
+)
+from dra_driver.health.policy import HealthPolicy
+from dra_driver.health.probe import Prober, ProbeResult, prober_for
+from dra_driver.health.snapshot import DeviceHealth, HealthSnapshot
+from dra_driver.health.state import (
+    DeviceRecord,
+    Fault,
+    HealthState,
+    Transition,
+    apply_fault,
+    apply_validation,
+    clear_condition,
+    initial_record,
+    transition,
+)
+from dra_driver.health.topology import GpuTopology, ProbeTarget, node_topology
+from dra_driver.health.xid import XidAction
+from dra_driver.logs import get_logger
+
+log = get_logger(__name__)
+
+NVML_KEY = "nvml"
+
+
+def _nvml_down_fault(detail: str) -> Fault:
+    return Fault("NvmlUnavailable", f"NVML is not answering ({detail}): GPU health cannot be checked",
+                 key=NVML_KEY, unknown=True)
+
+
+class HealthMonitor:
+    """Watches a node's GPUs and reports every health change through ``on_change``."""
+
+    def __init__(self, nvml: Any, devices: NodeDevices, policy: HealthPolicy, prober: Prober | None,
+                 on_change: Callable[[HealthSnapshot], None], clock: Callable[[], float] = time.monotonic,
+                 *, dynamic_mig: bool = False, node_name: str = "") -> None:
+        self._nvml = nvml
+        self._devices = devices
+        self._policy = policy
+        self._prober = prober if prober is not None else prober_for(nvml)
+        self._on_change = on_change
+        self._clock = clock
+        self._node = node_name
+        self._topo: dict[str, GpuTopology] = node_topology(devices, dynamic_mig)
+        self._gpu_of: dict[str, str] = {n: t.gpu.uuid for t in self._topo.values() for n in t.device_names}
+        now = clock()
+        self._records: dict[str, DeviceRecord] = {n: initial_record(n, now, policy) for n in self._gpu_of}
+        self._lock = threading.Lock()
+        self._notify_lock = threading.Lock()
+        self._node_problem: str | None = None
+        self._generation = 0
+        self._validated = threading.Event()
+        self._stop = threading.Event()
+        self._poll_wake = threading.Event()
+        self._validate_wake = threading.Event()
+        self._reg: Registration | None = None
+        self._nvml_ready = False
+        self._last_probe: dict[tuple[str, str], float] = {}
+        self._threads: list[threading.Thread] = []
+        self._event_thread: threading.Thread | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Initialise NVML and register events on every GPU, then start the loops.
+
+        Returns once events are registered (or NVML has been found unusable, which is reported as
+        every device Unknown and retried in the background). Devices are published only after the
+        validation loop passes them.
+        """
+        self._try_bring_up()
+        for name, target in (("health-poll", self._poll_loop), ("health-validate", self._validate_loop)):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        """Stop every loop and free NVML resources; returns within about one event-wait timeout."""
+        self._stop.set()
+        self._poll_wake.set()
+        self._validate_wake.set()
+        threads = [*self._threads, *([self._event_thread] if self._event_thread else [])]
+        for t in threads:
+            t.join(timeout=max(2.0, self._policy.event_wait_ms / 1000 * 3))
+        free_events(self._nvml, self._reg)
+        self._reg = None
+        if self._nvml_ready:
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception:
+                pass
+            self._nvml_ready = False
+
+    def wait_validated(self, timeout: float | None = None) -> bool:
+        """Block until the first validation round has finished; False on timeout."""
+        return self._validated.wait(timeout)
+
+    def snapshot(self) -> HealthSnapshot:
+        """The current health of every tracked device."""
+        with self._lock:
+            return self._snapshot_locked(())
+
+    # ---- state table -----------------------------------------------------------------------
+
+    def _snapshot_locked(self, transitions: tuple[Transition, ...]) -> HealthSnapshot:
+        devices = {
+            n: DeviceHealth(n, self._gpu_of[n], r.state, r.reason, r.code, r.since)
+            for n, r in sorted(self._records.items())
+        }
+        return HealthSnapshot(devices=devices, node_problem=self._node_problem, generation=self._generation,
+                              transitions=transitions, validated=self._validated.is_set())
+
+    def _update(self, change: Callable[[], Iterable[tuple[str, DeviceRecord]]],
+                node_problem: str | bool | None = False) -> None:
+        """Apply ``change`` (which yields new records) under the lock; notify if anything transitioned.
+
+        ``node_problem``: False leaves it as is; None or a string sets it.
+        """
+        with self._notify_lock:
+            with self._lock:
+                transitions: list[Transition] = []
+                for name, new in change():
+                    old = self._records[name]
+                    self._records[name] = new
+                    t = transition(old, new)
+                    if t is not None:
+                        transitions.append(t)
+                problem_changed = node_problem is not False and node_problem != self._node_problem
+                if problem_changed:
+                    self._node_problem = node_problem if isinstance(node_problem, str) else None
+                if not transitions and not problem_changed:
+                    return
+                self._generation += 1
+                snap = self._snapshot_locked(tuple(transitions))
+            for t in transitions:
+                (log.warning if t.new in (HealthState.UNHEALTHY, HealthState.UNKNOWN) else log.info)(
+                    "device_health_changed", device=t.device, node=self._node or None,
+                    old=t.old.value, new=t.new.value, reason=t.reason)
+            try:
+                self._on_change(snap)
+            except Exception:
+                log.error("health_on_change_failed", exc_info=True, node=self._node or None)
+
+    def _fault(self, names: Iterable[str], fault: Fault) -> None:
+        now = self._clock()
+        self._update(lambda: [(n, apply_fault(self._records[n], fault, now, self._policy)) for n in names])
+
+    # ---- NVML bring-up ---------------------------------------------------------------------
+
+    def _try_bring_up(self) -> bool:
+        """Init NVML, check the driver answers, register events. On failure mark every device Unknown."""
+        try:
+            if not self._nvml_ready:
+                self._nvml.nvmlInit()
+                self._nvml_ready = True
+            check_driver(self._nvml)
+            self._reg = register_events(self._nvml, self._devices.gpus)
+        except (pynvml.NVMLError, NvmlUnavailable) as exc:
+            detail = str(exc) if isinstance(exc, NvmlUnavailable) else describe_nvml_error(exc)
+            problem = (f"NVML failed to initialise: {detail}" if not self._nvml_ready
+                       else f"NVML is not answering: {detail}")
+            self._mark_nvml_down(problem)
+            return False
+        for uuid, why in self._reg.unmonitored.items():
+            log.warning("gpu_events_unmonitored", device=self._topo[uuid].gpu.name, reason=why)
+        self._event_thread = threading.Thread(target=self._event_loop, args=(self._reg,),
+                                              name="health-events", daemon=True)
+        self._event_thread.start()
+        self._set_nvml_up()
+        return True
+
+    def _mark_nvml_down(self, problem: str) -> None:
+        log.error("nvml_unavailable", node=self._node or None, reason=problem)
+        fault = _nvml_down_fault(problem)
+        now = self._clock()
+        self._update(lambda: [(n, apply_fault(r, fault, now, self._policy)) for n, r in self._records.items()],
+                     node_problem=problem)
+
+    def _set_nvml_up(self) -> None:
+        if self._node_problem is not None:
+            log.info("nvml_available_again", node=self._node or None)
+        self._update(lambda: [(n, clear_condition(r, NVML_KEY)) for n, r in self._records.items()],
+                     node_problem=None)
+        self._validate_wake.set()
+
+    # ---- events ----------------------------------------------------------------------------
+
+    def _event_loop(self, reg: Registration) -> None:
+        errors = 0
+        while not self._stop.is_set():
+            try:
+                event = self._nvml.nvmlEventSetWait_v2(reg.event_set, self._policy.event_wait_ms)
+            except pynvml.NVMLError_Timeout:
+                errors = 0
+                continue
+            except pynvml.NVMLError as exc:
+                # GPU lost or Unknown from the wait says *something* broke, not which GPU: let the
+                # poll find out now, and back off so a broken NVML does not spin this thread.
+                errors += 1
+                log.warning("nvml_event_wait_failed", reason=describe_nvml_error(exc), node=self._node or None)
+                self._poll_wake.set()
+                self._stop.wait(min(5.0, 0.05 * 2**min(errors, 7)))
+                continue
+            errors = 0
+            self._handle_event(reg, event)
+
+    def _handle_event(self, reg: Registration, event: Any) -> None:
+        ev = decode_event(self._nvml, reg, event)
+        topo = self._topo.get(ev.gpu_uuid or "")
+        if topo is None:
+            log.warning("nvml_event_unattributed", event_type=ev.event_type, data=ev.data)
+            self._poll_wake.set()
+            return
+        if ev.event_type & XID_EVENT:
+            decision = self._policy.classify(ev.data)
+            names = topo.names_for_event(ev.gpu_instance_id, ev.compute_instance_id)
+            where = ""
+            if ev.gpu_instance_id not in (None, 0xFFFFFFFF):
+                where = f" (GPU instance {ev.gpu_instance_id}"
+                if ev.compute_instance_id not in (None, 0xFFFFFFFF):
+                    where += f", compute instance {ev.compute_instance_id}"
+                where += ")"
+            if decision.action is XidAction.IGNORE:
+                log.info("xid_ignored", device=topo.gpu.name, xid=ev.data, reason=decision.reason + where,
+                         node=self._node or None)
+                return
+            self._fault(names, Fault(decision.code, decision.reason + where))
+        elif ev.event_type & DBE_EVENT:
+            self._fault(topo.device_names, Fault("EccDoubleBit", "uncorrectable (double-bit) ECC memory error"))
+        # Both kinds leave traces the poll reads (remapped rows, lost GPU): look now, not in 10 s.
+        self._poll_wake.set()
+
+    # ---- polling ---------------------------------------------------------------------------
+
+    def _poll_loop(self) -> None:
+        backoff = self._policy.poll_interval_s
+        while not self._stop.is_set():
+            if self._reg is None:
+                if self._try_bring_up():
+                    backoff = self._policy.poll_interval_s
+                else:
+                    backoff = min(backoff * 2, 60.0)
+                    self._poll_wake.wait(backoff)
+                    self._poll_wake.clear()
+                    continue
+            self.poll_once()
+            self._poll_wake.wait(self._policy.poll_interval_s)
+            self._poll_wake.clear()
+
+    def poll_once(self) -> None:
+        """Check NVML and every GPU's lasting conditions once, and apply what changed."""
+        try:
+            check_driver(self._nvml)
+            results = {uuid: check_gpu(self._nvml, t.gpu) for uuid, t in self._topo.items()}
+        except NvmlUnavailable as exc:
+            self._mark_nvml_down(str(exc))
+            return
+        if len(results) >= 2 and all(
+            any(f.code == "NvmlUnknownError" for f in faults) for faults in results.values()
+        ):
+            # Every GPU failing the same way at once is this process losing access (systemd
+            # daemon-reload with the systemd cgroup driver drops the device allow-list), not
+            # eight simultaneous hardware faults.
+            self._mark_nvml_down("NVML returns Unknown Error for every GPU: this container likely lost "
+                                 "access to /dev/nvidia* (systemd daemon-reload); restart the plugin pod")
+            return
+        if self._node_problem is not None:
+            self._set_nvml_up()
+        for uuid, faults in results.items():
+            self._apply_conditions(self._topo[uuid], faults)
+
+    def _apply_conditions(self, topo: GpuTopology, faults: list[Fault]) -> None:
+        now = self._clock()
+        present = {f.key for f in faults}
+
+        def change() -> list[tuple[str, DeviceRecord]]:
+            out = []
+            for name in topo.device_names:
+                rec = self._records[name]
+                for key in POLLED_KEYS - present:
+                    rec = clear_condition(rec, key)
+                for f in faults:
+                    if not any(c.key == f.key for c in rec.conditions):
+                        rec = apply_fault(rec, f, now, self._policy)
+                out.append((name, rec))
+            return out
+
+        self._update(change)
+
+    # ---- validation ------------------------------------------------------------------------
+
+    def _due(self, target: ProbeTarget, now: float) -> bool:
+        with self._lock:
+            recs = [self._records[n] for n in target.device_names]
+        if self._node_problem is not None:
+            return False
+        if any(r.conditions for r in recs):
+            return False  # the cause has not cleared: probing a lost GPU proves nothing
+        last = self._last_probe.get((target.gpu_uuid, target.label))
+        if any(r.state is HealthState.VALIDATING for r in recs) or last is None:
+            return True
+        if any(r.state is not HealthState.HEALTHY for r in recs):
+            return now - last >= self._policy.recheck_interval_s
+        interval = self._policy.revalidate_interval_s
+        return bool(interval) and now - last >= interval
+
+    def validate_once(self) -> None:
+        """Validate every target that is due now (NVML checks first, then the CUDA probe)."""
+        for topo in self._topo.values():
+            for target in topo.probe_targets:
+                if self._stop.is_set():
+                    return
+                if not self._due(target, self._clock()):
+                    continue
+                try:
+                    faults = check_gpu(self._nvml, topo.gpu)
+                except NvmlUnavailable as exc:
+                    self._mark_nvml_down(str(exc))
+                    return
+                self._apply_conditions(topo, faults)
+                if faults:
+                    continue
+                result = self._prober.probe(target, self._policy.probe_timeout_s)
+                self._last_probe[(target.gpu_uuid, target.label)] = self._clock()
+                self._apply_probe(target, result)
+
+    def _apply_probe(self, target: ProbeTarget, result: ProbeResult) -> None:
+        now = self._clock()
+        failure = None if result.ok else Fault(result.code, f"CUDA {result.reason} on {target.label}")
+        self._update(lambda: [(n, apply_validation(self._records[n], result.ok, now, self._policy, failure))
+                              for n in target.device_names])
+
+    def _validate_loop(self) -> None:
+        while not self._stop.is_set():
+            if self._reg is not None:
+                self.validate_once()
+                if not self._validated.is_set() and not self._stop.is_set():
+                    self._validated.set()
+                    self._notify_validated()
+            self._validate_wake.wait(min(self._policy.recheck_interval_s, 1.0))
+            self._validate_wake.clear()
+
+    def _notify_validated(self) -> None:
+        # The first round may change no state (a node with no GPUs); say it finished anyway.
+        with self._notify_lock:
+            with self._lock:
+                self._generation += 1
+                snap = self._snapshot_locked(())
+            try:
+                self._on_change(snap)
+            except Exception:
+                log.error("health_on_change_failed", exc_info=True, node=self._node or None)
