@@ -1,0 +1,69 @@
+{{/* Names and labels shared by every template. */}}
+
+{{- define "gpuready.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "gpuready.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gpuready.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "gpuready.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "gpuready.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpuready.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "gpuready.pluginName" -}}{{ include "gpuready.fullname" . | trunc 48 | trimSuffix "-" }}-kubelet-plugin{{- end -}}
+{{- define "gpuready.controllerName" -}}{{ include "gpuready.fullname" . | trunc 52 | trimSuffix "-" }}-controller{{- end -}}
+{{- define "gpuready.webhookName" -}}{{ include "gpuready.fullname" . | trunc 55 | trimSuffix "-" }}-webhook{{- end -}}
+
+{{- define "gpuready.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{/* The domain after the first label of the driver name: gpu.nvidia.com -> nvidia.com. */}}
+{{- define "gpuready.driverDomain" -}}
+{{- $parts := splitList "." .Values.driverName -}}
+{{- if gt (len $parts) 2 -}}{{ rest $parts | join "." }}{{- else -}}{{ .Values.driverName }}{{- end -}}
+{{- end -}}
+
+{{- define "gpuready.gpuClassName" -}}
+{{- .Values.deviceClasses.gpuClassName | default .Values.driverName -}}
+{{- end -}}
+
+{{- define "gpuready.migClassName" -}}
+{{- .Values.deviceClasses.migClassName | default (printf "mig.%s" (include "gpuready.driverDomain" .)) -}}
+{{- end -}}
+
+{{/* The plugin's own directory on the host (and, at the same path, in the container). */}}
+{{- define "gpuready.pluginDir" -}}
+{{- printf "%s/%s" (.Values.kubeletPlugin.pluginsDirectoryPath | trimSuffix "/") .Values.driverName -}}
+{{- end -}}
+
+{{/* auto|true|false for objects of the Prometheus Operator. */}}
+{{- define "gpuready.monitoringOn" -}}
+{{- $v := index . 0 -}}{{- $ctx := index . 1 -}}
+{{- if eq (toString $v) "true" -}}true
+{{- else if and (eq (toString $v) "auto") ($ctx.Capabilities.APIVersions.Has "monitoring.coreos.com/v1") -}}true
+{{- end -}}
+{{- end -}}
+
+{{- define "gpuready.pluginServiceAccount" -}}{{ include "gpuready.pluginName" . }}{{- end -}}
+{{- define "gpuready.controllerServiceAccount" -}}{{ include "gpuready.controllerName" . }}{{- end -}}

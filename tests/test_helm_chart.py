@@ -1,0 +1,443 @@
+"""The Helm chart, rendered by Helm's own engine (helm-python-sdk embeds Helm v4's Go library).
+
+Each values set is rendered once per module; every rendered object is validated against the
+Kubernetes 1.34 and 1.36 OpenAPI schemas (kubernetes-validate, strict: unknown fields fail).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import functools
+import json
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+helm = pytest.importorskip("helm_python")
+kubernetes_validate = pytest.importorskip("kubernetes_validate")
+
+CHART = Path(__file__).resolve().parent.parent / "deploy" / "helm" / "gpuready"
+RELEASE, NAMESPACE = "gpuready", "gpu-system"
+KUBE_VERSIONS = ("1.34.0", "1.36.0")
+
+VALUE_SETS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "monitoring": {"monitoring": {"serviceMonitor": {"enabled": True, "labels": {"release": "kps"}},
+                                  "prometheusRule": {"enabled": True}}},
+    "cert-manager": {"webhook": {"certManager": {"enabled": True}}},
+    "cert-manager-issuer": {"webhook": {"certManager": {"enabled": True,
+                                                        "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}}},
+    "dynamic-taint-shared": {"migMode": "dynamic", "healthMode": "taint", "sharedGpus": True,
+                             "xid": {"ignore": [13, 31], "fatal": [43]}},
+    "custom-driver": {"driverName": "gpu.example.com", "deviceClasses": {"extendedResourceName": "example.com/gpu"}},
+    "no-controller": {"controller": {"enabled": False}, "migMode": "off"},
+    "simulated-evict": {"nvml": {"source": "simulated", "simulatedProfile": "h100-8"},
+                        "controller": {"unhealthyClaimPolicy": "evict", "replicas": 1},
+                        "kubeletPlugin": {"vramAccounting": False}, "logLevel": "debug"},
+}
+
+
+@functools.cache
+def _chart() -> Any:
+    return helm.Chart.load(str(CHART))
+
+
+@functools.cache
+def _render_cached(key: str) -> tuple[tuple[str, str], ...]:
+    values = json.loads(key)
+    out = _chart().render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    return tuple(sorted(out.items()))
+
+
+def render(values: dict[str, Any]) -> dict[str, str]:
+    """Template path -> rendered text (NOTES.txt included)."""
+    return dict(_render_cached(json.dumps(values, sort_keys=True)))
+
+
+def objects(values: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every rendered Kubernetes object."""
+    out: list[dict[str, Any]] = []
+    for path, text in render(values).items():
+        if path.endswith("NOTES.txt"):
+            continue
+        out.extend(d for d in yaml.safe_load_all(text) if d)
+    return out
+
+
+def find(values: dict[str, Any], kind: str, name_part: str = "") -> list[dict[str, Any]]:
+    return [o for o in objects(values) if o["kind"] == kind and name_part in o["metadata"]["name"]]
+
+
+def one(values: dict[str, Any], kind: str, name_part: str = "") -> dict[str, Any]:
+    found = find(values, kind, name_part)
+    assert len(found) == 1, f"expected one {kind} named *{name_part}*, got {[o['metadata']['name'] for o in found]}"
+    return found[0]
+
+
+# --- lint and schemas ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("values_name", ["default", "monitoring", "dynamic-taint-shared", "custom-driver"])
+def test_helm_lint_is_clean(values_name: str) -> None:
+    report = helm.lint(str(CHART), VALUE_SETS[values_name], strict=True, namespace=NAMESPACE)
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+# Prometheus Operator and cert-manager kinds are CRDs: no upstream schema; check their required shape.
+CRD_REQUIRED: dict[str, tuple[str, ...]] = {
+    "PodMonitor": ("spec.selector", "spec.podMetricsEndpoints"),
+    "ServiceMonitor": ("spec.selector", "spec.endpoints"),
+    "PrometheusRule": ("spec.groups",),
+    "Certificate": ("spec.secretName", "spec.issuerRef.name", "spec.dnsNames"),
+    "Issuer": ("spec.selfSigned",),
+}
+
+
+def _dig(obj: dict[str, Any], dotted: str) -> Any:
+    for part in dotted.split("."):
+        obj = obj[part]
+    return obj
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+@pytest.mark.parametrize("values_name", sorted(VALUE_SETS))
+def test_every_object_validates_against_kubernetes_schema(values_name: str, kube_version: str) -> None:
+    objs = objects(VALUE_SETS[values_name])
+    assert objs
+    for obj in objs:
+        if obj["kind"] in CRD_REQUIRED:
+            for path in CRD_REQUIRED[obj["kind"]]:
+                assert _dig(obj, path) is not None, f"{obj['kind']} lacks {path}"
+            continue
+        try:
+            kubernetes_validate.validate(obj, kube_version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} invalid on {kube_version} at "
+                        f"{'.'.join(map(str, exc.path))}: {exc.message}")
+
+
+def test_resource_names_are_unique_and_labelled() -> None:
+    seen = set()
+    for obj in objects({}):
+        key = (obj["kind"], obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+        assert key not in seen, f"duplicate {key}"
+        seen.add(key)
+        assert obj["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
+        if obj["kind"] not in ("DeviceClass", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+                               "ValidatingAdmissionPolicyBinding", "MutatingWebhookConfiguration",
+                               "ValidatingWebhookConfiguration"):
+            assert obj["metadata"]["namespace"] == NAMESPACE
+
+
+# --- kubelet plugin DaemonSet ------------------------------------------------------------------------
+
+def _plugin_pod(values: dict[str, Any]) -> dict[str, Any]:
+    pod: dict[str, Any] = one(values, "DaemonSet")["spec"]["template"]["spec"]
+    return pod
+
+
+def test_daemonset_mounts_host_paths_at_the_same_paths_the_kubelet_uses() -> None:
+    pod = _plugin_pod({})
+    container = pod["containers"][0]
+    host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert host["plugins-registry"] == "/var/lib/kubelet/plugins_registry"
+    assert host["plugin-dir"] == "/var/lib/kubelet/plugins/gpu.nvidia.com"
+    assert host["cdi"] == "/var/run/cdi"
+    assert host["dev"] == "/dev"
+    assert host["driver-root"] == "/"
+    # The kubelet dials the socket path the plugin registers: it must be the same inside and out.
+    for name in ("plugins-registry", "plugin-dir", "cdi", "dev"):
+        assert mounts[name]["mountPath"] == host[name]
+    assert mounts["driver-root"]["readOnly"] is True
+    assert mounts["host-proc"]["readOnly"] is True and host["host-proc"] == "/proc"
+    args = container["args"]
+    assert "--plugin-dir=/var/lib/kubelet/plugins/gpu.nvidia.com" in args
+    assert "--proc-root=/host/proc" in args
+
+
+def test_daemonset_privileges_are_what_the_plugin_needs_and_no_more() -> None:
+    pod = _plugin_pod({})
+    for ns in ("hostNetwork", "hostPID", "hostIPC"):
+        assert not pod.get(ns), f"plugin must not use {ns}"
+    sc = pod["containers"][0]["securityContext"]
+    assert sc["privileged"] is True and sc["readOnlyRootFilesystem"] is True
+    assert pod["priorityClassName"] == "system-node-critical"
+
+
+def test_daemonset_rolls_with_surge_and_per_pod_sockets() -> None:
+    ds = one({}, "DaemonSet")
+    assert ds["spec"]["updateStrategy"] == {"type": "RollingUpdate",
+                                            "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    env = {e["name"]: e for e in ds["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--pod-uid=$(POD_UID)" in args and "--node-name=$(NODE_NAME)" in args
+
+
+def test_daemonset_runs_only_on_gpu_nodes() -> None:
+    pod = _plugin_pod({})
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    keys = {t["matchExpressions"][0]["key"] for t in terms}
+    assert {"feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present"} <= keys
+    assert any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"])
+
+
+def test_daemon_options_reach_the_plugin_command_line() -> None:
+    args = _plugin_pod(VALUE_SETS["dynamic-taint-shared"])["containers"][0]["args"]
+    for expected in ("--driver-name=gpu.nvidia.com", "--mig-mode=dynamic", "--health-mode=taint",
+                     "--shared-gpus=true", "--xid-ignore=13,31", "--xid-fatal=43", "--nvml=real"):
+        assert expected in args
+    sim = _plugin_pod(VALUE_SETS["simulated-evict"])
+    sim_args = sim["containers"][0]["args"]
+    assert "--nvml=simulated" in sim_args and "--sim-profile=h100-8" in sim_args
+    assert "--log-level=debug" in sim_args
+    assert not any(a.startswith("--proc-root") for a in sim_args)
+    assert "host-proc" not in {v["name"] for v in sim["volumes"]}
+
+
+# --- controller and webhooks ------------------------------------------------------------------------
+
+def test_controller_is_two_replicas_with_leader_election_and_least_privilege() -> None:
+    dep = one({}, "Deployment")
+    assert dep["spec"]["replicas"] == 2
+    pod = dep["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    assert "--leader-elect=true" in args and "--leader-election-namespace=$(POD_NAMESPACE)" in args
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["containers"][0]["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert one({}, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
+    assert find(VALUE_SETS["simulated-evict"], "PodDisruptionBudget") == []
+
+
+def test_webhooks_shape_claims_leniently_and_validate_strictly() -> None:
+    mutating = one({}, "MutatingWebhookConfiguration")["webhooks"][0]
+    validating = one({}, "ValidatingWebhookConfiguration")["webhooks"][0]
+    assert mutating["failurePolicy"] == "Ignore" and validating["failurePolicy"] == "Fail"
+    for hook in (mutating, validating):
+        assert hook["rules"][0]["resources"] == ["resourceclaims", "resourceclaimtemplates"]
+        assert hook["rules"][0]["apiGroups"] == ["resource.k8s.io"]
+        assert hook["clientConfig"]["service"]["namespace"] == NAMESPACE
+        assert hook["sideEffects"] == "None"
+    assert mutating["clientConfig"]["service"]["path"] == "/mutate"
+    assert validating["clientConfig"]["service"]["path"] == "/validate"
+
+
+def test_generated_webhook_certificate_is_signed_by_the_bundled_ca_for_the_service_name() -> None:
+    x509 = pytest.importorskip("cryptography.x509")
+    secret = one({}, "Secret")
+    ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    cert.verify_directly_issued_by(ca)  # raises if the CA did not sign it
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    service = one({}, "Service", "webhook")["metadata"]["name"]
+    assert f"{service}.{NAMESPACE}.svc" in sans
+    assert cert.not_valid_after_utc > datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=365)
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        assert one({}, kind)["webhooks"][0]["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+    mount = one({}, "Deployment")["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"]
+    assert mount == secret["metadata"]["name"]
+
+
+def test_cert_manager_option_replaces_the_generated_secret() -> None:
+    values = VALUE_SETS["cert-manager"]
+    assert find(values, "Secret") == []
+    cert = one(values, "Certificate")
+    assert cert["spec"]["issuerRef"]["name"] == one(values, "Issuer")["metadata"]["name"]
+    hook = one(values, "ValidatingWebhookConfiguration")
+    assert hook["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/{cert['metadata']['name']}"
+    assert "caBundle" not in hook["webhooks"][0]["clientConfig"]
+    corp = VALUE_SETS["cert-manager-issuer"]
+    assert find(corp, "Issuer") == []
+    assert one(corp, "Certificate")["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer"}
+
+
+def test_no_controller_means_no_webhook_and_no_mig_class() -> None:
+    values = VALUE_SETS["no-controller"]
+    kinds = {o["kind"] for o in objects(values)}
+    assert not kinds & {"Deployment", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "Secret"}
+    assert [c["metadata"]["name"] for c in find(values, "DeviceClass")] == ["gpu.nvidia.com"]
+
+
+# --- device classes ---------------------------------------------------------------------------------
+
+def _cel_matches(expression: str, device: dict[str, Any]) -> bool:
+    import celpy
+
+    env = celpy.Environment()
+    return bool(env.program(env.compile(expression)).evaluate({"device": celpy.json_to_cel(device)}))
+
+
+@pytest.mark.parametrize("values_name,gpu_class,mig_class,driver", [
+    ("default", "gpu.nvidia.com", "mig.nvidia.com", "gpu.nvidia.com"),
+    ("custom-driver", "gpu.example.com", "mig.example.com", "gpu.example.com"),
+])
+def test_device_classes_select_this_drivers_gpus_and_mig_devices(values_name: str, gpu_class: str,
+                                                                 mig_class: str, driver: str) -> None:
+    classes = {c["metadata"]["name"]: c for c in find(VALUE_SETS[values_name], "DeviceClass")}
+    assert set(classes) == {gpu_class, mig_class}
+    gpu_expr = classes[gpu_class]["spec"]["selectors"][0]["cel"]["expression"]
+    mig_expr = classes[mig_class]["spec"]["selectors"][0]["cel"]["expression"]
+
+    def dev(drv: str, typ: str) -> dict[str, Any]:
+        return {"driver": drv, "attributes": {drv: {"type": typ}}}
+
+    assert _cel_matches(gpu_expr, dev(driver, "gpu")) and not _cel_matches(gpu_expr, dev(driver, "mig"))
+    assert _cel_matches(mig_expr, dev(driver, "mig")) and not _cel_matches(mig_expr, dev(driver, "gpu"))
+    assert not _cel_matches(gpu_expr, dev("other.example.com", "gpu"))
+    if values_name == "custom-driver":
+        assert classes[gpu_class]["spec"]["extendedResourceName"] == "example.com/gpu"
+
+
+# --- monitoring -------------------------------------------------------------------------------------
+
+def test_prometheus_operator_objects_only_when_the_cluster_serves_them() -> None:
+    # Offline the engine reports no monitoring.coreos.com/v1: "auto" renders nothing and says why.
+    assert not {"PodMonitor", "ServiceMonitor", "PrometheusRule"} & {o["kind"] for o in objects({})}
+    notes = next(t for p, t in render({}).items() if p.endswith("NOTES.txt"))
+    assert "Prometheus Operator is not installed" in notes
+    values = VALUE_SETS["monitoring"]
+    pm = one(values, "PodMonitor")
+    assert pm["metadata"]["labels"]["release"] == "kps"
+    assert pm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "kubelet-plugin"
+    assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    ds_ports = _plugin_pod(values)["containers"][0]["ports"]
+    assert any(p["name"] == "metrics" for p in ds_ports)
+    assert one(values, "ServiceMonitor")["spec"]["endpoints"][0]["port"] == "metrics"
+
+
+def _exported_families() -> set[str]:
+    from prometheus_client import CollectorRegistry
+
+    from dra_driver.metrics import PluginMetrics
+    from dra_driver.metrics.gpu_collector import FAMILIES
+
+    names = set(FAMILIES)
+    for metric in PluginMetrics(CollectorRegistry(), node="n").registry.collect():
+        names.update(s.name for s in metric.samples)
+        names.add(metric.name)
+        if metric.type == "counter":
+            names.add(metric.name + "_total")
+        if metric.type == "histogram":
+            names.update(metric.name + suffix for suffix in ("_bucket", "_sum", "_count"))
+    names.update({"gpuready_claim_vram_used_bytes", "gpuready_claim_vram_requested_bytes"})
+    return names
+
+
+def _metric_names(expr: str) -> set[str]:
+    return set(re.findall(r"\b((?:gpuready|DCGM)_[A-Za-z0-9_]+)", expr))
+
+
+def test_alerts_cover_the_promised_conditions_and_use_exported_metrics() -> None:
+    rule = one(VALUE_SETS["monitoring"], "PrometheusRule")
+    alerts = {r["alert"]: r for r in rule["spec"]["groups"][0]["rules"]}
+    assert {"GPUNotReady", "GPUXIDStorm", "GPUValidationFailing", "GPUPrepareErrors"} <= set(alerts)
+    exported = _exported_families()
+    for name, alert in alerts.items():
+        used = _metric_names(alert["expr"])
+        assert used and used <= exported, f"{name} uses metrics nobody exports: {used - exported}"
+        assert "{{ $labels." in alert["annotations"]["summary"]  # Helm left Prometheus' templating alone
+
+
+def test_grafana_dashboard_is_valid_json_over_exported_metrics() -> None:
+    cm = one({}, "ConfigMap", "dashboard")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dash = json.loads(cm["data"]["gpuready.json"])
+    exported = _exported_families()
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    assert len(exprs) >= 10
+    for expr in exprs:
+        assert _metric_names(expr) <= exported, expr
+
+
+# --- schema -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad,field", [
+    ({"migMode": "auto"}, "/migMode"),
+    ({"healthMode": "drain"}, "/healthMode"),
+    ({"driverName": "GPU_NVIDIA"}, "/driverName"),
+    ({"xid": {"ignore": ["79"]}}, "/xid/ignore/0"),
+    ({"driverNmae": "gpu.nvidia.com"}, "driverNmae"),
+    ({"monitoring": {"serviceMonitor": {"enabled": "yes"}}}, "/monitoring/serviceMonitor/enabled"),
+    ({"kubeletPlugin": {"metrics": {"port": 70000}}}, "/kubeletPlugin/metrics/port"),
+    ({"nvml": {"source": "fake"}}, "/nvml/source"),
+    ({"controller": {"placementPolicy": "random"}}, "/controller/placementPolicy"),
+    ({"driverRoot": "run/nvidia/driver"}, "/driverRoot"),
+])
+def test_schema_rejects_wrong_values_naming_the_field(bad: dict[str, Any], field: str) -> None:
+    with pytest.raises(helm.HelmValuesError) as info:
+        _chart().render(bad, name=RELEASE, namespace=NAMESPACE)
+    assert field in str(info.value)
+
+
+# --- install guard against another driver of the same name ------------------------------------------
+
+@pytest.fixture(scope="module")
+def apiserver() -> Any:
+    from dra_driver.apiserver import LocalApiServer
+
+    with LocalApiServer() as srv:
+        yield srv
+
+
+def _cluster_render(srv: Any, values: dict[str, Any], *, install: bool = True) -> dict[str, str]:
+    kubeconfig = srv.write_kubeconfig(tempfile.mktemp(prefix="kc-", dir="/tmp"))
+    cfg = helm.Config(kubeconfig_path=kubeconfig, namespace=NAMESPACE)
+    try:
+        out: dict[str, str] = cfg.render(_chart(), values, name=RELEASE, namespace=NAMESPACE,
+                                         is_install=install, is_upgrade=not install)
+        return out
+    finally:
+        Path(kubeconfig).unlink(missing_ok=True)
+        cfg.close()
+
+
+def test_install_fails_beside_another_driver_of_the_same_name(apiserver: Any) -> None:
+    import kubernetes
+
+    api = kubernetes.client.ResourceV1Api(apiserver.api_client())
+    assert "gpuready/templates/kubelet-plugin-daemonset.yaml" in _cluster_render(apiserver, {})
+    # Another installation's DeviceClass of the same name: the install must refuse, naming it.
+    api.create_device_class({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                             "metadata": {"name": "mig.nvidia.com",
+                                          "annotations": {"meta.helm.sh/release-name": "nvidia-dra"}},
+                             "spec": {}})
+    try:
+        with pytest.raises(helm.HelmRenderError, match=r'DeviceClass "mig.nvidia.com" already exists'):
+            _cluster_render(apiserver, {})
+        # A different driver name does not collide.
+        _cluster_render(apiserver, {"driverName": "gpu.gpuready.io"})
+    finally:
+        api.delete_device_class("mig.nvidia.com")
+    # Our own release's class (an upgrade) is fine.
+    api.create_device_class({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                             "metadata": {"name": "gpu.nvidia.com", "annotations": {
+                                 "meta.helm.sh/release-name": RELEASE,
+                                 "meta.helm.sh/release-namespace": NAMESPACE}}, "spec": {}})
+    try:
+        _cluster_render(apiserver, {}, install=False)
+    finally:
+        api.delete_device_class("gpu.nvidia.com")
+
+
+def test_install_fails_when_another_driver_already_publishes_slices(apiserver: Any) -> None:
+    import kubernetes
+
+    core = kubernetes.client.CoreV1Api(apiserver.api_client())
+    api = kubernetes.client.ResourceV1Api(apiserver.api_client())
+    core.create_node({"metadata": {"name": "gpu-node-1"}})
+    api.create_resource_slice({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "gpu-node-1-x"},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": "gpu-node-1",
+                 "pool": {"name": "gpu-node-1", "generation": 1, "resourceSliceCount": 1}, "devices": []}})
+    with pytest.raises(helm.HelmRenderError, match=r"ResourceSlice \"gpu-node-1-x\" of driver gpu.nvidia.com"):
+        _cluster_render(apiserver, {})
+    _cluster_render(apiserver, {}, install=False)  # an upgrade of our own release: its slices are ours
+    _cluster_render(apiserver, {"conflictCheck": {"enabled": False}})
+    api.delete_resource_slice("gpu-node-1-x")
