@@ -1,12 +1,343 @@
-"""ResourceSlice validation (reference/dra-api.md sections 3 and 10)."""
+"""ResourceSlice validation with the real server's limits, field paths and reasons
+(reference/dra-api.md sections 3 and 10; fixtures create-slice-*.json)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from dra_driver.apiserver.errors import Cause
+from dra_driver.apiserver.validation.common import (
+    C_IDENT_MSG,
+    C_IDENTIFIER,
+    dns_label,
+    dns_subdomain,
+    duplicate,
+    forbidden,
+    immutable,
+    invalid,
+    not_supported,
+    qualified_name,
+    required,
+    too_long,
+    too_many,
+)
+from dra_driver.apiserver.validation.quantity import validate_quantity
+
+MAX_DEVICES = 128
+MAX_DEVICES_WITH_TAINTS_OR_COUNTERS = 64
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+MAX_ATTRIBUTE_VALUES = 48
+MAX_STRING_LENGTH = 64
+MAX_ID_LENGTH = 32
+MAX_DOMAIN_LENGTH = 63
+MAX_DRIVER_NAME_LENGTH = 63
+MAX_POOL_NAME_LENGTH = 253
+MAX_COUNTER_SETS = 8
+MAX_COUNTERS_PER_SET = 32
+MAX_CONSUMES_COUNTERS = 2
+MAX_TAINTS = 16
+MAX_BINDING_CONDITIONS = 4
+MAX_VALID_VALUES = 10
+TAINT_EFFECTS = ["NoSchedule", "NoExecute", "None"]
+NODE_FIELDS = ("nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection")
+
+# semver.org 2.0.0, the regex the real server uses (anchored by fullmatch).
+SEMVER = re.compile(
+    r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?"
+)
+
+
+def _is_set(spec: dict[str, Any], field: str) -> bool:
+    v = spec.get(field)
+    if isinstance(v, bool):
+        return v
+    return v not in (None, "", {})
+
+
+def validate_attribute_name(field: str, name: str) -> list[Cause]:
+    """A QualifiedName: C identifier ≤32, optionally prefixed by ``<DNS subdomain ≤63>/``."""
+    domain, sep, ident = name.partition("/")
+    if not sep:
+        domain, ident = "", name
+    out: list[Cause] = []
+    if sep:
+        if not domain:
+            out.append(required(field, "the domain must not be empty"))
+        elif len(domain) > MAX_DOMAIN_LENGTH:
+            out.append(too_long(field, MAX_DOMAIN_LENGTH))
+        else:
+            out += dns_subdomain(field, domain)
+    if len(ident) > MAX_ID_LENGTH:
+        out.append(too_long(field, MAX_ID_LENGTH))
+    if not C_IDENTIFIER.fullmatch(ident):
+        out.append(invalid(field, ident, C_IDENT_MSG))
+    return out
+
+
+def _validate_attribute(field: str, attr: Any) -> tuple[list[Cause], int]:
+    """Causes and the number of values an attribute holds (lists count each element)."""
+    if not isinstance(attr, dict):
+        return [invalid(field, attr, "must be an object")], 0
+    members = [k for k in ("int", "bool", "string", "version", "ints", "bools", "strings", "versions")
+               if attr.get(k) is not None]
+    if not members:
+        return [required(field, "exactly one value must be specified")], 0
+    if len(members) > 1:
+        return [invalid(field, attr, "exactly one value must be specified")], 0
+    kind = members[0]
+    value = attr[kind]
+    values = value if isinstance(value, list) else [value]
+    if isinstance(value, list) and not value:
+        return [required(f"{field}.{kind}", "must have at least one value")], 0
+    out: list[Cause] = []
+    for i, v in enumerate(values):
+        vfield = f"{field}.{kind}" + (f"[{i}]" if isinstance(value, list) else "")
+        if kind in ("string", "strings", "version", "versions"):
+            if not isinstance(v, str):
+                out.append(invalid(vfield, v, "must be a string"))
+                continue
+            if len(v.encode()) > MAX_STRING_LENGTH:
+                out.append(too_long(vfield, MAX_STRING_LENGTH))
+            if kind.startswith("version") and not SEMVER.fullmatch(v):
+                out.append(invalid(vfield, v, "must be a string compatible with semver.org spec 2.0.0"))
+        elif kind.startswith("int") and (isinstance(v, bool) or not isinstance(v, int)):
+            out.append(invalid(vfield, v, "must be an integer"))
+        elif kind.startswith("bool") and not isinstance(v, bool):
+            out.append(invalid(vfield, v, "must be a boolean"))
+    return out, len(values)
+
+
+def _validate_capacity(field: str, cap: Any, multi: bool) -> list[Cause]:
+    if not isinstance(cap, dict):
+        return [invalid(field, cap, "must be an object")]
+    out = validate_quantity(f"{field}.value", cap.get("value"), required_value=True)
+    policy = cap.get("requestPolicy")
+    if policy is None:
+        return out
+    pfield = f"{field}.requestPolicy"
+    if not multi:
+        return [*out, forbidden(pfield, "allowed only when allowMultipleAllocations is true")]
+    if policy.get("default") is not None:
+        out += validate_quantity(f"{pfield}.default", policy["default"])
+    vv, vr = policy.get("validValues"), policy.get("validRange")
+    if vv and vr:
+        out.append(invalid(pfield, "", "exactly one of `validValues` or `validRange` may be set"))
+    if vv:
+        if len(vv) > MAX_VALID_VALUES:
+            out.append(too_many(f"{pfield}.validValues", len(vv), MAX_VALID_VALUES))
+        for i, q in enumerate(vv):
+            out += validate_quantity(f"{pfield}.validValues[{i}]", q)
+    if vr:
+        if vr.get("min") is None:
+            out.append(required(f"{pfield}.validRange.min"))
+        for k in ("min", "max", "step"):
+            if vr.get(k) is not None:
+                out += validate_quantity(f"{pfield}.validRange.{k}", vr[k])
+    return out
+
+
+def _validate_counters(field: str, counters: Any) -> list[Cause]:
+    if not isinstance(counters, dict):
+        return [required(field)] if counters is None else [invalid(field, counters, "must be a map")]
+    out: list[Cause] = []
+    if len(counters) > MAX_COUNTERS_PER_SET:
+        out.append(too_many(field, len(counters), MAX_COUNTERS_PER_SET))
+    for name in sorted(counters):
+        # Counter names are map keys: errors name the map, like the real server (fixtures).
+        out += dns_label(field, name)
+        c = counters[name]
+        out += validate_quantity(f"{field}[{name}].value", c.get("value") if isinstance(c, dict) else None,
+                                 required_value=True)
+    return out
+
+
+def _validate_taint(field: str, taint: Any) -> list[Cause]:
+    if not isinstance(taint, dict):
+        return [invalid(field, taint, "must be an object")]
+    out: list[Cause] = []
+    if not taint.get("key"):
+        out.append(required(f"{field}.key"))
+    else:
+        out += qualified_name(f"{field}.key", taint["key"])
+    value = taint.get("value") or ""
+    if len(value) > 63:
+        out.append(invalid(f"{field}.value", value, "must be no more than 63 characters"))
+    effect = taint.get("effect")
+    if not effect:
+        out.append(required(f"{field}.effect"))
+    elif effect not in TAINT_EFFECTS:
+        out.append(not_supported(f"{field}.effect", effect, TAINT_EFFECTS))
+    return out
+
+
+def _validate_device(field: str, dev: Any, per_device_nodes: bool) -> list[Cause]:
+    if not isinstance(dev, dict):
+        return [invalid(field, dev, "must be an object")]
+    out: list[Cause] = []
+    if not dev.get("name"):
+        out.append(required(f"{field}.name"))
+    else:
+        out += dns_label(f"{field}.name", dev["name"])
+    attrs = dev.get("attributes") or {}
+    caps = dev.get("capacity") or {}
+    total = len(attrs) + len(caps)
+    if total > MAX_ATTRIBUTES_AND_CAPACITIES:
+        out.append(invalid(field, total, f"the total number of attributes and capacities must not exceed "
+                                         f"{MAX_ATTRIBUTES_AND_CAPACITIES}"))
+    n_values = 0
+    for key in sorted(attrs):
+        out += validate_attribute_name(f"{field}.attributes", key)
+        causes, n = _validate_attribute(f"{field}.attributes[{key}]", attrs[key])
+        out += causes
+        n_values += n
+    if n_values > MAX_ATTRIBUTE_VALUES:
+        out.append(invalid(f"{field}.attributes", n_values, f"the total number of attribute values must not "
+                                                              f"exceed {MAX_ATTRIBUTE_VALUES}"))
+    multi = dev.get("allowMultipleAllocations") is True
+    for key in sorted(caps):
+        out += validate_attribute_name(f"{field}.capacity", key)
+        out += _validate_capacity(f"{field}.capacity[{key}]", caps[key], multi)
+    consumes = dev.get("consumesCounters") or []
+    if len(consumes) > MAX_CONSUMES_COUNTERS:
+        out.append(too_many(f"{field}.consumesCounters", len(consumes), MAX_CONSUMES_COUNTERS))
+    for i, cc in enumerate(consumes):
+        cfield = f"{field}.consumesCounters[{i}]"
+        if not isinstance(cc, dict):
+            out.append(invalid(cfield, cc, "must be an object"))
+            continue
+        if not cc.get("counterSet"):
+            out.append(required(f"{cfield}.counterSet"))
+        else:
+            out += dns_label(f"{cfield}.counterSet", cc["counterSet"])
+        out += _validate_counters(f"{cfield}.counters", cc.get("counters"))
+    taints = dev.get("taints") or []
+    if len(taints) > MAX_TAINTS:
+        out.append(too_many(f"{field}.taints", len(taints), MAX_TAINTS))
+    for i, t in enumerate(taints):
+        out += _validate_taint(f"{field}.taints[{i}]", t)
+    for key in ("bindingConditions", "bindingFailureConditions"):
+        conds = dev.get(key) or []
+        if len(conds) > MAX_BINDING_CONDITIONS:
+            out.append(too_many(f"{field}.{key}", len(conds), MAX_BINDING_CONDITIONS))
+    set_nodes = [f for f in ("nodeName", "nodeSelector", "allNodes") if _is_set(dev, f)]
+    if per_device_nodes:
+        if len(set_nodes) != 1:
+            out.append(invalid(field, "{" + ", ".join(f"`{f}`" for f in set_nodes) + "}",
+                               "exactly one of `nodeName`, `nodeSelector`, `allNodes` is required when "
+                               "`perDeviceNodeSelection` is set"))
+    else:
+        for f in set_nodes:
+            out.append(forbidden(f"{field}.{f}", "only allowed when `perDeviceNodeSelection` is set"))
+    return out
+
+
+def _uses_64_limit(dev: Any) -> bool:
+    if not isinstance(dev, dict):
+        return False
+    list_attrs = any(isinstance(a, dict) and any(a.get(k) is not None for k in ("ints", "bools", "strings",
+                                                                             "versions"))
+                     for a in (dev.get("attributes") or {}).values())
+    return bool(dev.get("taints")) or bool(dev.get("consumesCounters")) or list_attrs
+
+
+def _validate_pool(pool: Any) -> list[Cause]:
+    pool = pool if isinstance(pool, dict) else {}
+    out: list[Cause] = []
+    name = pool.get("name")
+    if not name:
+        out.append(required("spec.pool.name"))
+    elif len(name) > MAX_POOL_NAME_LENGTH:
+        out.append(too_long("spec.pool.name", MAX_POOL_NAME_LENGTH))
+    else:
+        for part in name.split("/"):
+            out += dns_subdomain("spec.pool.name", part)
+    gen = pool.get("generation") or 0
+    if gen < 0:
+        out.append(invalid("spec.pool.generation", gen, "must be greater than or equal to zero"))
+    count = pool.get("resourceSliceCount") or 0
+    if count <= 0:
+        out.append(invalid("spec.pool.resourceSliceCount", count, "must be greater than zero"))
+    return out
+
+
+def _validate_node_fields(spec: dict[str, Any]) -> list[Cause]:
+    set_fields = [f for f in NODE_FIELDS if _is_set(spec, f)]
+    wanted = "exactly one of " + ", ".join(f"`{f}`" for f in NODE_FIELDS) + " is required"
+    if not set_fields:
+        return [required("spec", wanted)]
+    out: list[Cause] = []
+    if len(set_fields) > 1:
+        out.append(invalid("spec", "{" + ", ".join(f"`{f}`" for f in set_fields) + "}",
+                           wanted + ", but multiple fields are set"))
+    if spec.get("nodeName"):
+        out += dns_subdomain("spec.nodeName", spec["nodeName"])
+    sel = spec.get("nodeSelector")
+    if isinstance(sel, dict):
+        terms = sel.get("nodeSelectorTerms") or []
+        if len(terms) != 1:
+            out.append(invalid("spec.nodeSelector.nodeSelectorTerms", len(terms),
+                               "must have exactly one node selector term"))
+    return out
 
 
 def validate_slice(obj: dict[str, Any], old: dict[str, Any] | None) -> list[Cause]:
-    """Causes for an invalid ResourceSlice."""
-    return []
+    """Causes for an invalid ResourceSlice (``old`` set on update: immutable fields are checked)."""
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        return [required("spec")]
+    out: list[Cause] = []
+    driver = spec.get("driver")
+    if not driver:
+        out.append(required("spec.driver"))
+    elif len(driver) > MAX_DRIVER_NAME_LENGTH:
+        out.append(too_long("spec.driver", MAX_DRIVER_NAME_LENGTH))
+    else:
+        out += dns_subdomain("spec.driver", driver.lower())
+    out += _validate_pool(spec.get("pool"))
+    out += _validate_node_fields(spec)
+    devices = spec.get("devices") or []
+    counters = spec.get("sharedCounters") or []
+    if devices and counters:
+        out.append(invalid("spec", "{`devices`, `sharedCounters`}",
+                           "only one of `devices` or `sharedCounters` may be set"))
+    limit = MAX_DEVICES_WITH_TAINTS_OR_COUNTERS if any(_uses_64_limit(d) for d in devices) else MAX_DEVICES
+    if len(devices) > limit:
+        out.append(too_many("spec.devices", len(devices), limit))
+    per_device = spec.get("perDeviceNodeSelection") is True
+    seen: set[str] = set()
+    for i, dev in enumerate(devices):
+        out += _validate_device(f"spec.devices[{i}]", dev, per_device)
+        name = dev.get("name") if isinstance(dev, dict) else None
+        if name:
+            if name in seen:
+                out.append(duplicate(f"spec.devices[{i}]", name))
+            seen.add(name)
+    if len(counters) > MAX_COUNTER_SETS:
+        out.append(too_many("spec.sharedCounters", len(counters), MAX_COUNTER_SETS))
+    set_names: set[str] = set()
+    for i, cs in enumerate(counters):
+        field = f"spec.sharedCounters[{i}]"
+        if not isinstance(cs, dict):
+            out.append(invalid(field, cs, "must be an object"))
+            continue
+        if not cs.get("name"):
+            out.append(required(f"{field}.name"))
+        else:
+            out += dns_label(f"{field}.name", cs["name"])
+            if cs["name"] in set_names:
+                out.append(duplicate(f"{field}.name", cs["name"]))
+            set_names.add(cs["name"])
+        out += _validate_counters(f"{field}.counters", cs.get("counters"))
+    if old is not None:
+        old_spec = old.get("spec") or {}
+        for path, new_v, old_v in (
+            ("spec.driver", spec.get("driver"), old_spec.get("driver")),
+            ("spec.pool.name", (spec.get("pool") or {}).get("name"), (old_spec.get("pool") or {}).get("name")),
+            ("spec.nodeName", spec.get("nodeName"), old_spec.get("nodeName")),
+        ):
+            if new_v != old_v:
+                out.append(immutable(path, new_v))
+    return out
