@@ -1,0 +1,120 @@
+"""``gpuready kubelet-plugin``: run the node daemon (one per node, as a DaemonSet)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import threading
+from typing import Any
+
+from dra_driver.logs import get_logger
+from kubelet_plugin.config import (
+    DEFAULT_CDI_ROOT,
+    DEFAULT_DRIVER,
+    DEFAULT_PLUGINS_ROOT,
+    DEFAULT_REGISTRAR_DIR,
+    PluginConfig,
+)
+
+log = get_logger(__name__)
+
+HELP = "run the kubelet plugin node daemon (registration, prepare/unprepare, CDI, slices, health)"
+DESCRIPTION = """\
+The gpuready kubelet plugin for one node. It discovers the node's GPUs through NVML, publishes the
+healthy ones in ResourceSlices, registers with the kubelet through the plugin registry directory,
+and serves NodePrepareResources/NodeUnprepareResources (DRA gRPC v1 and v1beta1) by writing a CDI
+spec per claim, recorded in a crash-safe checkpoint. The kubelet health stream (v1 and v1alpha1)
+reports each device's health.
+
+Needs: the node name (NODE_NAME, from the downward API), access to the API server (in-cluster
+service account or --kubeconfig), write access to the registry, plugin and CDI directories (run as
+root with hostPath mounts), and NVML (--nvml real) or a simulated node (--nvml sim:4xh200).
+
+Every flag can also be set by the environment variable shown in its help."""
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags, each with an environment variable fallback."""
+    a = parser.add_argument
+    a("--node-name", default=_env("NODE_NAME", ""), help="this node's name (env NODE_NAME)")
+    a("--driver-name", default=_env("DRIVER_NAME", DEFAULT_DRIVER), help="DRA driver name (env DRIVER_NAME)")
+    a("--registrar-dir", default=_env("REGISTRAR_DIR", DEFAULT_REGISTRAR_DIR),
+      help="kubelet plugin registry directory (env REGISTRAR_DIR)")
+    a("--plugin-dir", default=_env("PLUGIN_DIR", ""),
+      help=f"plugin data directory: DRA socket and checkpoint (env PLUGIN_DIR; default "
+           f"{DEFAULT_PLUGINS_ROOT}/<driver name>)")
+    a("--cdi-root", default=_env("CDI_ROOT", DEFAULT_CDI_ROOT), help="CDI spec directory (env CDI_ROOT)")
+    a("--driver-root", default=_env("NVIDIA_DRIVER_ROOT", "/"),
+      help="where the NVIDIA driver files are: / or /run/nvidia/driver (env NVIDIA_DRIVER_ROOT)")
+    a("--nvml", default=_env("NVML", "real"), help="real, or sim:<profile> for a simulated node (env NVML)")
+    a("--kubeconfig", default=_env("KUBECONFIG", ""), help="kubeconfig file; empty = in-cluster (env KUBECONFIG)")
+    a("--mig-mode", default=_env("MIG_MODE", "static"), choices=["static", "dynamic"],
+      help="static: publish existing MIG devices; dynamic: create MIG instances at prepare (env MIG_MODE)")
+    a("--shared-gpus", default=_env("SHARED_GPUS", ""),
+      help="publish GPUs as shareable by memory: 'all' or a comma list like gpu-0,gpu-1 (env SHARED_GPUS)")
+    a("--health-mode", default=_env("HEALTH_MODE", "withdraw"), choices=["withdraw", "taint", "off"],
+      help="unhealthy devices: withdraw from slices, taint them, or off (no monitor) (env HEALTH_MODE)")
+    a("--pod-uid", default=_env("POD_UID", ""),
+      help="this pod's UID: per-instance socket names for rolling updates (env POD_UID)")
+    a("--health-interval", type=float, default=float(_env("HEALTH_INTERVAL", "20")),
+      help="resend the kubelet health snapshot at least this often, seconds (env HEALTH_INTERVAL)")
+    a("--metrics-port", type=int, default=int(_env("METRICS_PORT", "0")),
+      help="serve Prometheus /metrics on this port; 0 = off (env METRICS_PORT)")
+
+
+def _shared(value: str) -> bool | frozenset[str]:
+    value = value.strip()
+    if value in ("", "false", "none"):
+        return False
+    if value in ("all", "true"):
+        return True
+    return frozenset(v.strip() for v in value.split(",") if v.strip())
+
+
+def config_from_args(args: argparse.Namespace) -> PluginConfig:
+    """Build and validate the config (ValueError names the flag to fix)."""
+    return PluginConfig(
+        node_name=args.node_name, driver_name=args.driver_name, registrar_dir=args.registrar_dir,
+        plugin_dir=args.plugin_dir, cdi_root=args.cdi_root, driver_root=args.driver_root, nvml=args.nvml,
+        mig_mode=args.mig_mode, shared_gpus=_shared(args.shared_gpus), health_mode=args.health_mode,
+        pod_uid=args.pod_uid, health_interval=args.health_interval, metrics_port=args.metrics_port)
+
+
+def _api_client(kubeconfig: str) -> Any:
+    import kubernetes
+
+    if kubeconfig:
+        return kubernetes.config.new_client_from_config(config_file=kubeconfig)
+    kubernetes.config.load_incluster_config()
+    return kubernetes.client.ApiClient()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run until SIGTERM/SIGINT; exit 2 for bad configuration, 1 when start-up fails."""
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        log.error("invalid_configuration", error=str(exc))
+        return 2
+    from dra_driver.nvml import open_nvml
+    from kubelet_plugin.daemon import KubeletPlugin
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        api_client = _api_client(args.kubeconfig)
+        plugin = KubeletPlugin(config, api_client, open_nvml(config.nvml))
+        plugin.start()
+    except Exception as exc:
+        log.error("plugin_start_failed", exc_info=True, node=config.node_name, error=str(exc))
+        return 1
+    stop.wait()
+    log.info("plugin_stopping", node=config.node_name)
+    plugin.stop()
+    return 0

@@ -1,0 +1,212 @@
+"""The kubelet plugin daemon of one node: discovery, health, slices, DRA gRPC, registration.
+
+Concurrency model: **threads**, and only threads. gRPC requests run on the DRA server's thread pool
+(``grpc_workers`` threads; each open health stream holds one); the health monitor, the slice
+publisher and the registration retry timer run their own daemon threads. Shared state is guarded
+by locks: per-claim locks plus the checkpoint lock in :class:`~kubelet_plugin.prepare.Preparer`,
+and ``_state_lock`` here for the current health view. Nothing blocks while holding a lock except
+the checkpoint write (a small file, fsync'd).
+
+Start order (:meth:`KubeletPlugin.start`): discover devices -> open the checkpoint (quarantine a
+corrupt one, with an Event) and recover it -> start the health monitor -> start publishing slices
+-> serve the DRA socket (DRA v1 + v1beta1, health v1 + v1alpha1) -> only then create the
+registration socket, so the kubelet never finds a plugin that cannot answer. :meth:`stop` removes
+this instance's sockets only (another instance may be running during a rolling update).
+
+Several plugins can run in one process (one per simulated node): nothing here is global.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+from concurrent import futures
+from typing import Any
+
+import grpc
+
+from dra_driver.cdi import driver_mounts
+from dra_driver.devices import NodeDevices
+from dra_driver.health.kubelet_health import health_stream_entries
+from dra_driver.logs import get_logger
+from dra_driver.metrics import PluginMetrics, serve_metrics
+from dra_driver.slices import SliceOptions, build_pool
+from kubelet_plugin.allocation import NodeDevice, index_devices
+from kubelet_plugin.checkpoint import CheckpointStore, read_boot_id
+from kubelet_plugin.config import PluginConfig
+from kubelet_plugin.dra_service import DraServicer
+from kubelet_plugin.driver_files import find_driver_files
+from kubelet_plugin.health_stream import HealthBroadcaster, HealthServicer, entries_from_map
+from kubelet_plugin.kube import KubeClaims, emit_node_event
+from kubelet_plugin.mig import NvmlMigOps
+from kubelet_plugin.prepare import Preparer, PrepareSettings
+from kubelet_plugin.publisher import SlicePublisher
+from kubelet_plugin.recovery import RecoveryReport, recover
+from kubelet_plugin.registration import RegistrationServer
+from kubelet_plugin.sockets import SocketPaths, remove_stale_socket
+from proto import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+    health_v1_pb2,
+    health_v1_pb2_grpc,
+    health_v1alpha1_pb2,
+    health_v1alpha1_pb2_grpc,
+)
+
+log = get_logger(__name__)
+
+
+class KubeletPlugin:
+    """One node's plugin. ``start()`` then ``stop()``; safe to run several in one process."""
+
+    def __init__(self, config: PluginConfig, api_client: Any, nvml: Any,
+                 metrics: PluginMetrics | None = None) -> None:
+        self.config = config
+        self.api_client = api_client
+        self.nvml = nvml
+        self.metrics = metrics or PluginMetrics(node=config.node_name, driver_name=config.driver_name)
+        self.paths = SocketPaths.for_instance(config.registrar_dir, config.plugin_data_dir,
+                                              config.driver_name, config.pod_uid)
+        self.boot_id = config.boot_id or read_boot_id()
+        self.devices: NodeDevices | None = None
+        self.device_index: dict[str, NodeDevice] = {}
+        self.checkpoint = CheckpointStore(config.checkpoint_path, self.boot_id)
+        self.broadcaster = HealthBroadcaster(interval=config.health_interval)
+        self.publisher: SlicePublisher | None = None
+        self.health_monitor: Any = None
+        self.preparer: Preparer | None = None
+        self.registration: RegistrationServer | None = None
+        self.recovery: RecoveryReport | None = None
+        self._server: grpc.Server | None = None
+        self._metrics_server: Any = None
+        self._state_lock = threading.Lock()
+        self._unhealthy: dict[str, str] = {}
+        self._started = False
+
+    # --- lifecycle --------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Bring the plugin up; returns once the registration socket exists."""
+        from dra_driver.nvml import discover
+
+        cfg = self.config
+        self.devices = discover(self.nvml)
+        self.device_index = index_devices(self.devices, cfg.dynamic_mig)
+        log.info("devices_discovered", node=cfg.node_name, gpus=len(self.devices.gpus),
+                 preparable=len(self.device_index), mig_mode=cfg.mig_mode)
+        self._open_checkpoint()
+        mounts = driver_mounts(cfg.driver_root, find_driver_files(cfg.driver_root))
+        self.preparer = Preparer(
+            PrepareSettings(driver_name=cfg.driver_name, pool=cfg.node_name, cdi_root=cfg.cdi_root,
+                            control_device_nodes=tuple(self.devices.control_device_nodes),
+                            driver_mounts=tuple(mounts), write_mig_status=cfg.write_mig_status),
+            self.checkpoint, KubeClaims(self.api_client, cfg.driver_name),
+            devices=lambda: self.device_index, unhealthy=self._unhealthy_for_prepare,
+            mig=NvmlMigOps(self.nvml) if cfg.dynamic_mig else None)
+        self.recovery = recover(self.preparer, self.boot_id)
+        self.metrics.set_prepared_claims(len(self.checkpoint.records()))
+        self.publisher = SlicePublisher(self.api_client, cfg.node_name, cfg.driver_name)
+        self.publisher.start()
+        self._start_health()
+        self._serve_dra()
+        self.registration = RegistrationServer(self.paths.registration, cfg.driver_name, self.paths.dra,
+                                               health=True, retry_initial=cfg.registration_retry)
+        self.registration.start()
+        if cfg.metrics_port:
+            self._metrics_server, _ = serve_metrics(self.metrics.registry, cfg.metrics_host, cfg.metrics_port)
+        self._started = True
+        log.info("plugin_started", node=cfg.node_name, driver=cfg.driver_name, dra_socket=self.paths.dra,
+                 registration_socket=self.paths.registration)
+
+    def stop(self) -> None:
+        """Deregister (remove the registration socket), stop serving, stop background threads."""
+        if self.registration is not None:
+            self.registration.stop()
+        self.broadcaster.stop()
+        if self._server is not None:
+            self._server.stop(grace=1.0).wait(2.0)
+            self._server = None
+        remove_stale_socket(self.paths.dra)
+        if self.health_monitor is not None:
+            self.health_monitor.stop()
+        if self.publisher is not None:
+            self.publisher.stop()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+        self._started = False
+        log.info("plugin_stopped", node=self.config.node_name)
+
+    # --- pieces -----------------------------------------------------------------------------------
+    def _open_checkpoint(self) -> None:
+        self.checkpoint.open()
+        if self.checkpoint.quarantined:
+            self.metrics.checkpoint_quarantined_once()
+            emit_node_event(
+                self.api_client, self.config.node_name, "CheckpointQuarantined",
+                f"gpuready kubelet plugin found a corrupt checkpoint ({self.checkpoint.corruption}); moved it "
+                f"to {self.checkpoint.quarantined} and started with an empty one. Claims prepared before are "
+                "unprepared by file name when the kubelet asks.")
+
+    def _start_health(self) -> None:
+        cfg = self.config
+        if cfg.health_mode == "off":
+            self.set_unhealthy({})
+            return
+        from dra_driver.health import HealthMonitor, HealthPolicy
+
+        assert self.devices is not None
+        self.health_monitor = HealthMonitor(self.nvml, self.devices, HealthPolicy(), prober=None,
+                                            on_change=self.apply_health, dynamic_mig=cfg.dynamic_mig,
+                                            node_name=cfg.node_name)
+        self.health_monitor.start()
+        self.apply_health(self.health_monitor.snapshot())
+
+    def apply_health(self, snapshot: Any) -> None:
+        """Health monitor callback: republish slices and the kubelet health stream."""
+        self._publish(snapshot.unhealthy())
+        self.broadcaster.publish(health_stream_entries(snapshot, self.config.node_name))
+
+    def set_unhealthy(self, unhealthy: Mapping[str, str]) -> None:
+        """Set device health directly (``--health-mode off``, tests, the demo)."""
+        self._publish(unhealthy)
+        self.broadcaster.publish(entries_from_map(self.config.node_name, self.device_index, unhealthy))
+
+    def _publish(self, unhealthy: Mapping[str, str]) -> None:
+        cfg = self.config
+        with self._state_lock:
+            self._unhealthy = dict(unhealthy)
+        assert self.devices is not None and self.publisher is not None
+        options = SliceOptions(mig_mode="dynamic" if cfg.dynamic_mig else "static", shared_gpus=cfg.shared_gpus,
+                               health_mode="taint" if cfg.health_mode == "taint" else "withdraw")
+        slices = build_pool(self.devices, cfg.node_name, cfg.driver_name, options, unhealthy)
+        self.publisher.set_desired(slices)
+        self.metrics.set_published(sum(len(s.devices) for s in slices), len(unhealthy))
+
+    def _unhealthy_for_prepare(self) -> Mapping[str, str]:
+        # In taint mode an unhealthy device stays allocatable for pods that tolerate the taint.
+        if self.config.health_mode == "taint":
+            return {}
+        with self._state_lock:
+            return self._unhealthy
+
+    def _serve_dra(self) -> None:
+        assert self.preparer is not None
+        os.makedirs(os.path.dirname(self.paths.dra), exist_ok=True)
+        remove_stale_socket(self.paths.dra)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.config.grpc_workers,
+                                                        thread_name_prefix=f"dra-{self.config.node_name}"))
+        dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraServicer(self.preparer, dra_v1_pb2, self.metrics),
+                                                        server)
+        dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
+            DraServicer(self.preparer, dra_v1beta1_pb2, self.metrics), server)
+        on_stream = self.metrics.health_stream_clients
+        health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+            HealthServicer(self.broadcaster, health_v1_pb2, on_stream), server)
+        health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+            HealthServicer(self.broadcaster, health_v1alpha1_pb2, on_stream), server)
+        server.add_insecure_port(f"unix://{self.paths.dra}")
+        server.start()
+        self._server = server
+        log.info("dra_socket_serving", socket=self.paths.dra, node=self.config.node_name)

@@ -1,0 +1,325 @@
+"""NodePrepareResources / NodeUnprepareResources: per-claim work, checkpointed in two phases.
+
+Concurrency (threads, see :mod:`kubelet_plugin.daemon`): each claim has its own lock, so a prepare
+and an unprepare of one claim never interleave, while different claims proceed in parallel. The
+only shared critical section is the checkpoint update (check that no other claim holds a device,
+then record phase 1), which is short; fetching the claim from the API server, creating MIG
+instances and writing the CDI spec happen outside it.
+
+Order of a prepare: fetch the claim (outside any lock) -> resolve it against this node
+(:func:`kubelet_plugin.allocation.plan_claim`) -> checkpoint phase 1 ``PrepareStarted`` naming what
+is about to be created -> create dynamic MIG instances -> write the CDI spec -> checkpoint phase 2
+``PrepareCompleted`` with the answer. A failure after phase 1 undoes what was done and drops the
+record, so the kubelet's retry starts clean; a crash after phase 1 is undone at the next start
+(:mod:`kubelet_plugin.recovery`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from dra_driver.cdi import CdiDevice, claim_spec, spec_file_name
+from dra_driver.devices import Gpu, MigDevice, MigPlacement
+from dra_driver.logs import get_logger
+from kubelet_plugin.allocation import ClaimPlan, NodeDevice, PrepareError, answer_for, plan_claim
+from kubelet_plugin.atomic import atomic_write, remove_file
+from kubelet_plugin.checkpoint import (
+    CheckpointStore,
+    ClaimRecord,
+    ClaimState,
+    MigRecord,
+    PreparedDeviceRecord,
+)
+
+log = get_logger(__name__)
+
+# Test-only: after phase 1 and the side effects, write this marker file and stop (until killed), so a
+# test can SIGKILL the plugin between the two checkpoint phases.
+PAUSE_HOOK_ENV = "GPUREADY_TEST_PAUSE_BEFORE_PHASE2"
+
+
+class ClaimSource(Protocol):
+    """Where claims come from (the API server)."""
+
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The claim as JSON, or None when it does not exist."""
+
+    def write_device_status(self, namespace: str, name: str, uid: str, entries: list[dict[str, Any]]) -> None:
+        """Set this driver's ``status.devices`` entries of a claim (best effort)."""
+
+
+class MigOps(Protocol):
+    """Creating and destroying MIG instances (dynamic MIG)."""
+
+    def create(self, gpu: Gpu, placement: MigPlacement) -> MigDevice:
+        """Create the GPU instance + compute instance of a placement."""
+
+    def destroy(self, record: MigRecord) -> bool:
+        """Destroy the instance a record names (by UUID, else by placement); False if none existed."""
+
+
+@dataclass(frozen=True)
+class PrepareSettings:
+    """The node-wide facts prepare needs."""
+
+    driver_name: str
+    pool: str  # this node's pool name (the node name)
+    cdi_root: str
+    control_device_nodes: tuple[str, ...]
+    driver_mounts: tuple[Mapping[str, Any], ...] = ()
+    write_mig_status: bool = True
+
+
+@dataclass(frozen=True)
+class ClaimOutcome:
+    """The result of preparing or unpreparing one claim: an answer or an error message."""
+
+    devices: tuple[PreparedDeviceRecord, ...] = ()
+    error: str = ""
+    reason: str = ""
+
+
+def _occupancy(device: NodeDevice) -> set[str]:
+    """What a device occupies: two claims conflict when these sets intersect."""
+    gpu = device.gpu
+    if device.kind == "gpu":
+        return {gpu.name, *(f"{gpu.name}/mem{i}" for i in range(gpu.memory_slice_count))}
+    if device.placement is not None:
+        return {device.name, *(f"{gpu.name}/mem{i}" for i in device.placement.placement.memory_slices)}
+    return {device.name}
+
+
+class Preparer:
+    """Prepares and unprepares claims; safe to call from many threads."""
+
+    def __init__(self, settings: PrepareSettings, checkpoint: CheckpointStore, claims: ClaimSource,
+                 devices: Callable[[], Mapping[str, NodeDevice]],
+                 unhealthy: Callable[[], Mapping[str, str]], mig: MigOps | None = None,
+                 on_change: Callable[[], None] | None = None) -> None:
+        self.settings = settings
+        self.checkpoint = checkpoint
+        self.claims = claims
+        self.devices = devices
+        self.unhealthy = unhealthy
+        self.mig = mig
+        self.on_change = on_change or (lambda: None)
+        self._locks: dict[str, list[Any]] = {}  # uid -> [Lock, users]
+        self._locks_mutex = threading.Lock()
+
+    # --- locks ------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def claim_lock(self, uid: str) -> Iterator[None]:
+        """Serialize all work on one claim; the entry is dropped once nobody uses it."""
+        with self._locks_mutex:
+            entry = self._locks.setdefault(uid, [threading.Lock(), 0])
+            entry[1] += 1
+        try:
+            with entry[0]:
+                yield
+        finally:
+            with self._locks_mutex:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del self._locks[uid]
+
+    def spec_path(self, uid: str) -> str:
+        """Where a claim's CDI spec lives."""
+        return os.path.join(self.settings.cdi_root, spec_file_name(self.settings.driver_name, uid))
+
+    # --- prepare ----------------------------------------------------------------------------------
+    def prepare(self, namespace: str, name: str, uid: str) -> ClaimOutcome:
+        """Prepare one claim; never raises (errors are returned per claim)."""
+        try:
+            recorded = self._recorded_answer(uid)
+            if recorded is not None:
+                return recorded
+            claim = self.claims.get(namespace, name)
+            if claim is None:
+                raise PrepareError("claim_not_found", f"ResourceClaim {namespace}/{name} not found")
+            plan = plan_claim(claim, uid, namespace, name, self.settings.driver_name, self.settings.pool,
+                              self.devices(), self.unhealthy())
+            with self.claim_lock(uid):
+                recorded = self._recorded_answer(uid)
+                if recorded is not None:
+                    return recorded
+                stale = self.checkpoint.get(uid)
+                if stale is not None:  # a half-done prepare whose rollback failed earlier
+                    self.undo(stale)
+                return self._prepare_locked(plan)
+        except PrepareError as exc:
+            log.warning("claim_prepare_failed", claim_uid=uid, claim=f"{namespace}/{name}",
+                        node=self.settings.pool, reason=exc.reason, error=str(exc))
+            return ClaimOutcome(error=str(exc), reason=exc.reason)
+        except Exception as exc:  # a bug or an I/O failure: fail this claim, keep serving the others
+            log.error("claim_prepare_error", exc_info=True, claim_uid=uid, node=self.settings.pool)
+            return ClaimOutcome(error=f"internal error preparing ResourceClaim {namespace}/{name}: {exc}",
+                                reason="internal")
+
+    def _recorded_answer(self, uid: str) -> ClaimOutcome | None:
+        record = self.checkpoint.get(uid)
+        if record is None or record.state is not ClaimState.PREPARE_COMPLETED:
+            return None
+        if record.cdi_spec is not None and not os.path.exists(record.cdi_spec_file):
+            self.write_spec(record.cdi_spec_file, record.cdi_spec)  # lost (e.g. /var/run cleaned): rebuild
+        return ClaimOutcome(devices=tuple(record.answer))
+
+    def _reserve(self, plan: ClaimPlan) -> ClaimRecord:
+        """Critical section: check no other claim holds the devices, then record phase 1."""
+        index = self.devices()
+        mine = [(d, _occupancy(d.device)) for d in plan.devices]
+        with self.checkpoint.update() as records:
+            for other in records.values():
+                if other.uid == plan.uid:
+                    continue
+                for name in other.devices:
+                    other_dev = index.get(name)
+                    taken = _occupancy(other_dev) if other_dev else {name}
+                    for planned, occ in mine:
+                        both_shared = planned.shared and name in other.shared_devices
+                        if occ & taken and not both_shared:
+                            raise PrepareError(
+                                "device_in_use",
+                                f"device {planned.device.name} is already prepared for ResourceClaim "
+                                f"{other.namespace}/{other.name} ({other.uid}) and the allocation does not "
+                                "share it; unprepare that claim first")
+            record = ClaimRecord(
+                uid=plan.uid, namespace=plan.namespace, name=plan.name, state=ClaimState.PREPARE_STARTED,
+                devices=[d.device.name for d in plan.devices],
+                shared_devices=[d.device.name for d in plan.devices if d.shared],
+                cdi_spec_file=self.spec_path(plan.uid),
+                mig=[MigRecord(device=d.device.name, parent_uuid=d.device.gpu.uuid,
+                               parent_minor=d.device.gpu.minor, profile=d.device.placement.profile.name,
+                               gi_profile_id=d.device.placement.profile.gi_profile_id,
+                               placement_start=d.device.placement.placement.start)
+                     for d in plan.devices if d.device.placement is not None])
+            records[plan.uid] = record
+        return record
+
+    def _prepare_locked(self, plan: ClaimPlan) -> ClaimOutcome:
+        record = self._reserve(plan)
+        try:
+            created = self._create_mig(plan, record)
+            cdi_devices: dict[str, CdiDevice] = {}
+            for d in plan.devices:
+                if d.device.name in cdi_devices:  # two shares of one device in one claim: one CDI device
+                    continue
+                gpu, mig = d.device.gpu, d.device.mig or created.get(d.device.name)
+                nodes = (gpu.device_node, *(mig.device_nodes if mig else ()))
+                cdi_devices[d.device.name] = CdiDevice(
+                    name=d.device.name, request=d.request.split("/", 1)[0], uuid=mig.uuid if mig else gpu.uuid,
+                    device_nodes=nodes, config=d.config, memory_bytes=d.device.memory_bytes)
+            spec = claim_spec(self.settings.driver_name, plan.uid, list(cdi_devices.values()),
+                              self.settings.control_device_nodes, self.settings.driver_mounts)
+            self.write_spec(record.cdi_spec_file, spec)
+            _pause_hook()
+            answer = answer_for(plan, self.settings.driver_name)
+            with self.checkpoint.update() as records:
+                records[plan.uid] = replace(records[plan.uid], state=ClaimState.PREPARE_COMPLETED,
+                                            answer=answer, cdi_spec=spec, updated_at=time.time())
+        except BaseException:
+            current = self.checkpoint.get(plan.uid)
+            try:
+                self.undo(current or record)
+            except Exception:
+                log.error("claim_prepare_rollback_failed", exc_info=True, claim_uid=plan.uid)
+            raise
+        if created:
+            self._write_mig_status(plan, created)
+        log.info("claim_prepared", claim_uid=plan.uid, claim=f"{plan.namespace}/{plan.name}",
+                 node=self.settings.pool, device=",".join(d.device.name for d in plan.devices))
+        self.on_change()
+        return ClaimOutcome(devices=tuple(answer))
+
+    def _create_mig(self, plan: ClaimPlan, record: ClaimRecord) -> dict[str, MigDevice]:
+        created: dict[str, MigDevice] = {}
+        placements = [d.device for d in plan.devices if d.device.placement is not None]
+        if not placements:
+            return created
+        if self.mig is None:
+            raise PrepareError("mig_unsupported", "dynamic MIG placement allocated but this plugin has no "
+                               "MIG support; run it with --mig-mode dynamic")
+        for device in placements:
+            assert device.placement is not None
+            mig = self.mig.create(device.gpu, device.placement)
+            created[device.name] = mig
+            log.info("mig_instance_created", claim_uid=plan.uid, device=device.name, uuid=mig.uuid,
+                     node=self.settings.pool)
+            with self.checkpoint.update() as records:
+                rec = records[plan.uid]
+                records[plan.uid] = replace(rec, mig=[
+                    replace(m, uuid=mig.uuid, gpu_instance_id=mig.gpu_instance_id,
+                            compute_instance_id=mig.compute_instance_id) if m.device == device.name else m
+                    for m in rec.mig])
+        return created
+
+    def _write_mig_status(self, plan: ClaimPlan, created: Mapping[str, MigDevice]) -> None:
+        if not self.settings.write_mig_status:
+            return
+        entries = [
+            {"driver": self.settings.driver_name, "pool": d.pool, "device": d.device.name,
+             **({"shareID": d.share_id} if d.share_id else {}),
+             "data": {"uuid": created[d.device.name].uuid, "parentUUID": d.device.gpu.uuid,
+                      "gpuInstanceId": created[d.device.name].gpu_instance_id,
+                      "computeInstanceId": created[d.device.name].compute_instance_id}}
+            for d in plan.devices if d.device.name in created
+        ]
+        try:
+            self.claims.write_device_status(plan.namespace, plan.name, plan.uid, entries)
+        except Exception as exc:  # status is informational: older servers or RBAC may refuse it
+            log.warning("claim_status_write_failed", claim_uid=plan.uid, node=self.settings.pool, error=str(exc))
+
+    # --- unprepare --------------------------------------------------------------------------------
+    def unprepare(self, namespace: str, name: str, uid: str) -> ClaimOutcome:
+        """Undo a prepare; succeeds for claims never prepared or already deleted. Never raises."""
+        try:
+            with self.claim_lock(uid):
+                record = self.checkpoint.get(uid)
+                if record is None:
+                    # Nothing recorded (never prepared, or a quarantined checkpoint): remove any spec
+                    # left under the claim's deterministic file name.
+                    if remove_file(self.spec_path(uid)):
+                        log.info("claim_orphan_spec_removed", claim_uid=uid, node=self.settings.pool)
+                    return ClaimOutcome()
+                self.undo(record)
+            log.info("claim_unprepared", claim_uid=uid, claim=f"{namespace}/{name}", node=self.settings.pool)
+            self.on_change()
+            return ClaimOutcome()
+        except Exception as exc:
+            log.error("claim_unprepare_error", exc_info=True, claim_uid=uid, node=self.settings.pool)
+            return ClaimOutcome(error=f"unpreparing ResourceClaim {namespace}/{name} ({uid}): {exc}",
+                                reason="internal")
+
+    def undo(self, record: ClaimRecord) -> None:
+        """Remove a claim's CDI spec, destroy the MIG instances it created, then drop its record."""
+        remove_file(record.cdi_spec_file or self.spec_path(record.uid))
+        for mig in record.mig:
+            if self.mig is None:
+                log.warning("mig_instance_not_destroyed", claim_uid=record.uid, device=mig.device,
+                            reason="no MIG support in this plugin instance")
+                continue
+            if self.mig.destroy(mig):
+                log.info("mig_instance_destroyed", claim_uid=record.uid, device=mig.device, uuid=mig.uuid,
+                         node=self.settings.pool)
+        with self.checkpoint.update() as records:
+            records.pop(record.uid, None)
+
+    def write_spec(self, path: str, spec: Mapping[str, Any]) -> None:
+        """Write a CDI spec atomically (the runtime never sees a partial file)."""
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        atomic_write(path, json.dumps(spec, indent=1).encode())
+
+
+def _pause_hook() -> None:
+    marker = os.environ.get(PAUSE_HOOK_ENV)
+    if not marker:
+        return
+    with open(marker, "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(3600)

@@ -1,0 +1,74 @@
+"""Socket paths of one plugin instance (reference/dra-api.md 11.1 and 11.2).
+
+Without a pod UID: ``<registry dir>/<driver>-reg.sock`` and ``<plugin dir>/dra.sock``. With a pod UID
+(rolling updates: the old and the new pod run side by side, each with its own sockets), the
+registration socket takes the first of these names whose full path fits a Unix socket address:
+
+1. ``<driver>-<pod UID>-reg.sock``
+2. ``<driver>-<base64url-nopad(SHA256(pod UID)[:8])>-reg.sock``
+3. ``dra-<base64url-nopad(SHA256(driver + NUL + pod UID)[:16])>-reg.sock``
+
+and the DRA socket is ``<plugin dir>/dra-<pod UID>.sock``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+from dataclasses import dataclass
+
+# sun_path is 108 bytes including the terminating NUL that gRPC's C core writes.
+MAX_SOCKET_PATH = 107
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def registration_socket_path(registry_dir: str, driver: str, pod_uid: str = "") -> str:
+    """The registration socket path for this instance."""
+    if not pod_uid:
+        return os.path.join(registry_dir, f"{driver}-reg.sock")
+    candidates = (
+        f"{driver}-{pod_uid}-reg.sock",
+        f"{driver}-{_b64(hashlib.sha256(pod_uid.encode()).digest()[:8])}-reg.sock",
+    )
+    for name in candidates:
+        path = os.path.join(registry_dir, name)
+        if len(path.encode()) <= MAX_SOCKET_PATH:
+            return path
+    digest = hashlib.sha256(f"{driver}\x00{pod_uid}".encode()).digest()[:16]
+    return os.path.join(registry_dir, f"dra-{_b64(digest)}-reg.sock")
+
+
+def dra_socket_path(plugin_dir: str, pod_uid: str = "") -> str:
+    """The DRA service socket path for this instance."""
+    return os.path.join(plugin_dir, f"dra-{pod_uid}.sock" if pod_uid else "dra.sock")
+
+
+@dataclass(frozen=True)
+class SocketPaths:
+    """Both sockets of one instance."""
+
+    registration: str
+    dra: str
+
+    @staticmethod
+    def for_instance(registry_dir: str, plugin_dir: str, driver: str, pod_uid: str = "") -> SocketPaths:
+        """Compute both paths; raises ValueError when the DRA socket path is too long to bind."""
+        paths = SocketPaths(registration_socket_path(registry_dir, driver, pod_uid),
+                            dra_socket_path(plugin_dir, pod_uid))
+        for path in (paths.registration, paths.dra):
+            if len(path.encode()) > MAX_SOCKET_PATH:
+                raise ValueError(f"socket path {path} is {len(path.encode())} bytes; Unix sockets allow "
+                                 f"{MAX_SOCKET_PATH}: use a shorter --plugin-dir / --registrar-dir")
+        return paths
+
+
+def remove_stale_socket(path: str) -> None:
+    """Remove a socket file left by a crashed run of *this* instance before binding it again."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

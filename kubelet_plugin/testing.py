@@ -1,0 +1,177 @@
+"""A harness that runs real plugins against the local API server and the kubelet emulator.
+
+For tests, benchmarks and the demo: everything is real (HTTP to the local API server through the
+``kubernetes`` client, gRPC over Unix sockets, files on disk); only NVML is simulated.
+
+    with PluginHarness() as h:
+        plugin = h.start_plugin("node-a", "sim:8xh100")
+        uid = h.create_claim("c1", [("gpu", "node-a", "gpu-0")])
+        result = h.kubelet("node-a").prepare([("default", "c1", uid)])
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import kubernetes
+
+from kubelet_plugin.config import PluginConfig
+
+NAMESPACE = "default"
+
+
+@dataclass
+class NodeDirs:
+    """The per-node directories a plugin uses (short paths: Unix socket limits)."""
+
+    root: str
+    registry: str
+    plugin: str
+    cdi: str
+
+    @staticmethod
+    def make(root: str) -> NodeDirs:
+        """Create the directories under ``root``."""
+        dirs = NodeDirs(root, os.path.join(root, "reg"), os.path.join(root, "plug"), os.path.join(root, "cdi"))
+        for d in (dirs.registry, dirs.plugin, dirs.cdi):
+            os.makedirs(d, exist_ok=True)
+        return dirs
+
+
+@dataclass
+class PluginHarness:
+    """Local API server + one kubelet emulator and one plugin per simulated node."""
+
+    driver_name: str = "gpu.nvidia.com"
+    server: Any = None
+    plugins: dict[str, Any] = field(default_factory=dict)
+    emulators: dict[str, Any] = field(default_factory=dict)
+    dirs: dict[str, NodeDirs] = field(default_factory=dict)
+    root: str = ""
+
+    def __enter__(self) -> PluginHarness:
+        from dra_driver.apiserver import LocalApiServer
+
+        self.root = tempfile.mkdtemp(prefix="gr-", dir="/tmp")
+        self.server = LocalApiServer().start()
+        self.api_client = self.server.api_client()
+        self.core = kubernetes.client.CoreV1Api(self.api_client)
+        self.resource = kubernetes.client.ResourceV1Api(self.api_client)
+        try:
+            self.core.create_namespace({"metadata": {"name": NAMESPACE}})
+        except kubernetes.client.ApiException as exc:
+            if exc.status != 409:
+                raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop everything and delete the temporary directories."""
+        for plugin in self.plugins.values():
+            plugin.stop()
+        for emu in self.emulators.values():
+            emu.stop()
+        if self.server is not None:
+            self.server.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    # --- nodes ------------------------------------------------------------------------------------
+    def node_dirs(self, node: str) -> NodeDirs:
+        """The directories of a node (created on first use)."""
+        if node not in self.dirs:
+            self.dirs[node] = NodeDirs.make(os.path.join(self.root, node))
+            try:
+                self.core.create_node({"metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}}})
+            except kubernetes.client.ApiException as exc:
+                if exc.status != 409:
+                    raise
+        return self.dirs[node]
+
+    def config(self, node: str, **overrides: Any) -> PluginConfig:
+        """A PluginConfig for ``node`` pointing at its directories."""
+        d = self.node_dirs(node)
+        base = PluginConfig(node_name=node, driver_name=self.driver_name, registrar_dir=d.registry,
+                            plugin_dir=d.plugin, cdi_root=d.cdi, health_mode="off", registration_retry=0.2,
+                            boot_id="test-boot")
+        return replace(base, **overrides)
+
+    def kubelet(self, node: str, timeout: float = 20.0) -> Any:
+        """The emulated kubelet's handle on ``node``'s registered plugin."""
+        from dra_driver.kubelet_emulator import KubeletEmulator
+
+        if node not in self.emulators:
+            self.emulators[node] = KubeletEmulator(self.node_dirs(node).registry, retry_initial=0.2).start()
+        return self.emulators[node].wait_for_plugin(self.driver_name, timeout=timeout)
+
+    def start_plugin(self, node: str, nvml: Any = "sim:8xh100", **overrides: Any) -> Any:
+        """Start an in-process plugin for ``node`` (``nvml``: a spec string or an NVML object)."""
+        from dra_driver.nvml import open_nvml
+        from kubelet_plugin.daemon import KubeletPlugin
+
+        handle = open_nvml(f"{nvml}@{node}") if isinstance(nvml, str) else nvml
+        plugin = KubeletPlugin(self.config(node, **overrides), self.api_client, handle)
+        plugin.start()
+        self.plugins[node] = plugin
+        return plugin
+
+    def stop_plugin(self, node: str) -> None:
+        """Stop a node's plugin (sockets removed)."""
+        self.plugins.pop(node).stop()
+
+    # --- claims -----------------------------------------------------------------------------------
+    def create_claim(self, name: str, results: Sequence[tuple[str, str, str]],
+                     config: Sequence[dict[str, Any]] = (), namespace: str = NAMESPACE,
+                     extra_results: Sequence[dict[str, Any]] = ()) -> str:
+        """Create an allocated claim; ``results`` are (request, pool, device). Returns its UID."""
+        requests = sorted({r[0].split("/", 1)[0] for r in results}) or ["gpu"]
+        body = {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"devices": {"requests": [
+                {"name": r, "exactly": {"deviceClassName": "gpu.nvidia.com"}} for r in requests]}},
+        }
+        created = self.resource.create_namespaced_resource_claim(namespace, body, _preload_content=False)
+        claim = json.loads(created.data)
+        claim["status"] = {"allocation": {"devices": {
+            "results": [{"request": req, "driver": self.driver_name, "pool": pool, "device": dev}
+                        for req, pool, dev in results] + list(extra_results),
+            "config": list(config)}}}
+        self.resource.replace_namespaced_resource_claim_status(name, namespace, claim, _preload_content=False)
+        uid: str = claim["metadata"]["uid"]
+        return uid
+
+    def get_claim(self, name: str, namespace: str = NAMESPACE) -> dict[str, Any]:
+        """A claim as JSON."""
+        resp = self.resource.read_namespaced_resource_claim(name, namespace, _preload_content=False)
+        result: dict[str, Any] = json.loads(resp.data)
+        return result
+
+    def delete_claim(self, name: str, namespace: str = NAMESPACE) -> None:
+        """Delete a claim."""
+        self.resource.delete_namespaced_resource_claim(name, namespace, _preload_content=False)
+
+    def cdi_files(self, node: str) -> list[str]:
+        """Spec files in a node's CDI directory (names only, sorted)."""
+        return sorted(f for f in os.listdir(self.node_dirs(node).cdi) if f.endswith(".json"))
+
+    def read_spec(self, node: str, claim_uid: str) -> dict[str, Any]:
+        """The CDI spec of a claim on a node."""
+        from dra_driver.cdi import spec_file_name
+
+        with open(os.path.join(self.node_dirs(node).cdi, spec_file_name(self.driver_name, claim_uid))) as f:
+            result: dict[str, Any] = json.load(f)
+            return result
+
+
+def opaque(parameters: dict[str, Any], requests: Sequence[str] = (), source: str = "FromClaim",
+           driver: str = "gpu.nvidia.com") -> dict[str, Any]:
+    """An allocation config entry."""
+    return {"source": source, "requests": list(requests), "opaque": {"driver": driver, "parameters": parameters}}
