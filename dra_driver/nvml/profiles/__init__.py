@@ -1,0 +1,1 @@
+"""Node profiles and GPU models of the simulated NVML (JSON data files)."""

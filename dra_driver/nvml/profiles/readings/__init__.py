@@ -1,0 +1,1 @@
+"""Real NVML readings from an H200 (the H200 model is checked against them)."""
