@@ -1,0 +1,50 @@
+"""A kubelet emulator: registers DRA plugins over their registration socket and calls them like the kubelet.
+
+Used by tests and by the demo::
+
+    from dra_driver.kubelet_emulator import KubeletEmulator
+    with KubeletEmulator(registry_dir) as emu:
+        plugin = emu.wait_for_plugin("gpu.nvidia.com")
+        results = plugin.prepare([("default", "my-claim", claim_uid)])
+
+Everything travels over real gRPC on Unix sockets with the wire-exact protos in ``proto/``.
+"""
+
+from dra_driver.kubelet_emulator.emulator import KubeletEmulator, RegistrationAttempt
+from dra_driver.kubelet_emulator.plugin import (
+    DEFAULT_CALL_TIMEOUT,
+    ClaimRef,
+    DeviceHealthReport,
+    KubeletError,
+    PluginCallError,
+    PreparedDevice,
+    PrepareResult,
+    RegisteredPlugin,
+)
+from dra_driver.kubelet_emulator.versions import (
+    DRA_PLUGIN_TYPE,
+    PluginChoice,
+    RegistrationRejected,
+    select_dra_service,
+    select_health_services,
+    validate_plugin_info,
+)
+
+__all__ = [
+    "DEFAULT_CALL_TIMEOUT",
+    "DRA_PLUGIN_TYPE",
+    "ClaimRef",
+    "DeviceHealthReport",
+    "KubeletEmulator",
+    "KubeletError",
+    "PluginCallError",
+    "PluginChoice",
+    "PrepareResult",
+    "PreparedDevice",
+    "RegisteredPlugin",
+    "RegistrationAttempt",
+    "RegistrationRejected",
+    "select_dra_service",
+    "select_health_services",
+    "validate_plugin_info",
+]
