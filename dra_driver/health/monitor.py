@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
 import pynvml
@@ -345,24 +346,32 @@ class HealthMonitor:
         return bool(interval) and now - last >= interval
 
     def validate_once(self) -> None:
-        """Validate every target that is due now (NVML checks first, then the CUDA probe)."""
+        """Validate every target that is due now: NVML checks first, then the CUDA probes.
+
+        Probes of different targets run in parallel, so one hung GPU (killed at the probe timeout)
+        does not hold back the publication of the others.
+        """
+        due: list[ProbeTarget] = []
         for topo in self._topo.values():
-            for target in topo.probe_targets:
-                if self._stop.is_set():
-                    return
-                if not self._due(target, self._clock()):
-                    continue
-                try:
-                    faults = check_gpu(self._nvml, topo.gpu)
-                except NvmlUnavailable as exc:
-                    self._mark_nvml_down(str(exc))
-                    return
-                self._apply_conditions(topo, faults)
-                if faults:
-                    continue
-                result = self._prober.probe(target, self._policy.probe_timeout_s)
+            targets = [t for t in topo.probe_targets if self._due(t, self._clock())]
+            if not targets:
+                continue
+            try:
+                faults = check_gpu(self._nvml, topo.gpu)
+            except NvmlUnavailable as exc:
+                self._mark_nvml_down(str(exc))
+                return
+            self._apply_conditions(topo, faults)
+            if not faults:
+                due.extend(targets)
+        if not due or self._stop.is_set():
+            return
+        with ThreadPoolExecutor(max_workers=min(len(due), 16), thread_name_prefix="health-probe") as pool:
+            futures = {pool.submit(self._prober.probe, t, self._policy.probe_timeout_s): t for t in due}
+            for future in as_completed(futures):
+                target = futures[future]
                 self._last_probe[(target.gpu_uuid, target.label)] = self._clock()
-                self._apply_probe(target, result)
+                self._apply_probe(target, future.result())
 
     def _apply_probe(self, target: ProbeTarget, result: ProbeResult) -> None:
         now = self._clock()

@@ -25,7 +25,7 @@ class HealthPolicy:
     extra_fatal_xids: frozenset[int] = frozenset()
     extra_ignored_xids: frozenset[int] = frozenset()
     required_passes: int = 3
-    hold_down_s: float = 60.0
+    hold_down_s: float = 300.0  # a reset-class fault must stay quiet this long before the device returns
     max_hold_down_s: float = 3600.0
     backoff_factor: float = 2.0
     flap_window_s: float = 1800.0

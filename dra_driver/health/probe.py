@@ -95,8 +95,8 @@ def run_probe_process(args: list[str], env: dict[str, str], timeout_s: float) ->
 
 def nvml_only_result(target: ProbeTarget) -> ProbeResult:
     """The result for a target CUDA cannot reach (MIG on, no instance): NVML checks decide alone."""
-    return ProbeResult(True, f"no CUDA device to probe on {target.label} (MIG enabled without "
-                       f"instances): NVML checks only", "ProbeSkipped", 0.0)
+    return ProbeResult(True, f"{target.label} has MIG enabled, so CUDA sees only its MIG devices: "
+                       f"judged by NVML checks", "ProbeSkipped", 0.0)
 
 
 class CudaProber:
