@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from http.server import ThreadingHTTPServer
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -79,6 +80,10 @@ class LocalApiServer:
             httpd, self._httpd = self._httpd, None
             conns = list(self._conns)
         self.store.drop_watches()
+        # Let streaming handlers write their final chunk, so clients see a clean end of stream.
+        deadline = time.monotonic() + 2.0
+        while self.open_watches and time.monotonic() < deadline:
+            time.sleep(0.01)
         if httpd is not None:
             httpd.shutdown()
             httpd.server_close()
