@@ -1,0 +1,306 @@
+"""The inventory: every usable published device, and what allocated claims already consume.
+
+Built from raw Kubernetes JSON (ResourceSlices, ResourceClaims, DeviceClasses) exactly the way the
+scheduler reads them: per pool only the slices of the highest generation, and only complete pools
+(as many slices as ``resourceSliceCount`` says). Allocated claims take devices (except
+multi-allocatable ones, whose capacity they consume instead) and consume shared counters.
+
+Indexes for planning at scale: devices are grouped into *shapes* (same driver, same attributes
+apart from per-device identity such as UUID/index/PCI address, same capacity, taints and counter
+costs), and for each shape the devices free now are kept per node. A selector that does not read
+identity attributes is evaluated once per shape, not once per device.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from dra_driver.logs import get_logger
+from dra_driver.planning.model import DeviceKey, DeviceView
+from dra_driver.planning.parse import SpecError, claim_ref, parse_counter_sets, parse_device, quantity_field
+
+log = get_logger(__name__)
+
+# Attributes that identify one device rather than describe its kind: left out of shapes.
+IDENTITY_ATTRIBUTES = frozenset(
+    {"uuid", "parentUUID", "index", "minor", "placementStart", "pciBusID", "pcieRoot", "numaNode", "serial"}
+)
+_DISTINCT_LIMIT = 64  # an attribute with more distinct values than this is treated as identity too
+
+CounterSetKey = tuple[str, str, str]
+"""``(driver, pool, counter set name)``."""
+
+
+@dataclass(frozen=True)
+class ClaimUse:
+    """One allocated claim's use of one device."""
+
+    claim: str  # namespace/name
+    claim_uid: str
+    request: str
+    admin_access: bool
+    share_id: str | None
+    consumed: dict[str, Fraction]
+
+
+@dataclass(frozen=True)
+class DeviceClassView:
+    """A DeviceClass: its selectors and its opaque config."""
+
+    name: str
+    selectors: tuple[str, ...]
+    config: tuple[dict[str, Any], ...]
+
+
+@dataclass
+class Shape:
+    """Devices that look alike to any selector that ignores identity attributes."""
+
+    index: int
+    representative: DeviceView
+    devices: list[DeviceView] = field(default_factory=list)
+    by_node: dict[str | None, list[DeviceView]] = field(default_factory=dict)  # free or not
+
+    @property
+    def memory(self) -> Fraction:
+        """The memory capacity every device of this shape has."""
+        return self.representative.memory
+
+
+@dataclass
+class Inventory:
+    """All usable devices and their current use. Read-only for the planner."""
+
+    devices: dict[DeviceKey, DeviceView]
+    classes: dict[str, DeviceClassView]
+    counter_totals: dict[CounterSetKey, dict[str, Fraction]]
+    counter_used: dict[CounterSetKey, dict[str, Fraction]]
+    counter_users: dict[CounterSetKey, list[tuple[DeviceKey, str]]]  # (device, claim) holding counters
+    uses: dict[DeviceKey, list[ClaimUse]]  # every allocation, admin ones included
+    taken_by: dict[DeviceKey, str]  # exclusive (non-admin, not shareable) device -> claim
+    capacity_used: dict[DeviceKey, dict[str, Fraction]]  # shareable devices
+    node_used: dict[str, Fraction]  # memory allocated per node
+    parent_used: dict[str, Fraction]  # memory allocated per physical GPU
+    shapes: list[Shape]
+    free: list[dict[str | None, list[DeviceView]]]  # per shape: node -> devices free now
+    identity_attributes: frozenset[str]
+    nodes: list[str]
+    problems: list[str] = field(default_factory=list)  # slices/claims skipped, and why
+    incomplete_pools: list[str] = field(default_factory=list)
+
+    def device(self, key: DeviceKey) -> DeviceView | None:
+        """A device by ``(driver, pool, name)``."""
+        return self.devices.get(key)
+
+    def parent_key(self, device: DeviceView) -> str:
+        """The physical GPU a device lives on (MIG devices share their parent's)."""
+        return parent_key(device)
+
+    def counters_fit(self, device: DeviceView, extra: dict[CounterSetKey, dict[str, Fraction]] | None = None) -> bool:
+        """Whether the device's counter costs fit in what is left (plus ``extra`` already planned)."""
+        for demand in device.consumes_counters:
+            ckey = (device.driver, device.pool, demand.counter_set)
+            total = self.counter_totals.get(ckey)
+            if total is None:
+                return False
+            used = self.counter_used.get(ckey, {})
+            planned = (extra or {}).get(ckey, {})
+            for cname, amount in demand.counters:
+                if used.get(cname, 0) + planned.get(cname, 0) + amount > total.get(cname, Fraction(-1)):
+                    return False
+        return True
+
+
+def parent_key(device: DeviceView) -> str:
+    """``parentUUID`` or ``uuid`` of the device (driver domain), else its own ID."""
+    for name in ("parentUUID", "uuid"):
+        value = device.attributes.get(f"{device.driver}/{name}")
+        if isinstance(value, str) and value:
+            return value
+    return device.id
+
+
+def _complete_pools(slices: list[dict[str, Any]], problems: list[str], incomplete: list[str]) -> list[dict[str, Any]]:
+    pools: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for s in slices:
+        spec = s.get("spec") or {}
+        pool = spec.get("pool") or {}
+        if not spec.get("driver") or not pool.get("name"):
+            problems.append(f"ResourceSlice {s.get('metadata', {}).get('name')}: spec.driver and spec.pool.name are required")
+            continue
+        pools[(spec["driver"], pool["name"])].append(s)
+    usable: list[dict[str, Any]] = []
+    for (driver, pool_name), members in sorted(pools.items()):
+        top = max(int(m["spec"]["pool"].get("generation", 0)) for m in members)
+        current = [m for m in members if int(m["spec"]["pool"].get("generation", 0)) == top]
+        expected = max(int(m["spec"]["pool"].get("resourceSliceCount", 1)) for m in current)
+        if len(current) < expected:
+            incomplete.append(f"{driver}/{pool_name}")
+            problems.append(
+                f"pool {driver}/{pool_name} generation {top} has {len(current)} of {expected} slices: "
+                "skipped until it is complete (as the scheduler does)"
+            )
+            continue
+        usable.extend(sorted(current, key=lambda m: m.get("metadata", {}).get("name", "")))
+    return usable
+
+
+def build_inventory(
+    slices: list[dict[str, Any]], claims: list[dict[str, Any]], device_classes: list[dict[str, Any]]
+) -> Inventory:
+    """Build the inventory from raw API objects (dicts as the API server returns them)."""
+    problems: list[str] = []
+    incomplete: list[str] = []
+    devices: dict[DeviceKey, DeviceView] = {}
+    counter_totals: dict[CounterSetKey, dict[str, Fraction]] = {}
+    order = 0
+    for s in _complete_pools(slices, problems, incomplete):
+        spec, name = s["spec"], s.get("metadata", {}).get("name", "")
+        driver, pool = spec["driver"], spec["pool"]["name"]
+        node = spec.get("nodeName") or None
+        where = f"ResourceSlice {name}"
+        try:
+            for set_name, counters in parse_counter_sets(spec.get("sharedCounters") or [], where).items():
+                counter_totals[(driver, pool, set_name)] = counters
+            parsed = [
+                parse_device(d, driver, pool, node, f"{where} spec.devices[{i}]")
+                for i, d in enumerate(spec.get("devices") or [])
+            ]
+        except SpecError as exc:
+            problems.append(str(exc))
+            log.warning("resourceslice_skipped", slice=name, reason=str(exc))
+            continue
+        for dev in parsed:
+            dev.slice_name, dev.order = name, order
+            order += 1
+            devices.setdefault(dev.key, dev)
+
+    inv = Inventory(
+        devices=devices,
+        classes=_classes(device_classes, problems),
+        counter_totals=counter_totals,
+        counter_used=defaultdict(dict),
+        counter_users=defaultdict(list),
+        uses=defaultdict(list),
+        taken_by={},
+        capacity_used=defaultdict(dict),
+        node_used=defaultdict(Fraction),
+        parent_used=defaultdict(Fraction),
+        shapes=[],
+        free=[],
+        identity_attributes=_identity_attributes(devices.values()),
+        nodes=sorted({d.node for d in devices.values() if d.node}),
+        problems=problems,
+        incomplete_pools=incomplete,
+    )
+    for claim in claims:
+        _account_claim(inv, claim)
+    _build_shapes(inv)
+    return inv
+
+
+def _classes(raw: list[dict[str, Any]], problems: list[str]) -> dict[str, DeviceClassView]:
+    result: dict[str, DeviceClassView] = {}
+    for c in raw:
+        name = (c.get("metadata") or {}).get("name")
+        if not name:
+            problems.append("DeviceClass without metadata.name skipped")
+            continue
+        spec = c.get("spec") or {}
+        result[name] = DeviceClassView(
+            name=name,
+            selectors=tuple(str((s.get("cel") or {}).get("expression", "")) for s in spec.get("selectors") or []),
+            config=tuple(spec.get("config") or ()),
+        )
+    return result
+
+
+def _identity_attributes(devices: Any) -> frozenset[str]:
+    distinct: dict[str, set[Any]] = defaultdict(set)
+    for d in devices:
+        for qname, value in d.attributes.items():
+            values = distinct[qname]
+            if len(values) <= _DISTINCT_LIMIT:
+                values.add(value)
+    names = {q for q in distinct if q.rpartition("/")[2] in IDENTITY_ATTRIBUTES}
+    names |= {q for q, values in distinct.items() if len(values) > _DISTINCT_LIMIT}
+    return frozenset(names)
+
+
+def _account_claim(inv: Inventory, claim: dict[str, Any]) -> None:
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        return
+    ref, uid = claim_ref(claim), str((claim.get("metadata") or {}).get("uid", ""))
+    for i, r in enumerate((allocation.get("devices") or {}).get("results") or []):
+        key = (str(r.get("driver", "")), str(r.get("pool", "")), str(r.get("device", "")))
+        dev = inv.devices.get(key)
+        try:
+            consumed = {
+                k if "/" in k else f"{key[0]}/{k}": quantity_field(v, f"claim {ref} status.allocation.devices.results[{i}].consumedCapacity[{k}]")
+                for k, v in (r.get("consumedCapacity") or {}).items()
+            }
+        except SpecError as exc:
+            inv.problems.append(str(exc))
+            consumed = {}
+        use = ClaimUse(ref, uid, str(r.get("request", "")), bool(r.get("adminAccess")), r.get("shareID"), consumed)
+        inv.uses[key].append(use)
+        if dev is None or use.admin_access:
+            continue  # withdrawn device, or admin access (which neither takes nor consumes)
+        first_use = not any(not u.admin_access for u in inv.uses[key][:-1])
+        if dev.allow_multiple_allocations:
+            used = inv.capacity_used[key]
+            for cname, amount in (consumed or dict(dev.capacity)).items():
+                used[cname] = used.get(cname, Fraction(0)) + amount
+            memory = consumed.get(f"{dev.driver}/memory", Fraction(0))
+        else:
+            inv.taken_by[key] = ref
+            memory = dev.memory
+        if first_use:
+            for demand in dev.consumes_counters:
+                ckey = (dev.driver, dev.pool, demand.counter_set)
+                for cname, amount in demand.counters:
+                    inv.counter_used[ckey][cname] = inv.counter_used[ckey].get(cname, Fraction(0)) + amount
+                inv.counter_users[ckey].append((key, ref))
+        if dev.node:
+            inv.node_used[dev.node] += memory
+        inv.parent_used[parent_key(dev)] += memory
+
+
+def shape_signature(dev: DeviceView, identity: frozenset[str]) -> tuple[Any, ...]:
+    """What a device looks like, apart from which one it is."""
+    return (
+        dev.driver,
+        tuple(sorted((k, v) for k, v in dev.attributes.items() if k not in identity)),
+        tuple(sorted(dev.capacity.items())),
+        dev.allow_multiple_allocations,
+        tuple(sorted(dev.request_policies.items(), key=lambda kv: kv[0])),
+        tuple(sorted(d.counters for d in dev.consumes_counters)),
+        dev.taints,
+        dev.binding_conditions,
+        dev.node is None,
+    )
+
+
+def _build_shapes(inv: Inventory) -> None:
+    by_signature: dict[tuple[Any, ...], Shape] = {}
+    for dev in sorted(inv.devices.values(), key=lambda d: d.order):
+        sig = shape_signature(dev, inv.identity_attributes)
+        shape = by_signature.get(sig)
+        if shape is None:
+            shape = Shape(len(inv.shapes), dev)
+            by_signature[sig] = shape
+            inv.shapes.append(shape)
+            inv.free.append({})
+        dev.shape = shape.index
+        shape.devices.append(dev)
+        shape.by_node.setdefault(dev.node, []).append(dev)
+        if dev.key in inv.taken_by:
+            continue
+        # A shared device already in use has paid its counters; anything else must still fit.
+        if not (dev.allow_multiple_allocations and dev.key in inv.capacity_used) and not inv.counters_fit(dev):
+            continue
+        inv.free[shape.index].setdefault(dev.node, []).append(dev)

@@ -1,0 +1,429 @@
+"""The planner: the best allocation for one claim, as the kube-scheduler would write it.
+
+Per alternative (an ``exactly`` request or a ``firstAvailable`` entry) the planner first finds the
+device *shapes* that pass the class and request selectors, tolerations and capacity requests (one
+CEL evaluation per shape, see :mod:`.inventory`). From the free devices of those shapes it computes
+for every node a lower bound on the score it could reach, then solves node by node in bound order
+(backtracking over devices, counters, shared capacity and constraints) and stops as soon as no
+remaining node can beat the best solution. All devices of a claim come from one node.
+
+Scores (smaller is better): first the firstAvailable ranks chosen per request (an earlier entry on
+any node beats a later one on a better node), then per policy:
+
+* ``binpack`` (default): smallest total VRAM ("memory" capacity), then the node with most memory
+  already allocated, then the physical GPUs already most used. Big GPUs stay free for big jobs.
+* ``spread``: the node with least memory allocated, then smallest VRAM, then the least used GPUs.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Literal
+
+from dra_driver.planning.cel import CelCompileError, CompiledSelector, compile_selector
+from dra_driver.planning.inventory import CounterSetKey, Inventory, Shape
+from dra_driver.planning.model import DeviceKey, DeviceView
+from dra_driver.planning.parse import SpecError, claim_ref
+from dra_driver.planning.quantity import format_quantity
+from dra_driver.planning.requests import (
+    Alternative,
+    Constraint,
+    Request,
+    capacity_demand,
+    parse_requests,
+    untolerated,
+)
+
+Policy = Literal["binpack", "spread"]
+SEARCH_STEP_LIMIT = 20_000  # per node: a claim that needs more is reported, not searched forever
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """One device the plan gives to one request."""
+
+    alternative: Alternative
+    device: DeviceView
+    consumed: dict[str, Fraction] | None  # shareable devices: what this claim consumes
+
+
+@dataclass
+class PlanResult:
+    """What :func:`plan` decided.
+
+    ``allocation`` is exactly the ``status.allocation`` object a kube-scheduler writes (None when
+    the claim cannot be allocated now, with ``reasons`` saying why); ``chosen`` the devices with the
+    request each serves.
+    """
+
+    allocation: dict[str, Any] | None
+    node_name: str | None = None
+    reasons: list[str] = field(default_factory=list)
+    chosen: list[Chosen] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Whether an allocation was found."""
+        return self.allocation is not None
+
+
+@dataclass
+class AltPlan:
+    """An alternative with its compiled selectors and the shapes that can serve it."""
+
+    alt: Alternative
+    selectors: list[CompiledSelector]
+    per_device: list[CompiledSelector]  # selectors that read identity attributes
+    shapes: list[Shape]
+    error: str | None = None
+
+
+def shape_safe(selector: CompiledSelector, identity: frozenset[str]) -> bool:
+    """Whether the selector gives the same answer for every device of a shape."""
+    for path in selector.reads:
+        if path[0] in ("all", "attrdom") or (path[0] == "attr" and path[1] in identity):
+            return False
+    return True
+
+
+def prepare_alternative(alt: Alternative, inventory: Inventory) -> AltPlan:
+    """Compile the class and request selectors and keep the shapes that pass them."""
+    cls = inventory.classes.get(alt.device_class)
+    if cls is None:
+        return AltPlan(alt, [], [], [], f"DeviceClass {alt.device_class!r} does not exist")
+    try:
+        selectors = [compile_selector(e) for e in (*cls.selectors, *alt.selectors)]
+    except CelCompileError as exc:
+        return AltPlan(alt, [], [], [], f"request {alt.result_name}: {exc}")
+    safe = [s for s in selectors if shape_safe(s, inventory.identity_attributes)]
+    per_device = [s for s in selectors if s not in safe]
+    shapes = []
+    for shape in inventory.shapes:
+        rep = shape.representative
+        if untolerated(rep, alt) is not None or capacity_demand(rep, alt)[0] is None:
+            continue
+        if all(s.matches(rep) for s in safe):
+            shapes.append(shape)
+    shapes.sort(key=lambda s: (s.memory, s.index))
+    return AltPlan(alt, selectors, per_device, shapes)
+
+
+class _NodeSearch:
+    """Backtracking over one node's candidate devices for every request of the claim."""
+
+    def __init__(self, inv: Inventory, plans: list[list[AltPlan]], constraints: list[Constraint],
+                 node: str | None, policy: Policy) -> None:
+        self.inv, self.plans, self.constraints, self.node, self.policy = inv, plans, constraints, node, policy
+        self.taken: set[DeviceKey] = set()
+        self.counters: dict[CounterSetKey, dict[str, Fraction]] = {}
+        self.capacity: dict[DeviceKey, dict[str, Fraction]] = {}
+        self.values: dict[int, list[Any]] = {}
+        self.chosen: list[Chosen] = []
+        self.steps = 0
+        self.failure = ""
+
+    def _order(self, d: DeviceView) -> tuple[Any, ...]:
+        used = self.inv.parent_used.get(self.inv.parent_key(d), Fraction(0))
+        return (d.memory, -used if self.policy == "binpack" else used, d.order)
+
+    def candidates(self, ap: AltPlan) -> list[DeviceView] | None:
+        """Devices on this node that could serve ``ap``; None when allocationMode All cannot work."""
+        alt, out = ap.alt, []
+        every = alt.admin_access or alt.all_devices
+        for shape in ap.shapes:
+            source = shape.by_node if every else self.inv.free[shape.index]
+            for where in (self.node, None) if self.node is not None else (None,):
+                for d in source.get(where, ()):
+                    if all(s.matches(d) for s in ap.per_device):
+                        out.append(d)
+        if alt.all_devices and not alt.admin_access:
+            free = {d.key for shape in ap.shapes for d in self.inv.free[shape.index].get(self.node, ())}
+            if any(d.key not in free or d.allow_multiple_allocations for d in out) or not out:
+                self.failure = f"request {alt.result_name} wants all matching devices but some are in use"
+                return None
+        out.sort(key=self._order)
+        return out
+
+    def _fits(self, d: DeviceView, alt: Alternative) -> dict[str, Fraction] | bool | None:
+        """False if ``d`` cannot be added now, else its capacity demand (None for exclusive use)."""
+        if alt.admin_access:
+            return None
+        if not d.allow_multiple_allocations and (d.key in self.taken or d.key in self.inv.taken_by):
+            return False
+        demand, _ = capacity_demand(d, alt)
+        if demand is None:
+            return False
+        if d.allow_multiple_allocations:
+            used = self.inv.capacity_used.get(d.key, {})
+            planned = self.capacity.get(d.key, {})
+            for qname, amount in demand.items():
+                if used.get(qname, 0) + planned.get(qname, 0) + amount > d.capacity[qname]:
+                    return False
+        already_paid = d.allow_multiple_allocations and (d.key in self.inv.capacity_used or d.key in self.capacity)
+        if not already_paid and d.consumes_counters and not self.inv.counters_fit(d, self.counters):
+            return False
+        return demand if d.allow_multiple_allocations else None
+
+    def _push(self, d: DeviceView, alt: Alternative, demand: dict[str, Fraction] | None) -> list[int] | None:
+        touched: list[int] = []
+        for ci, c in enumerate(self.constraints):
+            if not c.applies(alt):
+                continue
+            value = d.attributes.get(c.attribute)
+            seen = self.values.setdefault(ci, [])
+            if value is None or (c.distinct and value in seen) or (not c.distinct and seen and seen[0] != value):
+                for cj in touched:
+                    self.values[cj].pop()
+                return None
+            seen.append(value)
+            touched.append(ci)
+        if not alt.admin_access:
+            if d.allow_multiple_allocations and demand is not None:
+                if d.key not in self.inv.capacity_used and d.key not in self.capacity:
+                    self._counters(d, +1)
+                planned = self.capacity.setdefault(d.key, {})
+                for q, a in demand.items():
+                    planned[q] = planned.get(q, Fraction(0)) + a
+            else:
+                self.taken.add(d.key)
+                self._counters(d, +1)
+        self.chosen.append(Chosen(alt, d, demand))
+        return touched
+
+    def _pop(self, touched: list[int]) -> None:
+        ch = self.chosen.pop()
+        d, alt = ch.device, ch.alternative
+        for ci in touched:
+            self.values[ci].pop()
+        if alt.admin_access:
+            return
+        if d.allow_multiple_allocations and ch.consumed is not None:
+            planned = self.capacity[d.key]
+            for q, a in ch.consumed.items():
+                planned[q] -= a
+            if all(v == 0 for v in planned.values()):
+                del self.capacity[d.key]
+                if d.key not in self.inv.capacity_used:
+                    self._counters(d, -1)
+        else:
+            self.taken.discard(d.key)
+            self._counters(d, -1)
+
+    def _counters(self, d: DeviceView, sign: int) -> None:
+        for demand in d.consumes_counters:
+            ckey = (d.driver, d.pool, demand.counter_set)
+            bucket = self.counters.setdefault(ckey, {})
+            for cname, amount in demand.counters:
+                bucket[cname] = bucket.get(cname, Fraction(0)) + sign * amount
+
+    def solve(self, ri: int = 0) -> bool:
+        """Find the first assignment in preference order; the result is in ``self.chosen``."""
+        if ri == len(self.plans):
+            return True
+        for ap in self.plans[ri]:
+            if ap.error:
+                continue
+            cands = self.candidates(ap)
+            if not cands:
+                continue
+            need = len(cands) if ap.alt.all_devices else ap.alt.count
+            if self._pick(ri, ap.alt, cands, 0, need):
+                return True
+        return False
+
+    def _pick(self, ri: int, alt: Alternative, cands: list[DeviceView], start: int, need: int) -> bool:
+        if need == 0:
+            return self.solve(ri + 1)
+        for i in range(start, len(cands) - need + 1):
+            self.steps += 1
+            if self.steps > SEARCH_STEP_LIMIT:
+                self.failure = f"search stopped after {SEARCH_STEP_LIMIT} steps"
+                return False
+            d = cands[i]
+            fit = self._fits(d, alt)
+            if fit is False:
+                continue
+            demand = fit if isinstance(fit, dict) else None
+            touched = self._push(d, alt, demand)
+            if touched is None:
+                continue
+            if self._pick(ri, alt, cands, i + 1, need - 1):
+                return True
+            self._pop(touched)
+        return False
+
+
+def _score(inv: Inventory, node: str | None, chosen: list[Chosen], requests: list[Request],
+           policy: Policy) -> tuple[Any, ...]:
+    ranks = tuple(
+        min((c.alternative.rank for c in chosen if c.alternative.request == r.name), default=0) for r in requests
+    )
+    memory = sum(int(c.device.memory) for c in chosen)
+    node_used = int(inv.node_used.get(node, 0)) if node else 0
+    gpu_used = sum((inv.parent_used.get(inv.parent_key(c.device), Fraction(0)) for c in chosen), Fraction(0))
+    if policy == "spread":
+        return (ranks, node_used, memory, gpu_used, node or "")
+    return (ranks, memory, -node_used, -gpu_used, node or "")
+
+
+def _bounds(inv: Inventory, plans: list[list[AltPlan]], only: str | None) -> dict[str | None, list[tuple[int, int]]]:
+    """Per node, per request: the best (rank, memory) any free device could give (a lower bound).
+
+    Memory is in whole bytes here (ints sort far faster than fractions; bytes are whole anyway).
+    """
+    per_request: list[dict[str | None, tuple[int, int]]] = []
+    for alts in plans:
+        best: dict[str | None, tuple[int, int]] = {}
+        for ap in alts:
+            every = ap.alt.admin_access or ap.alt.all_devices
+            for shape in ap.shapes:
+                source = shape.by_node if every else inv.free[shape.index]
+                bound = (ap.alt.rank, int(shape.memory) * (1 if ap.alt.all_devices else ap.alt.count))
+                if only is not None:
+                    for where in (only, None):
+                        if source.get(where) and where not in best:
+                            best[where] = bound
+                    continue
+                for where, devs in source.items():
+                    if devs and where not in best:
+                        best[where] = bound
+        per_request.append(best)
+    if not per_request:
+        return {}
+    nodes: set[str | None] = set(per_request[0])
+    for best in per_request[1:]:
+        nodes |= set(best)
+    result: dict[str | None, list[tuple[int, int]]] = {}
+    for n in nodes:
+        row = []
+        for best in per_request:
+            options = [b for b in (best.get(n), best.get(None)) if b is not None]
+            if not options:
+                break
+            row.append(min(options))
+        else:
+            result[n] = row
+    return result
+
+
+def plan(claim: dict[str, Any], inventory: Inventory, policy: Policy = "binpack",
+         node: str | None = None) -> PlanResult:
+    """Find the best allocation for ``claim`` now (pure: reads the inventory, changes nothing).
+
+    ``node`` limits the search to one node (what a scheduler does per node). The claim's
+    existing ``status.allocation``, if any, is ignored: this answers "what would be chosen now".
+    """
+    if policy not in ("binpack", "spread"):
+        raise ValueError(f"policy {policy!r}: use 'binpack' or 'spread'")
+    try:
+        requests, constraints = parse_requests(claim)
+    except SpecError as exc:
+        return PlanResult(None, reasons=[f"claim {claim_ref(claim)}: {exc}"])
+    if not requests:
+        return PlanResult({"devices": {"results": [], "config": []}})
+    plans = [[prepare_alternative(a, inventory) for a in r.alternatives] for r in requests]
+    errors = [ap.error for alts in plans for ap in alts if ap.error]
+    bounds = _bounds(inventory, plans, node)
+    if node is not None:
+        bounds = {n: b for n, b in bounds.items() if n in (node, None)}
+
+    lower: dict[str | None, tuple[Any, ...]] = {}
+    for n, row in bounds.items():
+        ranks = tuple(r for r, _ in row)
+        memory = sum(m for _, m in row)
+        used = int(inventory.node_used.get(n, 0)) if n else 0
+        lower[n] = (ranks, used, memory) if policy == "spread" else (ranks, memory, -used)
+
+    ordered = sorted(bounds, key=lambda n: (lower[n], n or ""))
+    best: tuple[tuple[Any, ...], str | None, list[Chosen]] | None = None
+    failures: list[str] = []
+    for n in ordered:
+        # Nodes come in bound order: once a bound is no better than the best found, stop (ties on
+        # the bound go to the first node by name; GPU usage breaks ties only within a node).
+        if best is not None and lower[n] >= best[0][:3]:
+            break
+        search = _NodeSearch(inventory, plans, constraints, n, policy)
+        if search.solve():
+            score = _score(inventory, n, search.chosen, requests, policy)
+            if best is None or score < best[0]:
+                best = (score, n, list(search.chosen))
+        elif len(failures) < 3:
+            failures.append(f"node {n}: " + (search.failure or "devices are there but counters, shared capacity or constraints rule every combination out"))
+    if best is None:
+        return PlanResult(None, reasons=errors + _why_not(inventory, plans, bounds, failures))
+    _, chosen_node, chosen = best
+    return PlanResult(_allocation(claim, inventory, requests, chosen, chosen_node), chosen_node, [], chosen)
+
+
+def _why_not(inv: Inventory, plans: list[list[AltPlan]], bounds: dict[Any, Any], failures: list[str]) -> list[str]:
+    reasons: list[str] = []
+    for alts in plans:
+        for ap in alts:
+            if ap.error:
+                continue
+            total = sum(len(s.devices) for s in ap.shapes)
+            free = sum(len(v) for s in ap.shapes for v in inv.free[s.index].values())
+            if total == 0:
+                reasons.append(
+                    f"request {ap.alt.result_name}: no published device passes DeviceClass "
+                    f"{ap.alt.device_class!r}, the request's selectors, capacity requests and tolerations"
+                )
+            elif free == 0 and not ap.alt.admin_access:
+                reasons.append(f"request {ap.alt.result_name}: all {total} devices that fit are in use")
+    if not bounds and not reasons:
+        reasons.append("no single node has free devices for every request of the claim")
+    reasons.extend(failures)
+    return reasons or ["no allocation satisfies the claim"]
+
+
+def _share_id(claim: dict[str, Any], chosen: Chosen, index: int) -> str:
+    uid = str((claim.get("metadata") or {}).get("uid") or claim_ref(claim))
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"gpuready/{uid}/{chosen.device.id}/{index}"))
+
+
+def _published_name(qname: str, driver: str) -> str:
+    return qname.removeprefix(f"{driver}/")
+
+
+def _allocation(claim: dict[str, Any], inv: Inventory, requests: list[Request], chosen: list[Chosen],
+                node: str | None) -> dict[str, Any]:
+    results: list[dict[str, Any]] = []
+    for i, c in enumerate(chosen):
+        d, alt = c.device, c.alternative
+        r: dict[str, Any] = {"request": alt.result_name, "driver": d.driver, "pool": d.pool, "device": d.name}
+        if alt.admin_access:
+            r["adminAccess"] = True
+        if alt.tolerations:
+            r["tolerations"] = [dict(t) for t in alt.tolerations]
+        if d.binding_conditions:
+            r["bindingConditions"] = list(d.binding_conditions)
+        if d.binding_failure_conditions:
+            r["bindingFailureConditions"] = list(d.binding_failure_conditions)
+        if c.consumed is not None and d.allow_multiple_allocations:
+            r["shareID"] = _share_id(claim, c, i)
+            r["consumedCapacity"] = {_published_name(q, d.driver): format_quantity(a) for q, a in sorted(c.consumed.items())}
+        results.append(r)
+    config: list[dict[str, Any]] = []
+    used_alts: list[Alternative] = []
+    for c in chosen:
+        if c.alternative not in used_alts:
+            used_alts.append(c.alternative)
+    for alt in used_alts:
+        cls = inv.classes.get(alt.device_class)
+        for entry in cls.config if cls else ():
+            if entry.get("opaque"):
+                config.append({"source": "FromClass", "requests": [alt.result_name], "opaque": entry["opaque"]})
+    for entry in ((claim.get("spec") or {}).get("devices") or {}).get("config") or []:
+        if entry.get("opaque"):
+            item: dict[str, Any] = {"source": "FromClaim", "opaque": entry["opaque"]}
+            if entry.get("requests"):
+                item["requests"] = list(entry["requests"])
+            config.append(item)
+    allocation: dict[str, Any] = {"devices": {"results": results, "config": config}}
+    if node is not None:
+        allocation["nodeSelector"] = {
+            "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]
+        }
+    return allocation

@@ -1,0 +1,90 @@
+"""Kubernetes resource quantities (``"40Gi"``, ``"79.6Gi"``, ``"500m"``, ``"1e9"``) as exact fractions.
+
+The planner compares and adds capacities; floats would make ``79.6Gi`` unequal to itself after a
+round trip, so every quantity is a :class:`fractions.Fraction`. Parsing follows the grammar of
+``k8s.io/apimachinery/pkg/api/resource`` (sign, digits, optional fraction, then a binary suffix
+``Ki..Ei``, a decimal suffix ``n u m k M G T P E`` or a decimal exponent ``e3``/``E3``).
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+_BINARY = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4, "Pi": 1024**5, "Ei": 1024**6}
+_DECIMAL = {
+    "n": Fraction(1, 10**9),
+    "u": Fraction(1, 10**6),
+    "m": Fraction(1, 10**3),
+    "": Fraction(1),
+    "k": Fraction(10**3),
+    "M": Fraction(10**6),
+    "G": Fraction(10**9),
+    "T": Fraction(10**12),
+    "P": Fraction(10**15),
+    "E": Fraction(10**18),
+}
+_QUANTITY = re.compile(
+    r"^(?P<num>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
+)
+
+
+class QuantityError(ValueError):
+    """A string that is not a Kubernetes quantity."""
+
+
+def parse_quantity(value: str | int | float | Fraction) -> Fraction:
+    """Parse a Kubernetes quantity into an exact number (``"40Gi"`` -> ``42949672960``).
+
+    Integers and fractions pass through; a float is accepted only because YAML turns ``0.5`` into
+    one. Raises :class:`QuantityError` naming the text when it is not a quantity.
+    """
+    if isinstance(value, bool):
+        raise QuantityError(f"{value!r} is not a quantity")
+    if isinstance(value, int | Fraction):
+        return Fraction(value)
+    if isinstance(value, float):
+        return Fraction(str(value))
+    text = str(value).strip()
+    match = _QUANTITY.match(text)
+    if not match:
+        raise QuantityError(
+            f"{value!r} is not a Kubernetes quantity (expected e.g. '40Gi', '80G', '1500m' or '1e9')"
+        )
+    number = Fraction(match.group("num"))
+    suffix = match.group("suffix") or ""
+    if suffix in _BINARY:
+        return number * _BINARY[suffix]
+    if suffix in _DECIMAL:
+        return number * _DECIMAL[suffix]
+    return number * Fraction(10) ** int(suffix[1:])
+
+
+def format_quantity(value: Fraction | int) -> str:
+    """Render a quantity the way a person (and the API server) reads it.
+
+    Whole multiples of a binary unit get the largest exact suffix (``42949672960`` -> ``"40Gi"``),
+    other integers stay plain, fractions become milli-units (``Fraction(3, 2)`` -> ``"1500m"``),
+    rounded up as Kubernetes rounds quantities it cannot represent.
+    """
+    value = Fraction(value)
+    if value.denominator == 1:
+        n = value.numerator
+        if n != 0:
+            for suffix in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki"):
+                if n % _BINARY[suffix] == 0:
+                    return f"{n // _BINARY[suffix]}{suffix}"
+        return str(n)
+    milli = value * 1000
+    whole = -((-milli.numerator) // milli.denominator)  # ceiling
+    return f"{whole}m"
+
+
+def human_bytes(value: Fraction | int) -> str:
+    """``85520809984`` -> ``"79.6 GiB"``: for messages, never for the API."""
+    number = float(value)
+    for unit, size in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(number) >= size:
+            text = f"{number / size:.1f}".rstrip("0").rstrip(".")
+            return f"{text} {unit}"
+    return f"{int(number)} B"
