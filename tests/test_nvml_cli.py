@@ -54,3 +54,17 @@ def test_unknown_profile_lists_the_choices(capsys: pytest.CaptureFixture[str]) -
     assert main(["devices", "--nvml=sim:h300"]) == 2
     err = capsys.readouterr().err
     assert "unknown simulated NVML profile 'h300'" in err and "8xh100" in err
+
+
+def test_unreadable_gpus_are_listed_with_their_reason_and_exit_1(capsys: pytest.CaptureFixture[str],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from dra_driver.nvml import command, discover, open_nvml
+
+    sim = open_nvml("sim:8xh100")
+    sim.faults.gpu_lost(2)
+    monkeypatch.setattr(command, "open_nvml", lambda spec: sim)
+    assert main(["devices", "--nvml=sim:8xh100"]) == 1
+    out = capsys.readouterr().out
+    assert "7 GPU(s), 1 unreadable" in out and "UNREADABLE  NVML index 2: nvmlDeviceGetHandleByIndex: GPU is lost" in out
+    assert not any(line.startswith("gpu-2 ") for line in out.splitlines())
+    assert discover(sim).unreadable  # still unreadable: the command changed nothing

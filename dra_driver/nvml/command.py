@@ -81,7 +81,10 @@ def render_table(node: NodeDevices) -> str:
             rows.append((f"  {mig.name}", f"MIG {mig.profile.name}", mig.uuid, _gib(mig.memory_bytes),
                          f"GI {mig.gpu_instance_id} CI {mig.compute_instance_id}", "-"))
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = [f"Driver {node.driver_version}, CUDA {node.cuda_driver_version}, {len(node.gpus)} GPU(s)"]
+    summary = f"Driver {node.driver_version}, CUDA {node.cuda_driver_version}, {len(node.gpus)} GPU(s)"
+    if node.unreadable:
+        summary += f", {len(node.unreadable)} unreadable"
+    lines = [summary]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
               for row in [header, *rows]]
     for index, reason in node.unreadable:

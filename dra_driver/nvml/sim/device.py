@@ -297,6 +297,38 @@ class DeviceApi(SimCore):
 
     nvmlDeviceGetComputeRunningProcesses_v3 = nvmlDeviceGetComputeRunningProcesses
 
+    def nvmlDeviceGetClockInfo(self, handle: Any, clock_type: int) -> int:
+        """Current clock in MHz (graphics/SM boost under load, idle otherwise; memory fixed)."""
+        with self._lock:
+            gpu = self._gpu_only(handle, "nvmlDeviceGetClockInfo")
+            if clock_type == pynvml.NVML_CLOCK_MEM:
+                return 2619
+            if clock_type in (pynvml.NVML_CLOCK_GRAPHICS, pynvml.NVML_CLOCK_SM):
+                return 1980 if gpu.processes else 345
+            if clock_type == pynvml.NVML_CLOCK_VIDEO:
+                return 1545 if gpu.processes else 765
+            raise pynvml.NVMLError_InvalidArgument()
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
+        """Clock event reasons bit mask: none (the real H200 read 0)."""
+        with self._lock:
+            self._gpu_only(handle, "nvmlDeviceGetCurrentClocksEventReasons")
+            return 0
+
+    nvmlDeviceGetCurrentClocksThrottleReasons = nvmlDeviceGetCurrentClocksEventReasons
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle: Any) -> int:
+        """PCIe replay count (the real H200 read 1)."""
+        with self._lock:
+            self._gpu_only(handle, "nvmlDeviceGetPcieReplayCounter")
+            return 1
+
+    def nvmlDeviceGetGpuFabricInfo(self, handle: Any, info: Any) -> None:
+        """NVLink fabric state: NOT_SUPPORTED (the simulated nodes have no NVSwitch fabric)."""
+        with self._lock:
+            self._gpu_only(handle, "nvmlDeviceGetGpuFabricInfo")
+            raise pynvml.NVMLError_NotSupported()
+
     def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: list[Any]) -> Any:
         """Field values (ECC, row remapping, retired pages, recovery action, PCIe replays)."""
         with self._lock:
