@@ -491,3 +491,34 @@ def test_plugin_present_before_start_is_registered(
     assert os.path.exists(plugins[0].reg_path)
     with KubeletEmulator(str(dirs[0])) as emulator:
         assert emulator.wait_for_plugin(DRIVER).dra_service == "v1"
+
+
+def test_driver_gone_triggers_slice_wipe_after_delay_unless_it_returns(
+    dirs: tuple[Path, Path], plugins: list[FakePlugin]
+) -> None:
+    gone: list[tuple[str, float]] = []
+    with KubeletEmulator(
+        str(dirs[0]), wiping_delay=1.0, on_driver_gone=lambda d: gone.append((d, time.monotonic()))
+    ) as emulator:
+        # Restarted within the delay: the kubelet keeps the slices.
+        fake = FakePlugin(*dirs)
+        fake.start()
+        first = emulator.wait_for_plugin(DRIVER)
+        fake.stop()
+        emulator.wait_for_deregistration(first)
+        again = FakePlugin(*dirs)
+        plugins.append(again.start())
+        emulator.wait_for_plugin(DRIVER)
+        time.sleep(1.5)
+        assert gone == []
+        # Gone for good: one call, about wiping_delay after the plugin left.
+        again.stop()
+        plugins.remove(again)
+        left = time.monotonic()
+        deadline = left + 10
+        while not gone and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [d for d, _ in gone] == [DRIVER]
+        assert gone[0][1] - left >= 0.9
+        time.sleep(0.3)
+        assert len(gone) == 1

@@ -11,6 +11,11 @@ A socket file is identified by path plus inode and mtime, so a plugin that repla
 the same path (a restart) is deregistered and registered afresh; a rolling update, where the new
 instance uses a different socket name, yields two registered instances of one driver, and the
 most recently registered one is the one ``wait_for_plugin`` returns (the kubelet prefers it too).
+
+When the last instance of a driver is gone, the kubelet waits ``wiping_delay`` (30 s) and then
+deletes that driver's ResourceSlices for the node; a re-registration within the delay cancels it.
+The emulator has no API client of its own, so it calls ``on_driver_gone(driver_name)`` at that
+moment and the caller (the demo, a test) deletes the slices.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import stat
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -57,12 +63,16 @@ class KubeletEmulator:
         info_timeout: float = 5.0,
         retry_initial: float = 0.5,
         retry_max: float = 5.0,
+        wiping_delay: float = 30.0,
+        on_driver_gone: Callable[[str], None] | None = None,
     ) -> None:
         """Create an emulator for ``registry_dir``; nothing happens until ``start()``.
 
         ``info_timeout`` bounds GetInfo and NotifyRegistrationStatus (the kubelet allows about 1 s;
         the default is looser for loaded test machines). Failed registrations are retried after
-        ``retry_initial`` seconds, doubling up to ``retry_max``.
+        ``retry_initial`` seconds, doubling up to ``retry_max``. ``on_driver_gone`` is called (from
+        a timer thread) ``wiping_delay`` seconds after a driver's last instance went away, unless
+        one registered again meanwhile.
         """
         self.registry_dir = registry_dir
         self._poll_interval = poll_interval
@@ -77,6 +87,9 @@ class KubeletEmulator:
         self._registered: dict[str, RegisteredPlugin] = {}  # registration socket path -> plugin
         self._rejects: deque[str] = deque()
         self._attempts: list[RegistrationAttempt] = []
+        self._wiping_delay = wiping_delay
+        self._on_driver_gone = on_driver_gone
+        self._wipe_timers: dict[str, threading.Timer] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -102,7 +115,11 @@ class KubeletEmulator:
         with self._cond:
             plugins = list(self._registered.values())
             self._registered.clear()
+            timers = list(self._wipe_timers.values())
+            self._wipe_timers.clear()
             self._cond.notify_all()
+        for timer in timers:
+            timer.cancel()
         for plugin in plugins:
             plugin.close()
 
@@ -233,10 +250,39 @@ class KubeletEmulator:
                         worker.start()
                 if gone:
                     self._cond.notify_all()
+                for driver in {p.driver_name for p in gone}:
+                    if self._on_driver_gone is not None and not any(
+                        p.driver_name == driver for p in self._registered.values()
+                    ):
+                        self._schedule_wipe(driver)
             for plugin in gone:
                 log.info("kubelet_plugin_deregistered", driver=plugin.driver_name, endpoint=plugin.endpoint)
                 plugin.close()
             self._stop.wait(self._poll_interval)
+
+    def _schedule_wipe(self, driver: str) -> None:
+        """Start the wiping-delay timer for ``driver`` (caller holds the lock)."""
+        if driver in self._wipe_timers:
+            return
+        timer = threading.Timer(self._wiping_delay, self._wipe, args=(driver,))
+        timer.daemon = True
+        self._wipe_timers[driver] = timer
+        timer.start()
+        log.info("kubelet_driver_gone_wipe_scheduled", driver=driver, delay_s=self._wiping_delay)
+
+    def _wipe(self, driver: str) -> None:
+        with self._cond:
+            if self._wipe_timers.pop(driver, None) is None or self._stop.is_set():
+                return  # cancelled by a re-registration or by stop()
+            if any(p.driver_name == driver for p in self._registered.values()):
+                return
+        log.info("kubelet_wiping_driver_slices", driver=driver)
+        if self._on_driver_gone is not None:
+            try:
+                self._on_driver_gone(driver)
+            except Exception:
+                # The kubelet retries its wipe with backoff; here the caller sees the log line.
+                log.error("kubelet_wipe_callback_failed", exc_info=True, driver=driver)
 
     def _still_current(self, path: str, key: _SocketKey) -> bool:
         with self._cond:
@@ -296,6 +342,9 @@ class KubeletEmulator:
             else:
                 current = True
                 self._registered[path] = plugin
+                timer = self._wipe_timers.pop(info.name, None)
+                if timer is not None:
+                    timer.cancel()  # re-registered within the wiping delay: keep the slices
                 self._attempts.append(RegistrationAttempt(path, info.name, True, "", time.monotonic()))
                 self._cond.notify_all()
         if not current:
