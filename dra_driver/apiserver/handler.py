@@ -12,7 +12,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import yaml
 
-from dra_driver.apiserver import discovery, errors
+from dra_driver.apiserver import discovery, errors, openapi
 from dra_driver.apiserver.resources import ResourceType
 from dra_driver.apiserver.routes import Route, parse_resource_path
 from dra_driver.apiserver.watch import BOOKMARK, ERROR, Watcher
@@ -156,6 +156,10 @@ class ApiHandler(BaseHTTPRequestHandler):
             body = discovery.resource_list("", "v1")
         elif path == "/apis":
             body = discovery.api_group_list()
+        elif path == "/openapi/v3":
+            body = openapi.root()
+        elif path.startswith("/openapi/v3/"):
+            body = openapi.group_version(path.removeprefix("/openapi/v3/"))
         elif path == "/version":
             body = discovery.VERSION_INFO
         elif path in ("/healthz", "/readyz", "/livez"):
