@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pynvml
 import pytest
 
 from dra_driver.devices import GIB, MIB, MigMode
@@ -115,3 +116,26 @@ def test_value_normalisation() -> None:
     assert cuda_version(13000) == "13.0" and cuda_version(12040) == "12.4"
     with pytest.raises(ValueError, match="not a PCI bus id"):
         normalise_pci_bus_id("garbage")
+
+
+def test_a_driver_without_versioned_profile_info_still_discovers_profiles() -> None:
+    sim = open_nvml("sim:h100-80gb")
+
+    class OldDriver:
+        """The versioned (V) profile call is missing, as on drivers before it existed."""
+
+        def __getattr__(self, name: str) -> object:
+            target = getattr(sim, name)
+            if name != "nvmlDeviceGetGpuInstanceProfileInfo":
+                return target
+
+            def v1_only(handle: object, index: int, version: int = 2) -> object:
+                if version == 2:
+                    raise pynvml.NVMLError_FunctionNotFound()
+                return target(handle, index, version)
+
+            return v1_only
+
+    gpu = discover(OldDriver()).gpus[0]
+    assert [p.name for p in gpu.mig_profiles][:5] == ["1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.79gb"]
+    assert len(gpu.placements()) == 25

@@ -170,13 +170,13 @@ def read_mig_profiles(nvml: Any, handle: Any) -> tuple[MigProfile, ...]:
     count = int(getattr(nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", _DEFAULT_PROFILE_COUNT))
     for profile_index in range(count):
         try:
-            info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile_index)
+            info = _profile_info(nvml, handle, profile_index)
         except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument):
             continue
         except pynvml.NVMLError as exc:
             raise GpuReadError("nvmlDeviceGetGpuInstanceProfileInfo", exc) from exc
         profiles.append(MigProfile(
-            name=profile_name(info.name),
+            name=_profile_info_name(info),
             profile_index=profile_index,
             gi_profile_id=int(info.id),
             compute_slices=int(info.sliceCount),
@@ -191,6 +191,23 @@ def read_mig_profiles(nvml: Any, handle: Any) -> tuple[MigProfile, ...]:
             placements=read_placements(nvml, handle, int(info.id)),
         ))
     return tuple(profiles)
+
+
+def _profile_info(nvml: Any, handle: Any, profile_index: int) -> Any:
+    """Profile info, version 2 (with the name); a driver without the ``V`` call gets version 1."""
+    try:
+        return nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile_index)
+    except pynvml.NVMLError_FunctionNotFound:
+        return nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile_index, version=1)
+
+
+def _profile_info_name(info: Any) -> str:
+    """NVML's profile name; version-1 info has none, so name it ``<slices>g.<GiB>gb`` (an approximation
+    of NVIDIA's marketing names, which no formula reproduces exactly)."""
+    raw = getattr(info, "name", b"")
+    if raw:
+        return profile_name(raw)
+    return f"{int(info.sliceCount)}g.{round(int(info.memorySizeMB) / 1024)}gb"
 
 
 def read_placements(nvml: Any, handle: Any, gi_profile_id: int) -> tuple[MigPlacementRange, ...]:
