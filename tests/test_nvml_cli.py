@@ -8,7 +8,6 @@ import pytest
 import yaml
 
 from dra_driver.cli import main
-from tests.conftest import real_nvml_available
 
 
 def test_table_shows_names_memory_mig_and_placements(capsys: pytest.CaptureFixture[str]) -> None:
@@ -41,7 +40,18 @@ def test_env_var_picks_the_default_source(capsys: pytest.CaptureFixture[str],
     assert "4 GPU(s)" in capsys.readouterr().out
 
 
-@pytest.mark.skipif(real_nvml_available(), reason="this machine has NVML")
+def _real_nvml_present() -> bool:
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return True
+
+
+@pytest.mark.skipif(_real_nvml_present(), reason="this machine has NVML")
 def test_without_nvml_the_error_says_how_to_simulate(capsys: pytest.CaptureFixture[str],
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GPUREADY_NVML", raising=False)
