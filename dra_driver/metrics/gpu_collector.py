@@ -42,8 +42,7 @@ LABELS: tuple[str, ...] = (
     "dra_claim_name", "dra_claim_namespace", "dra_driver_name", "dra_pool_name", "dra_device_name",
     "dra_mig_profile", "dra_mig_device_uuid",
 )
-"""Every DCGM-named sample carries these labels (empty when they do not apply: Prometheus treats an
-empty label as absent)."""
+"""The labels a DCGM-named sample may carry; those that do not apply (no MIG, no pod) are left out."""
 
 
 @dataclass(frozen=True)
@@ -180,7 +179,9 @@ class GpuCollector(Collector):
 
         def add(name: str, value: float | None, labels: dict[str, str] = base) -> None:
             if value is not None:
-                fams[name].samples.append(Sample(name, labels, float(value)))
+                # Empty labels are left out, as dcgm-exporter does (Prometheus treats them as absent).
+                present = {k: v for k, v in labels.items() if v}
+                fams[name].samples.append(Sample(name, present, float(value)))
 
         try:
             handle = nv.nvmlDeviceGetHandleByUUID(gpu.uuid)
