@@ -1,0 +1,147 @@
+"""Crash safety: SIGKILL between the checkpoint phases, SIGTERM, corrupt checkpoint, reboot, lost CDI dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import kubernetes
+
+from kubelet_plugin.prepare import PAUSE_HOOK_ENV
+from kubelet_plugin.testing import PluginHarness
+
+NODE = "n1"
+POD_UID = "0d9c8b7a-0000-4000-8000-00000000abcd"
+
+
+def _spawn(h: PluginHarness, extra_env: dict[str, str], pod_uid: str = "") -> subprocess.Popen[bytes]:
+    d = h.node_dirs(NODE)
+    kubeconfig = h.server.write_kubeconfig(os.path.join(h.root, "kubeconfig"))
+    env = {**os.environ, "GPUREADY_BOOT_ID": "test-boot", **extra_env}
+    args = [sys.executable, "-m", "dra_driver.cli", "kubelet-plugin", "--node-name", NODE,
+            "--nvml", f"sim:8xh100@{NODE}", "--kubeconfig", kubeconfig, "--registrar-dir", d.registry,
+            "--plugin-dir", d.plugin, "--cdi-root", d.cdi, "--health-mode", "off"]
+    if pod_uid:
+        args += ["--pod-uid", pod_uid]
+    return subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _wait_for(path: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if proc.poll() is not None:
+            raise AssertionError(f"plugin exited early: {proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.05)
+
+
+def test_sigkill_between_phases_then_restart_leaves_nothing_behind() -> None:
+    with PluginHarness() as h:
+        marker = os.path.join(h.root, "paused")
+        proc = _spawn(h, {PAUSE_HOOK_ENV: marker})
+        try:
+            kubelet = h.kubelet(NODE, timeout=60)
+            uid = h.create_claim("c1", [("gpu", NODE, "gpu-0")])
+            outcome: dict[str, object] = {}
+
+            def call() -> None:
+                try:
+                    outcome["result"] = kubelet.prepare([("default", "c1", uid)], timeout=60)
+                except Exception as exc:  # the plugin dies mid-call
+                    outcome["error"] = exc
+
+            caller = threading.Thread(target=call)
+            caller.start()
+            _wait_for(marker, proc)
+            spec_file = os.path.join(h.node_dirs(NODE).cdi, f"k8s.gpu.nvidia.com-claim_{uid}.json")
+            checkpoint = json.loads(Path(h.config(NODE).checkpoint_path).read_text())
+            assert os.path.exists(spec_file)  # the side effect happened...
+            assert checkpoint["claims"][uid]["state"] == "PrepareStarted"  # ...but phase 2 did not
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+            caller.join(30)
+            assert "error" in outcome  # the kubelet saw a failure, so it will retry
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        plugin = h.start_plugin(NODE)
+        assert plugin.recovery is not None and plugin.recovery.rolled_back == [uid]
+        assert h.cdi_files(NODE) == []
+        assert plugin.checkpoint.records() == {}
+        # The kubelet's retry now succeeds against the restarted plugin.
+        kubelet = h.emulators[NODE].wait_for_plugin("gpu.nvidia.com", endpoint=plugin.paths.dra)
+        assert kubelet.prepare([("default", "c1", uid)])[uid].ok
+        assert h.cdi_files(NODE) == [f"k8s.gpu.nvidia.com-claim_{uid}.json"]
+
+
+def test_sigterm_removes_only_its_own_sockets() -> None:
+    with PluginHarness() as h:
+        d = h.node_dirs(NODE)
+        foreign = [os.path.join(d.registry, "gpu.nvidia.com-other-pod-reg.sock"),
+                   os.path.join(d.plugin, "dra-other-pod.sock")]
+        for path in foreign:
+            Path(path).touch()
+        proc = _spawn(h, {}, pod_uid=POD_UID)
+        try:
+            own_reg = os.path.join(d.registry, f"gpu.nvidia.com-{POD_UID}-reg.sock")
+            own_dra = os.path.join(d.plugin, f"dra-{POD_UID}.sock")
+            _wait_for(own_reg, proc)
+            assert os.path.exists(own_dra)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert not os.path.exists(own_reg) and not os.path.exists(own_dra)
+        assert all(os.path.exists(p) for p in foreign)
+
+
+def test_corrupt_checkpoint_is_quarantined_with_an_event_and_the_plugin_serves() -> None:
+    with PluginHarness() as h:
+        path = h.config(NODE).checkpoint_path
+        Path(path).write_text('{"version": 1, "bootId": "test-boot", "claims": {"x": ')  # torn write
+        orphan_uid = "5e5e5e5e-0000-4000-8000-000000000001"
+        orphan = Path(h.node_dirs(NODE).cdi, f"k8s.gpu.nvidia.com-claim_{orphan_uid}.json")
+        orphan.write_text("{}")
+        plugin = h.start_plugin(NODE)
+        quarantined = plugin.checkpoint.quarantined
+        assert quarantined and Path(quarantined).read_text().startswith('{"version": 1')
+        events = kubernetes.client.CoreV1Api(h.api_client).list_namespaced_event("default").items
+        assert any(e.reason == "CheckpointQuarantined" and e.involved_object.name == NODE for e in events)
+        kubelet = h.kubelet(NODE)
+        uid = h.create_claim("c1", [("gpu", NODE, "gpu-1")])
+        assert kubelet.prepare([("default", "c1", uid)])[uid].ok
+        # A claim prepared before the corruption is still cleaned up when the kubelet unprepares it.
+        assert kubelet.unprepare([("default", "old", orphan_uid)]) == {orphan_uid: ""}
+        assert not orphan.exists()
+
+
+def test_new_boot_drops_old_records_and_lost_specs_are_rebuilt() -> None:
+    with PluginHarness() as h:
+        plugin = h.start_plugin(NODE, boot_id="boot-1")
+        kubelet = h.kubelet(NODE)
+        uid = h.create_claim("c1", [("gpu", NODE, "gpu-2")])
+        assert kubelet.prepare([("default", "c1", uid)])[uid].ok
+        spec = h.read_spec(NODE, uid)
+        h.stop_plugin(NODE)
+
+        # Same boot, /var/run/cdi emptied: the spec comes back from the checkpoint.
+        os.unlink(os.path.join(h.node_dirs(NODE).cdi, f"k8s.gpu.nvidia.com-claim_{uid}.json"))
+        plugin = h.start_plugin(NODE, boot_id="boot-1")
+        assert plugin.recovery is not None and plugin.recovery.specs_rebuilt == [uid]
+        assert h.read_spec(NODE, uid) == spec
+        h.stop_plugin(NODE)
+
+        # A reboot: the old boot's records go, with their specs; the file carries the new boot ID.
+        plugin = h.start_plugin(NODE, boot_id="boot-2")
+        assert plugin.recovery is not None and plugin.recovery.previous_boot_dropped == [uid]
+        assert h.cdi_files(NODE) == []
+        assert json.loads(Path(plugin.config.checkpoint_path).read_text())["bootId"] == "boot-2"
+        kubelet = h.emulators[NODE].wait_for_plugin("gpu.nvidia.com", endpoint=plugin.paths.dra)
+        assert kubelet.prepare([("default", "c1", uid)])[uid].ok  # the kubelet re-prepares after reboot
