@@ -62,3 +62,13 @@ def test_kubectl_shows_validation_error(kubectl: tuple[LocalApiServer, Path]) ->
     out = run(kc, "apply", "-f", "-", stdin=SLICE.replace("DEVICE", "GPU_0"))
     assert out.returncode != 0
     assert 'The ResourceSlice "s1" is invalid: spec.devices[0].name' in out.stderr
+
+
+def test_kubectl_get_prints_kind_columns(kubectl: tuple[LocalApiServer, Path]) -> None:
+    _, kc = kubectl
+    assert run(kc, "apply", "-f", "-", stdin=SLICE.replace("DEVICE", "gpu-0")).returncode == 0
+    out = run(kc, "get", "resourceslices")
+    assert out.returncode == 0, out.stderr
+    header, row = out.stdout.splitlines()[:2]
+    assert header.split() == ["NAME", "NODE", "DRIVER", "POOL", "AGE"]
+    assert row.split()[:4] == ["s1", "n1", "gpu.example.com", "n1"]

@@ -12,7 +12,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import yaml
 
-from dra_driver.apiserver import discovery, errors, openapi
+from dra_driver.apiserver import discovery, errors, openapi, tables
 from dra_driver.apiserver.resources import ResourceType
 from dra_driver.apiserver.routes import Route, parse_resource_path
 from dra_driver.apiserver.watch import BOOKMARK, ERROR, Watcher
@@ -122,6 +122,7 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _dispatch(self, method: str) -> None:
         # Read the whole body first: whatever the answer, the keep-alive connection stays in sync.
         self._raw = self._read_raw() if method != "GET" else b""
+        self._table = tables.wants_table(self.headers.get("Accept"))
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         try:
@@ -207,7 +208,8 @@ class ApiHandler(BaseHTTPRequestHandler):
             raise errors.method_not_allowed(f"the server does not allow this method on {rt.plural}/status")
         if verb == "get":
             assert route.name is not None
-            return 200, store.get(rt.key, route.namespace, route.name)
+            obj = store.get(rt.key, route.namespace, route.name)
+            return 200, tables.table(rt.kind, [obj]) if self._table else obj
         if verb == "list":
             items, rv, token = store.list_with_rv(
                 rt.key, route.namespace, query.get("labelSelector"), query.get("fieldSelector"),
@@ -215,6 +217,8 @@ class ApiHandler(BaseHTTPRequestHandler):
             meta: dict[str, Any] = {"resourceVersion": str(rv)}
             if token:
                 meta["continue"] = token
+            if self._table:
+                return 200, tables.table(rt.kind, items, meta)
             return 200, {"kind": f"{rt.kind}List", "apiVersion": rt.group_version, "metadata": meta,
                          "items": items}
         if verb == "create":
@@ -298,7 +302,8 @@ class ApiHandler(BaseHTTPRequestHandler):
                 continue
             if item is None:
                 return
-            self._chunk({"type": item[0], "object": item[1]})
+            obj = tables.table(w.rt.kind, [item[1]]) if self._table else item[1]
+            self._chunk({"type": item[0], "object": obj})
 
     def _start_stream(self) -> None:
         self.send_response(200)
