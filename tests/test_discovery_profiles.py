@@ -139,3 +139,13 @@ def test_a_driver_without_versioned_profile_info_still_discovers_profiles() -> N
     gpu = discover(OldDriver()).gpus[0]
     assert [p.name for p in gpu.mig_profiles][:5] == ["1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.79gb"]
     assert len(gpu.placements()) == 25
+
+
+def test_a_gpu_without_mig_reports_unsupported_and_no_profiles() -> None:
+    sim = open_nvml("sim:l40s-48gb")
+    gpu = discover(sim).gpus[0]
+    assert (gpu.product_name, gpu.architecture, gpu.cuda_compute_capability) == ("NVIDIA L40S", "Ada Lovelace", "8.9")
+    assert gpu.mig_mode == MigMode.UNSUPPORTED and not gpu.mig_capable and gpu.placements() == ()
+    assert round(gpu.memory_bytes / GIB, 1) == 45.0
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        sim.nvmlDeviceGetMigMode(sim.nvmlDeviceGetHandleByIndex(0))

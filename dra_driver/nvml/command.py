@@ -10,17 +10,17 @@ from typing import Any
 
 from dra_driver.devices import GIB, Gpu, MigMode, MigPlacement, NodeDevices
 from dra_driver.nvml import ENV_VAR, NvmlUnavailableError, default_nvml_spec, discover, open_nvml
+from dra_driver.nvml.sim.profiles import profile_names
 
 HELP = "list the GPUs, MIG devices and MIG placements NVML reports on this node"
 DESCRIPTION = f"""\
 List what NVML reports on this node: each GPU's published name, product, UUID, memory (GiB, as NVML
 reports it: an "80GB" H100 shows 79.6), MIG mode, existing MIG devices and how many MIG placements
-dynamic MIG could publish. GPUs NVML lists but cannot read are shown with the reason.
+are free for dynamic MIG. GPUs NVML lists but cannot read are shown with the reason.
 
 NVML source: --nvml=real (the default, or ${ENV_VAR}) reads the real driver; --nvml=sim:<profile> reads a
-simulated node (profiles: a100-40gb, a100-80gb, h100-80gb, h200-141gb, h100-7x1g, h100-mixed-mig,
-8xh100, 4xh200). Exit status: 0 when every GPU was read, 1 when some GPU was unreadable, 2 when NVML
-is unavailable.
+simulated node (profiles: {", ".join(profile_names())}; add @<seed> for unique UUIDs).
+Exit status: 0 when every GPU was read, 1 when some GPU was unreadable, 2 when NVML is unavailable.
 """
 
 
