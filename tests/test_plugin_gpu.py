@@ -1,0 +1,49 @@
+"""The plugin on a real GPU: real NVML discovery, registration, a whole-GPU prepare (never changes GPU settings)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dra_driver.cdi import validate_spec
+from dra_driver.nvml import open_nvml
+from kubelet_plugin.testing import PluginHarness
+
+pytestmark = pytest.mark.gpu
+
+
+def test_real_gpu_registers_prepares_and_cdi_spec_names_device_node_and_uuid() -> None:
+    with PluginHarness() as h:
+        plugin = h.start_plugin("gpu-node", open_nvml("real"), health_mode="off")
+        whole = [g for g in plugin.devices.gpus if g.name in plugin.device_index]
+        assert whole, f"no whole GPU to prepare (MIG mode on everywhere?): {plugin.devices.gpus}"
+        gpu = min(whole, key=lambda g: g.minor)
+        kubelet = h.kubelet("gpu-node")
+        uid = h.create_claim("real", [("gpu", "gpu-node", gpu.name)])
+        result = kubelet.prepare([("default", "real", uid)])[uid]
+        assert result.ok, result.error
+        spec = h.read_spec("gpu-node", uid)
+        assert validate_spec(spec) == []
+        edits = spec["devices"][0]["containerEdits"]
+        assert f"/dev/nvidia{gpu.minor}" in [n["path"] for n in edits["deviceNodes"]]
+        assert f"NVIDIA_VISIBLE_DEVICES={gpu.uuid}" in edits["env"]
+        if gpu.minor == 0:
+            assert edits["deviceNodes"][0]["path"] == "/dev/nvidia0"
+        # Driver files of the host's driver are bind-mounted read-only.
+        mounts = [m["containerPath"] for m in spec["containerEdits"].get("mounts", [])]
+        assert any("libnvidia-ml.so" in m for m in mounts), mounts
+        assert kubelet.unprepare([("default", "real", uid)]) == {uid: ""}
+        assert h.cdi_files("gpu-node") == []
+
+
+def test_real_gpu_is_validated_then_reported_healthy_on_the_health_stream() -> None:
+    with PluginHarness() as h:
+        plugin = h.start_plugin("gpu-node", open_nvml("real"), health_mode="withdraw", health_interval=1.0)
+        assert plugin.health_monitor.wait_validated(120)
+        stream = h.kubelet("gpu-node").watch_health(timeout=60)
+        for reports in stream:
+            healthy = {r.device for r in reports if r.health == "HEALTHY"}
+            if any(g.name in healthy for g in plugin.devices.gpus):
+                break
+        else:
+            pytest.fail(f"no GPU reported HEALTHY within 60 s: {plugin.health_monitor.snapshot()}")
+        stream.close()
