@@ -10,10 +10,11 @@ import kubernetes
 import pytest
 from test_slices_helpers import eight_h200
 
-import kubelet_plugin.publisher as publisher_module
+import kubelet_plugin.publisher.core as publisher_core
 from dra_driver.apiserver import LocalApiServer
 from dra_driver.slices import SliceOptions, SliceSpec, build_pool
 from kubelet_plugin.publisher import SlicePublisher
+from kubelet_plugin.publisher.watch import SliceWatch
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node-a"
@@ -112,7 +113,9 @@ def test_device_leaving_bumps_every_slice_and_drops_stale_ones(
     pub = started()
     publish(pub, build_pool(eight_h200(), NODE, DRIVER, DYNAMIC))
     assert {o["spec"]["pool"]["generation"] for o in server_slices(srv)} == {1}
+    lists = pub.stats().lists
     publish(pub, build_pool(eight_h200(), NODE, DRIVER, DYNAMIC, unhealthy={"gpu-3": "XID 79"}))
+    assert pub.stats().lists == lists  # the watched view was trusted: no list needed for a change
     objs = server_slices(srv)
     assert {o["spec"]["pool"]["generation"] for o in objs} == {2}
     names = {d["name"] for o in objs for d in o["spec"].get("devices", [])}
@@ -148,7 +151,7 @@ def test_slice_deleted_is_recreated_within_one_resync_without_the_watch(
         srv: LocalApiServer, started: Callable[..., SlicePublisher],
         monkeypatch: pytest.MonkeyPatch) -> None:
     make_node(srv)
-    monkeypatch.setattr(SlicePublisher, "_watch_loop", lambda self: None)  # resync alone
+    monkeypatch.setattr(SliceWatch, "run", lambda self, stop: None)  # resync alone
     pub = started(resync=1.0)
     publish(pub, build_pool(eight_h200(), NODE, DRIVER))
     kubernetes.client.ResourceV1Api(srv.api_client()).delete_resource_slice("node-a-gpu-nvidia-com-000")
@@ -166,7 +169,8 @@ def test_conflicts_and_server_errors_are_retried_and_end_consistent(
     want = build_pool(eight_h200(), NODE, DRIVER, DYNAMIC, unhealthy={"gpu-0": "XID 48"})
     publish(pub, want)
     stats = pub.stats()
-    assert stats.errors >= 3 and stats.synced and stats.last_error is None
+    # Parallel writes meet several injected failures in one pass; every failed pass is counted once.
+    assert stats.errors >= 2 and stats.synced and stats.last_error is None
     objs = server_slices(srv)
     assert len({o["spec"]["pool"]["generation"] for o in objs}) == 1
     assert [o["spec"]["devices"] for o in objs if "devices" in o["spec"]] == [
@@ -234,7 +238,7 @@ def test_foreign_slices_of_this_driver_on_this_node_are_removed_others_kept(
 def test_missing_node_is_tolerated_and_owner_added_once_it_exists(
         srv: LocalApiServer, started: Callable[..., SlicePublisher],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(publisher_module, "NODE_RETRY_SECONDS", 0.2)
+    monkeypatch.setattr(publisher_core, "NODE_RETRY_SECONDS", 0.2)
     pub = started()
     publish(pub, build_pool(eight_h200(), NODE, DRIVER))
     (obj,) = server_slices(srv)

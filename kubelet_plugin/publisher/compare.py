@@ -1,0 +1,43 @@
+"""How the publisher decides that a stored slice already says what it wants (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def comparable(obj: dict[str, Any]) -> tuple[Any, Any]:
+    """A slice as the publisher compares it: the spec without ``pool.generation`` (adopted, not
+    compared), taints without the server-assigned ``timeAdded``, and the owner references."""
+    spec = dict(obj.get("spec") or {})
+    pool = dict(spec.get("pool") or {})
+    pool.pop("generation", None)
+    spec["pool"] = pool
+    devices = spec.get("devices")
+    if devices and any("taints" in d for d in devices):
+        spec["devices"] = [
+            {**d, "taints": [{k: v for k, v in t.items() if k != "timeAdded"} for t in d["taints"]]}
+            if "taints" in d else d
+            for d in devices
+        ]
+    return spec, (obj.get("metadata") or {}).get("ownerReferences") or []
+
+
+def carry_time_added(want: dict[str, Any], have: dict[str, Any]) -> None:
+    """Keep the server's ``timeAdded`` on taints that did not change (it records when they began)."""
+    old = {d["name"]: d.get("taints", []) for d in (have.get("spec") or {}).get("devices", [])}
+    for device in want["spec"].get("devices", []):
+        for taint in device.get("taints", []):
+            for prior in old.get(device["name"], []):
+                same = all(prior.get(k) == taint.get(k) for k in ("key", "value", "effect"))
+                if same and "timeAdded" in prior:
+                    taint["timeAdded"] = prior["timeAdded"]
+
+
+def generation_of(obj: dict[str, Any]) -> int:
+    """A stored slice's pool generation."""
+    return int(((obj.get("spec") or {}).get("pool") or {}).get("generation", 0) or 0)
+
+
+def pool_name_of(obj: dict[str, Any]) -> str:
+    """A stored slice's pool name."""
+    return str(((obj.get("spec") or {}).get("pool") or {}).get("name", ""))
