@@ -228,3 +228,29 @@ def test_kubeconfig_works_with_config_loader(srv: LocalApiServer, tmp_path: Any)
     path = srv.write_kubeconfig(str(tmp_path / "kc" / "config"))
     api = config.new_client_from_config(config_file=path)
     assert client.CoreV1Api(api).read_namespace("default").metadata.name == "default"
+
+
+def test_strict_namespaces_and_namespace_deletion_cascades() -> None:
+    with LocalApiServer(strict_namespaces=True) as srv:
+        core = client.CoreV1Api(srv.api_client())
+        pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}]}}
+        with pytest.raises(client.ApiException) as exc:
+            core.create_namespaced_pod("missing", pod)
+        assert exc.value.status == 404
+        assert json.loads(exc.value.body)["message"] == 'namespaces "missing" not found'
+        core.create_namespace({"metadata": {"name": "team"}})
+        core.create_namespaced_pod("team", pod)
+        core.delete_namespace("team")
+        assert srv.store.wait_gc_idle()
+        assert core.list_pod_for_all_namespaces().items == []
+
+
+def test_bad_bodies_are_400(srv: LocalApiServer) -> None:
+    import urllib.error
+
+    req = urllib.request.Request(srv.url + "/apis/resource.k8s.io/v1/resourceslices", data=b"{not json",
+                                 method="POST", headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(req)
+    assert exc.value.code == 400
+    assert json.loads(exc.value.read())["reason"] == "BadRequest"

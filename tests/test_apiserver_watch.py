@@ -171,3 +171,33 @@ def test_stop_closes_open_watches_promptly() -> None:
     c.thread.join(timeout=10)
     assert not c.thread.is_alive()
     assert time.monotonic() - t0 < 5
+
+
+def test_expire_watches_forces_410_on_resume(srv: LocalApiServer) -> None:
+    """After an etcd-style compaction a client resuming from its last resourceVersion gets 410 and
+    must relist; the relisted state is complete."""
+    r = client.ResourceV1Api(srv.api_client())
+    rv = r.list_resource_slice().metadata.resource_version
+    r.create_resource_slice(slice_body("a"))
+    srv.faults.expire_watches()
+    r.create_resource_slice(slice_body("b"))
+    with pytest.raises(client.ApiException) as exc:
+        for _ in watch.Watch().stream(r.list_resource_slice, resource_version=rv, timeout_seconds=5):
+            pass
+    assert exc.value.status == 410
+    assert sorted(s.metadata.name for s in r.list_resource_slice().items) == ["a", "b"]
+
+
+def test_send_initial_events_ends_with_marked_bookmark(srv: LocalApiServer) -> None:
+    r = client.ResourceV1Api(srv.api_client())
+    r.create_resource_slice(slice_body("a"))
+    rest = srv.api_client().rest_client
+    resp = rest.request("GET", srv.url + "/apis/resource.k8s.io/v1/resourceslices?watch=true&sendInitialEvents=true"
+                        "&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&timeoutSeconds=1",
+                        headers={"Accept": "application/json"})
+    import json
+
+    events = [json.loads(x) for x in resp.read().decode().splitlines() if x]
+    assert events[0]["type"] == "ADDED" and events[0]["object"]["metadata"]["name"] == "a"
+    assert events[1]["type"] == "BOOKMARK"
+    assert events[1]["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}

@@ -30,12 +30,14 @@ class _Rule:
 class Faults:
     """Faults the server applies to incoming requests. All methods are thread-safe."""
 
-    def __init__(self, drop_watches: Callable[[], int], refuse: Callable[[float], None]) -> None:
+    def __init__(self, drop_watches: Callable[[], int], refuse: Callable[[float], None],
+                 compact: Callable[[], int] | None = None) -> None:
         self._lock = threading.Lock()
         self._fail: list[_Rule] = []
         self._latency: list[_Rule] = []
         self._drop = drop_watches
         self._refuse = refuse
+        self._compact = compact
 
     @staticmethod
     def _check(verb: str | None, resource: str | None) -> None:
@@ -61,6 +63,14 @@ class Faults:
     def drop_watches(self) -> int:
         """Close every open watch stream now (clients see the stream end); returns how many."""
         return self._drop()
+
+    def expire_watches(self) -> int:
+        """Compact the event history to now and close every watch: clients that resume from their last
+        resourceVersion get 410 Expired and must relist (what an etcd compaction does). Returns the
+        resourceVersion compacted to."""
+        rv = self._compact() if self._compact is not None else 0
+        self._drop()
+        return rv
 
     def refuse_connections(self, seconds: float) -> None:
         """Stop listening for ``seconds`` (new connections are refused, open ones are closed)."""

@@ -13,9 +13,8 @@ from urllib.parse import parse_qs, urlsplit
 import yaml
 
 from dra_driver.apiserver import discovery, errors, openapi, tables
-from dra_driver.apiserver.resources import ResourceType
 from dra_driver.apiserver.routes import Route, parse_resource_path
-from dra_driver.apiserver.watch import BOOKMARK, ERROR, Watcher
+from dra_driver.apiserver.watch import BOOKMARK, ERROR, Watcher, bookmark_object
 from dra_driver.logs import get_logger
 
 if TYPE_CHECKING:
@@ -262,7 +261,8 @@ class ApiHandler(BaseHTTPRequestHandler):
         timeout = float(query.get("timeoutSeconds") or 0) or None
         try:
             w = store.watch(rt.key, route.namespace, query.get("labelSelector"), query.get("fieldSelector"),
-                            query.get("resourceVersion"))
+                            query.get("resourceVersion"),
+                            send_initial_events=query.get("sendInitialEvents", "").lower() in _TRUE)
         except errors.ApiError as err:
             if err.code != 410:
                 raise
@@ -298,7 +298,7 @@ class ApiHandler(BaseHTTPRequestHandler):
                 if bookmarks:
                     rv = self.api.store.bookmark_rv(w)
                     if rv is not None:
-                        self._chunk({"type": BOOKMARK, "object": _bookmark_object(w.rt, rv)})
+                        self._chunk({"type": BOOKMARK, "object": bookmark_object(w.rt, rv)})
                 continue
             if item is None:
                 return
@@ -320,12 +320,3 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _end_stream(self) -> None:
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
-
-
-def _bookmark_object(rt: ResourceType, rv: int) -> dict[str, Any]:
-    """An otherwise empty object of the watched kind carrying only the resourceVersion (like the fixture)."""
-    obj: dict[str, Any] = {"kind": rt.kind, "apiVersion": rt.group_version,
-                           "metadata": {"resourceVersion": str(rv)}}
-    if rt.kind == "ResourceSlice":
-        obj["spec"] = {"driver": "", "pool": {"name": "", "generation": 0, "resourceSliceCount": 0}}
-    return obj

@@ -40,16 +40,23 @@ class _HttpServer(ThreadingHTTPServer):
 
 
 class LocalApiServer:
-    """A single-process Kubernetes API server for the kinds gpuready touches (see package docstring)."""
+    """A single-process Kubernetes API server for the kinds gpuready touches (see package docstring).
+
+    ``history_limit``: events kept for watch resumption (older resourceVersions get 410 Expired);
+    ``bookmark_interval``: seconds between BOOKMARK events on idle watches that asked for them;
+    ``validate``: admission validation (422 Invalid) on; ``strict_namespaces``: refuse objects in a
+    namespace that does not exist (404), as the real server does.
+    """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, history_limit: int = 1000,
-                 bookmark_interval: float = 5.0, validate: bool = True) -> None:
+                 bookmark_interval: float = 5.0, validate: bool = True, strict_namespaces: bool = False) -> None:
         self.host = host
         self._requested_port = port
         self.port = port
         self.bookmark_interval = bookmark_interval
-        self.store = Store(history_limit=history_limit, admit=admit if validate else None)
-        self.faults = Faults(self.store.drop_watches, self._refuse)
+        self.store = Store(history_limit=history_limit, admit=admit if validate else None,
+                           strict_namespaces=strict_namespaces)
+        self.faults = Faults(self.store.drop_watches, self._refuse, self.store.compact)
         self._httpd: _HttpServer | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()

@@ -28,7 +28,16 @@ from dra_driver.apiserver.selectors import (
     parse_field_selector,
     parse_label_selector,
 )
-from dra_driver.apiserver.watch import ADDED, DELETED, MODIFIED, Event, History, Watcher
+from dra_driver.apiserver.watch import (
+    ADDED,
+    BOOKMARK,
+    DELETED,
+    MODIFIED,
+    Event,
+    History,
+    Watcher,
+    bookmark_object,
+)
 
 Obj = dict[str, Any]
 ObjList = list[Obj]  # alias: the Store.list method shadows the builtin inside the class
@@ -54,13 +63,17 @@ def _spec_part(obj: Obj) -> Obj:
 class Store:
     """Objects of every served kind, keyed by resource key (see ``ResourceType.key``)."""
 
-    def __init__(self, history_limit: int = 1000, admit: Admit | None = None) -> None:
+    def __init__(self, history_limit: int = 1000, admit: Admit | None = None,
+                 strict_namespaces: bool = False) -> None:
         self._lock = threading.RLock()
         self._rv = _START_RV
         self._objects: dict[str, dict[tuple[str, str], Obj]] = {r.key: {} for r in RESOURCES}
         self._history = History(history_limit, _START_RV)
         self._watchers: set[Watcher] = set()
         self._admit = admit
+        # The real server refuses objects in a namespace that does not exist; off by default so tests
+        # need not create namespaces first.
+        self.strict_namespaces = strict_namespaces
         self._gc_queue: queue.Queue[tuple[str, str, str] | threading.Event | None] = queue.Queue()
         self._gc_thread = threading.Thread(target=self._gc_loop, name="apiserver-gc", daemon=True)
         self._gc_thread.start()
@@ -168,6 +181,8 @@ class Store:
         else:
             meta.pop("namespace", None)
         with self._lock:
+            if rt.namespaced and self.strict_namespaces and ("", ns) not in self._objects["namespaces"]:
+                raise errors.not_found(resource_for_key("namespaces"), ns)
             if not meta.get("name") and meta.get("generateName"):
                 meta["name"] = self._generate_name(rt, ns, meta["generateName"])
             for f in ("uid", "resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds",
@@ -315,17 +330,23 @@ class Store:
     # ---- watch ---------------------------------------------------------------------------------
 
     def watch(self, key: str, namespace: str | None, label_selector: str | None, field_selector: str | None,
-              resource_version: str | None) -> Watcher:
-        """Open a watch. No resourceVersion (or "0"): synthetic ADDED for current objects, then changes.
+              resource_version: str | None, send_initial_events: bool = False) -> Watcher:
+        """Open a watch. No resourceVersion (or "0"), or ``send_initial_events``: synthetic ADDED for
+        current objects, then changes (with ``send_initial_events`` a BOOKMARK annotated
+        ``k8s.io/initial-events-end`` marks the end of the initial state, as for client-go's WatchList).
         Otherwise every change after it; 410 Expired (raised as ApiError) when it was compacted away."""
         rt = resource_for_key(key)
         w = Watcher(rt, namespace if rt.namespaced else None, parse_label_selector(label_selector),
                     parse_field_selector(field_selector, rt))
         with self._lock:
-            if not resource_version or resource_version == "0":
+            if send_initial_events or not resource_version or resource_version == "0":
                 for k in sorted(self._bucket(rt)):
                     obj = self._bucket(rt)[k]
                     w.offer(Event(int(obj["metadata"]["resourceVersion"]), rt.key, ADDED, obj))
+                if send_initial_events:
+                    end = bookmark_object(rt, self._rv)
+                    end["metadata"]["annotations"] = {"k8s.io/initial-events-end": "true"}
+                    w.queue.put((BOOKMARK, end))
             else:
                 try:
                     rv = int(resource_version)
@@ -401,10 +422,18 @@ class Store:
                         self.delete(rt.key, meta.get("namespace"), meta["name"])
 
     def wait_gc_idle(self, timeout: float = 5.0) -> bool:
-        """Block until garbage collection queued so far has run (tests use it instead of sleeping)."""
-        marker = threading.Event()
-        self._gc_queue.put(marker)
-        return marker.wait(timeout)
+        """Block until garbage collection has nothing left to do, cascades included (tests use it
+        instead of sleeping); False on timeout."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            marker = threading.Event()
+            self._gc_queue.put(marker)
+            if not marker.wait(max(0.0, deadline - time.monotonic())):
+                return False
+            if self._gc_queue.empty():
+                return True
 
     def close(self) -> None:
         """Stop the GC thread and close every watch."""

@@ -103,3 +103,13 @@ class History:
     def since(self, rv: int) -> list[Event]:
         """Events newer than ``rv`` (caller checked rv >= compacted_rv)."""
         return [e for e in self.events if e.rv > rv]
+
+
+def bookmark_object(rt: ResourceType, rv: int) -> dict[str, Any]:
+    """An otherwise empty object of the watched kind carrying only the resourceVersion (like the
+    real server's bookmarks, fixture watch-sample.jsonl)."""
+    obj: dict[str, Any] = {"kind": rt.kind, "apiVersion": rt.group_version,
+                           "metadata": {"resourceVersion": str(rv)}}
+    if rt.kind == "ResourceSlice":
+        obj["spec"] = {"driver": "", "pool": {"name": "", "generation": 0, "resourceSliceCount": 0}}
+    return obj
