@@ -275,3 +275,18 @@ def test_versions_become_semver() -> None:
     assert semver("580.159.04") is not None and semver("580.159.04").value == "580.159.4"  # type: ignore[union-attr]
     assert semver("13.0").value == "13.0.0"  # type: ignore[union-attr]
     assert semver("garbage") is None
+
+
+def test_a_gpu_with_nothing_to_count_is_published_whole_without_an_empty_counter_set() -> None:
+    from dataclasses import replace
+
+    from dra_driver.devices import MigProfile
+
+    empty = MigProfile(name="0g.0gb", profile_index=0, gi_profile_id=99, compute_slices=0, instance_count=0,
+                       multiprocessors=0, copy_engines=0, decoders=0, encoders=0, jpeg_engines=0,
+                       ofa_engines=0, memory_bytes=0, placements=())
+    odd = replace(h100(0), mig_profiles=(empty,))
+    objs = k8s(build_pool(node(odd), "n", DRIVER, SliceOptions(mig_mode="dynamic")))
+    assert [d["name"] for d in all_devices(objs)] == ["gpu-0"]
+    assert all("sharedCounters" not in o["spec"] for o in objs)  # the API rejects an empty set
+    assert api_problems(objs) == []

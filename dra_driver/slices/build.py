@@ -168,8 +168,9 @@ def _gpu_entries(gpu: Gpu, devices: NodeDevices, options: SliceOptions
     """The devices one GPU contributes (before health), and its counter set in dynamic mode."""
     if options.is_shared(gpu) and not (options.mig_mode == "static" and gpu.mig_mode == MigMode.ENABLED):
         return [_whole_gpu(gpu, devices, options, None)], None
-    if options.mig_mode == "dynamic" and gpu.mig_capable:
-        counter_set = gpu_counter_set(gpu)
+    counter_set = gpu_counter_set(gpu) if options.mig_mode == "dynamic" and gpu.mig_capable else None
+    # A set without counters is rejected by the API (a peer driver's bug on non-MIG GPUs).
+    if counter_set is not None and counter_set.counters:
         entries = [_whole_gpu(gpu, devices, options, counter_set)]
         for placement in gpu.placements():
             profile, where = placement.profile, placement.placement

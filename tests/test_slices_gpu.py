@@ -1,0 +1,43 @@
+"""On a real GPU: what discovery reads publishes as slices the API accepts, with NVML's exact memory."""
+
+from __future__ import annotations
+
+import pytest
+from test_slices_helpers import api_problems
+
+from dra_driver.apiserver import LocalApiServer
+from dra_driver.nvml import discover, open_nvml
+from dra_driver.planning.quantity import parse_quantity
+from dra_driver.slices import SliceOptions, build_pool
+from kubelet_plugin.publisher import SlicePublisher
+
+pytestmark = pytest.mark.gpu
+DRIVER = "gpu.nvidia.com"
+
+
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_real_devices_publish_and_the_api_server_accepts_them(mode: str) -> None:
+    devices = discover(open_nvml("real"))  # read-only: nothing on the GPU changes
+    assert devices.gpus
+    slices = build_pool(devices, "gpu-node", DRIVER, SliceOptions(mig_mode=mode))  # type: ignore[arg-type]
+    objs = [s.to_k8s(1, None) for s in slices]
+    assert api_problems(objs) == []
+    published = {d["name"]: d for o in objs for d in o["spec"].get("devices", [])}
+    for gpu in devices.gpus:
+        if mode == "dynamic" and gpu.mig_capable:
+            assert all(p.name in published for p in gpu.placements())
+        if gpu.name in published:
+            memory = parse_quantity(published[gpu.name]["capacity"]["memory"]["value"])
+            assert memory == gpu.memory_bytes  # exactly what NVML reports, never rounded
+            attrs = published[gpu.name]["attributes"]
+            assert attrs["uuid"]["string"] == gpu.uuid
+            assert attrs["resource.kubernetes.io/pciBusID"]["string"] == gpu.pci_bus_id
+    with LocalApiServer() as srv:
+        pub = SlicePublisher(srv.api_client(), "gpu-node", DRIVER)
+        pub.start()
+        try:
+            pub.set_desired(slices)
+            assert pub.wait_until_synced(30), pub.stats()
+            assert pub.stats().errors == 0
+        finally:
+            pub.stop()
