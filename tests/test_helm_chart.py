@@ -35,8 +35,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "dynamic-taint-shared": {"migMode": "dynamic", "healthMode": "taint", "sharedGpus": True,
                              "xid": {"ignore": [13, 31], "fatal": [43]}},
     "custom-driver": {"driverName": "gpu.example.com", "deviceClasses": {"extendedResourceName": "example.com/gpu"}},
-    "no-controller": {"controller": {"enabled": False}, "migMode": "off"},
-    "simulated-evict": {"nvml": {"source": "simulated", "simulatedProfile": "h100-8"},
+    "no-controller": {"controller": {"enabled": False}, "sharedGpus": ["gpu-0", "gpu-2"]},
+    "simulated-evict": {"nvml": {"source": "simulated", "simulatedProfile": "8xh100"},
                         "controller": {"unhealthyClaimPolicy": "evict", "replicas": 1},
                         "kubeletPlugin": {"vramAccounting": False}, "logLevel": "debug"},
 }
@@ -136,6 +136,12 @@ def test_resource_names_are_unique_and_labelled() -> None:
 
 # --- kubelet plugin DaemonSet ------------------------------------------------------------------------
 
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    """Plain env values; downward-API ones as 'fieldRef:<path>'."""
+    return {e["name"]: e.get("value", f"fieldRef:{e.get('valueFrom', {}).get('fieldRef', {}).get('fieldPath')}")
+            for e in container["env"]}
+
+
 def _plugin_pod(values: dict[str, Any]) -> dict[str, Any]:
     pod: dict[str, Any] = one(values, "DaemonSet")["spec"]["template"]["spec"]
     return pod
@@ -156,9 +162,10 @@ def test_daemonset_mounts_host_paths_at_the_same_paths_the_kubelet_uses() -> Non
         assert mounts[name]["mountPath"] == host[name]
     assert mounts["driver-root"]["readOnly"] is True
     assert mounts["host-proc"]["readOnly"] is True and host["host-proc"] == "/proc"
-    args = container["args"]
-    assert "--plugin-dir=/var/lib/kubelet/plugins/gpu.nvidia.com" in args
-    assert "--proc-root=/host/proc" in args
+    env = _env(container)
+    assert env["PLUGIN_DIR"] == "/var/lib/kubelet/plugins/gpu.nvidia.com"
+    assert env["REGISTRAR_DIR"] == "/var/lib/kubelet/plugins_registry"
+    assert env["PROC_ROOT"] == "/host/proc" and env["NVIDIA_DRIVER_ROOT"] == "/driver-root"
 
 
 def test_daemonset_privileges_are_what_the_plugin_needs_and_no_more() -> None:
@@ -174,11 +181,9 @@ def test_daemonset_rolls_with_surge_and_per_pod_sockets() -> None:
     ds = one({}, "DaemonSet")
     assert ds["spec"]["updateStrategy"] == {"type": "RollingUpdate",
                                             "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
-    env = {e["name"]: e for e in ds["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert env["POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
-    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--pod-uid=$(POD_UID)" in args and "--node-name=$(NODE_NAME)" in args
+    env = _env(ds["spec"]["template"]["spec"]["containers"][0])
+    assert env["POD_UID"] == "fieldRef:metadata.uid"
+    assert env["NODE_NAME"] == "fieldRef:spec.nodeName"
 
 
 def test_daemonset_runs_only_on_gpu_nodes() -> None:
@@ -189,16 +194,46 @@ def test_daemonset_runs_only_on_gpu_nodes() -> None:
     assert any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"])
 
 
-def test_daemon_options_reach_the_plugin_command_line() -> None:
-    args = _plugin_pod(VALUE_SETS["dynamic-taint-shared"])["containers"][0]["args"]
-    for expected in ("--driver-name=gpu.nvidia.com", "--mig-mode=dynamic", "--health-mode=taint",
-                     "--shared-gpus=true", "--xid-ignore=13,31", "--xid-fatal=43", "--nvml=real"):
-        assert expected in args
+def _plugin_config_from_chart(values: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Run the real plugin's flag parsing with exactly the environment the chart gives its container."""
+    import argparse
+
+    from kubelet_plugin import command
+
+    container = _plugin_pod(values)["containers"][0]
+    downward = {"spec.nodeName": "gpu-node-7", "metadata.uid": "3f1b2c4d-5e6f-4a1b-9c2d-0123456789ab",
+                "metadata.name": "gpuready-kubelet-plugin-x", "metadata.namespace": NAMESPACE}
+    for name, value in _env(container).items():
+        monkeypatch.setenv(name, downward[value[9:]] if value.startswith("fieldRef:") else value)
+    assert container["args"][-1] == "kubelet-plugin"
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    return command.config_from_args(parser.parse_args([]))
+
+
+@pytest.mark.parametrize("values_name", sorted(VALUE_SETS))
+def test_the_plugin_accepts_the_configuration_the_chart_gives_it(values_name: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    values = VALUE_SETS[values_name]
+    config = _plugin_config_from_chart(values, monkeypatch)  # raises ValueError naming a bad flag
+    assert config.node_name == "gpu-node-7"
+    assert config.pod_uid == "3f1b2c4d-5e6f-4a1b-9c2d-0123456789ab"
+    assert config.driver_name == values.get("driverName", "gpu.nvidia.com")
+    assert config.plugin_data_dir == f"/var/lib/kubelet/plugins/{config.driver_name}"
+    assert config.metrics_port == 8080
+
+
+def test_daemon_options_reach_the_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = _plugin_config_from_chart(VALUE_SETS["dynamic-taint-shared"], monkeypatch)
+    assert (config.mig_mode, config.health_mode, config.shared_gpus) == ("dynamic", "taint", True)
+    env = _env(_plugin_pod(VALUE_SETS["dynamic-taint-shared"])["containers"][0])
+    assert (env["XID_IGNORE"], env["XID_FATAL"]) == ("13,31", "43")
+    listed = _plugin_config_from_chart(VALUE_SETS["no-controller"], monkeypatch)
+    assert listed.shared_gpus == frozenset({"gpu-0", "gpu-2"})
     sim = _plugin_pod(VALUE_SETS["simulated-evict"])
-    sim_args = sim["containers"][0]["args"]
-    assert "--nvml=simulated" in sim_args and "--sim-profile=h100-8" in sim_args
-    assert "--log-level=debug" in sim_args
-    assert not any(a.startswith("--proc-root") for a in sim_args)
+    assert _plugin_config_from_chart(VALUE_SETS["simulated-evict"], monkeypatch).nvml == "sim:8xh100"
+    assert sim["containers"][0]["args"][0] == "--log-level=debug"
+    assert "PROC_ROOT" not in _env(sim["containers"][0])
     assert "host-proc" not in {v["name"] for v in sim["volumes"]}
 
 
@@ -208,8 +243,9 @@ def test_controller_is_two_replicas_with_leader_election_and_least_privilege() -
     dep = one({}, "Deployment")
     assert dep["spec"]["replicas"] == 2
     pod = dep["spec"]["template"]["spec"]
-    args = pod["containers"][0]["args"]
-    assert "--leader-elect=true" in args and "--leader-election-namespace=$(POD_NAMESPACE)" in args
+    env = _env(pod["containers"][0])
+    assert env["LEADER_ELECT"] == "true" and env["LEADER_ELECTION_NAMESPACE"] == "fieldRef:metadata.namespace"
+    assert env["WEBHOOK_CERT_DIR"] == "/etc/gpuready/webhook-tls"
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["containers"][0]["securityContext"]["capabilities"]["drop"] == ["ALL"]
     assert one({}, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
@@ -258,11 +294,11 @@ def test_cert_manager_option_replaces_the_generated_secret() -> None:
     assert one(corp, "Certificate")["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer"}
 
 
-def test_no_controller_means_no_webhook_and_no_mig_class() -> None:
+def test_no_controller_means_no_webhook() -> None:
     values = VALUE_SETS["no-controller"]
     kinds = {o["kind"] for o in objects(values)}
     assert not kinds & {"Deployment", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "Secret"}
-    assert [c["metadata"]["name"] for c in find(values, "DeviceClass")] == ["gpu.nvidia.com"]
+    assert {"DaemonSet", "DeviceClass", "ValidatingAdmissionPolicy"} <= kinds
 
 
 # --- device classes ---------------------------------------------------------------------------------
@@ -369,11 +405,25 @@ def test_grafana_dashboard_is_valid_json_over_exported_metrics() -> None:
     ({"nvml": {"source": "fake"}}, "/nvml/source"),
     ({"controller": {"placementPolicy": "random"}}, "/controller/placementPolicy"),
     ({"driverRoot": "run/nvidia/driver"}, "/driverRoot"),
+    ({"sharedGpus": ["0"]}, "/sharedGpus/0"),
+    ({"migMode": "off"}, "/migMode"),
 ])
 def test_schema_rejects_wrong_values_naming_the_field(bad: dict[str, Any], field: str) -> None:
     with pytest.raises(helm.HelmValuesError) as info:
         _chart().render(bad, name=RELEASE, namespace=NAMESPACE)
     assert field in str(info.value)
+
+
+@pytest.mark.parametrize("bad,message", [
+    ({"xid": {"ignore": [13, 79], "fatal": [79]}}, "xid.ignore and xid.fatal both list XID(s) [79]"),
+    ({"controller": {"leaderElection": {"enabled": False}}}, "enable leader election or set replicas to 1"),
+    ({"controller": {"leaderElection": {"leaseDurationSeconds": 5, "renewDeadlineSeconds": 10}}},
+     "leaseDurationSeconds (5) must be greater than renewDeadlineSeconds (10)"),
+])
+def test_contradictory_values_fail_with_a_message_naming_them(bad: dict[str, Any], message: str) -> None:
+    with pytest.raises(helm.HelmRenderError) as info:
+        _chart().render(bad, name=RELEASE, namespace=NAMESPACE)
+    assert message in str(info.value)
 
 
 # --- install guard against another driver of the same name ------------------------------------------

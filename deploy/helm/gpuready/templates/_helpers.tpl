@@ -67,3 +67,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{- define "gpuready.pluginServiceAccount" -}}{{ include "gpuready.pluginName" . }}{{- end -}}
 {{- define "gpuready.controllerServiceAccount" -}}{{ include "gpuready.controllerName" . }}{{- end -}}
+
+{{/* SHARED_GPUS for the plugin: "" (none), "all", or a comma list of device names. */}}
+{{- define "gpuready.sharedGpus" -}}
+{{- $v := .Values.sharedGpus -}}
+{{- if kindIs "slice" $v -}}{{ join "," $v }}{{- else if $v -}}all{{- end -}}
+{{- end -}}
