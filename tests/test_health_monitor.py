@@ -12,10 +12,12 @@ import pytest
 
 from dra_driver.devices import NodeDevices
 from dra_driver.health import HealthMonitor, HealthPolicy, HealthSnapshot, HealthState
+from dra_driver.health.probe import ProbeResult, SimulatedProber
+from dra_driver.health.topology import ProbeTarget
 from dra_driver.nvml import discover, open_nvml
 from dra_driver.nvml.sim import SimulatedNvml
 
-FAST = dict(hold_down_s=0.3, required_passes=2, poll_interval_s=0.1, probe_timeout_s=1.0,
+FAST = dict(hold_down_s=0.3, required_passes=2, poll_interval_s=0.1, probe_timeout_s=3.0,
             event_wait_ms=50, max_hold_down_s=10.0, flap_window_s=30.0)
 
 
@@ -57,6 +59,24 @@ class Recorder:
             return [(t, tr.new, tr.reason) for t, s in self.snaps for tr in s.transitions if tr.device == device]
 
 
+class QuickProber:
+    """The simulated prober, minus the child process for GPUs that behave ("ok").
+
+    These tests are about events and polls; spawning ~17 probe processes per test would only slow
+    them. Any other behaviour (hang, wrong) goes through the real child process and its timeout;
+    test_health_withdrawal.py uses the full simulated prober throughout.
+    """
+
+    def __init__(self, sim: SimulatedNvml) -> None:
+        self.sim = sim
+        self.real = SimulatedProber(sim)
+
+    def probe(self, target: ProbeTarget, timeout_s: float) -> ProbeResult:
+        if target.cuda_uuid is not None and self.sim.probe_behaviour(target.cuda_uuid) == "ok":
+            return ProbeResult(True, "probe ok (in process)", "ProbeOk", 0.0)
+        return self.real.probe(target, timeout_s)
+
+
 class Rig:
     def __init__(self, profile: str = "8xh100", before_start: Callable[[SimulatedNvml], None] | None = None,
                  devices: NodeDevices | None = None, **policy: float) -> None:
@@ -65,7 +85,8 @@ class Rig:
         self.rec = Recorder()
         if before_start:
             before_start(self.sim)
-        self.monitor = HealthMonitor(self.sim, self.devices, HealthPolicy(**{**FAST, **policy}), None, self.rec)
+        self.monitor = HealthMonitor(self.sim, self.devices, HealthPolicy(**{**FAST, **policy}),
+                                     QuickProber(self.sim), self.rec)
         self.monitor.start()
 
     def healthy_after_validation(self) -> HealthSnapshot:
@@ -236,11 +257,11 @@ def test_pending_row_remap_withdraws_until_reset(rig_factory: Callable[..., Rig]
 
 
 def test_hung_probe_is_killed_and_reported(rig_factory: Callable[..., Rig]) -> None:
-    rig = rig_factory(before_start=lambda sim: sim.faults.probe(1, "hang"), probe_timeout_s=0.5)
+    rig = rig_factory(before_start=lambda sim: sim.faults.probe(1, "hang"), probe_timeout_s=2.0)
     assert rig.monitor.wait_validated(20)
     _, snap = rig.rec.wait_for(lambda s: s.validated and "gpu-1" in s.unhealthy()
                                and len(s.healthy_names()) == len(s.devices) - 1)
-    assert snap.unhealthy() == {"gpu-1": "CUDA probe timed out after 0.5s on gpu-1"}
+    assert snap.unhealthy() == {"gpu-1": "CUDA probe timed out after 2s on gpu-1"}
     assert snap.devices["gpu-1"].code == "ProbeTimedOut"
     m = rig.rec.mark()
     rig.sim.faults.clear(1)

@@ -1,6 +1,6 @@
 """The CUDA compute probe, run as a child process: does this GPU really compute?
 
-Run by :mod:`dra_driver.health.probe` as ``python -I cuda_probe.py --uuid <GPU-or-MIG-uuid>`` with
+Run by :mod:`dra_driver.health.probe` as ``python -I -S cuda_probe.py --uuid <GPU-or-MIG-uuid>`` with
 ``CUDA_VISIBLE_DEVICES`` set to that UUID, so CUDA sees exactly one device. Through the CUDA driver API
 (``libcuda.so.1`` via ctypes, no toolkit or compiler needed) it initialises CUDA, takes the device's
 primary context, allocates device memory, copies data in, loads a tiny PTX kernel (JIT-compiled by

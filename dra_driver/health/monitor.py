@@ -17,6 +17,7 @@ lock, always under a separate notify lock so snapshots arrive in the order they 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -56,6 +57,7 @@ from dra_driver.health.state import (
     transition,
 )
 from dra_driver.health.topology import GpuTopology, ProbeTarget, node_topology
+from dra_driver.health.validation import DEVICE_NODE_KEY, ValidationConfig, device_node_faults
 from dra_driver.health.xid import XidAction
 from dra_driver.logs import get_logger
 
@@ -74,7 +76,8 @@ class HealthMonitor:
 
     def __init__(self, nvml: Any, devices: NodeDevices, policy: HealthPolicy, prober: Prober | None,
                  on_change: Callable[[HealthSnapshot], None], clock: Callable[[], float] = time.monotonic,
-                 *, dynamic_mig: bool = False, node_name: str = "") -> None:
+                 *, dynamic_mig: bool = False, node_name: str = "",
+                 device_nodes: ValidationConfig | None = None) -> None:
         self._nvml = nvml
         self._devices = devices
         self._policy = policy
@@ -82,6 +85,9 @@ class HealthMonitor:
         self._on_change = on_change
         self._clock = clock
         self._node = node_name
+        # When set, each validation also checks the GPU's device nodes exist and open (as the plugin
+        # container sees them): a GPU a container cannot open is not ready, whatever NVML says.
+        self._device_nodes = device_nodes
         self._topo: dict[str, GpuTopology] = node_topology(devices, dynamic_mig)
         self._gpu_of: dict[str, str] = {n: t.gpu.uuid for t in self._topo.values() for n in t.device_names}
         now = clock()
@@ -310,7 +316,9 @@ class HealthMonitor:
         for uuid, faults in results.items():
             self._apply_conditions(self._topo[uuid], faults)
 
-    def _apply_conditions(self, topo: GpuTopology, faults: list[Fault]) -> None:
+    def _apply_conditions(self, topo: GpuTopology, faults: list[Fault],
+                          owned: frozenset[str] = POLLED_KEYS) -> None:
+        """Apply the lasting conditions found for one GPU; clear those of ``owned`` no longer found."""
         now = self._clock()
         present = {f.key for f in faults}
 
@@ -318,7 +326,7 @@ class HealthMonitor:
             out = []
             for name in topo.device_names:
                 rec = self._records[name]
-                for key in POLLED_KEYS - present:
+                for key in owned - present:
                     rec = clear_condition(rec, key)
                 for f in faults:
                     if not any(c.key == f.key for c in rec.conditions):
@@ -361,12 +369,17 @@ class HealthMonitor:
             except NvmlUnavailable as exc:
                 self._mark_nvml_down(str(exc))
                 return
-            self._apply_conditions(topo, faults)
+            if self._device_nodes is not None:
+                faults += device_node_faults(topo.gpu, self._devices, self._device_nodes)
+            self._apply_conditions(topo, faults, POLLED_KEYS | {DEVICE_NODE_KEY})
             if not faults:
                 due.extend(targets)
         if not due or self._stop.is_set():
             return
-        with ThreadPoolExecutor(max_workers=min(len(due), 16), thread_name_prefix="health-probe") as pool:
+        # Bounded: dozens of MIG devices starting CUDA at once would starve each other (and the
+        # node) and turn slow starts into false timeouts.
+        workers = min(len(due), max(4, os.cpu_count() or 1), 16)
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="health-probe") as pool:
             futures = {pool.submit(self._prober.probe, t, self._policy.probe_timeout_s): t for t in due}
             for future in as_completed(futures):
                 target = futures[future]

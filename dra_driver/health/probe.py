@@ -56,7 +56,7 @@ def run_probe_process(args: list[str], env: dict[str, str], timeout_s: float) ->
     start = time.monotonic()
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-I", CUDA_PROBE_SCRIPT, *args],
+            [sys.executable, "-I", "-S", CUDA_PROBE_SCRIPT, *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
             start_new_session=True,  # its own process group: the kill reaches anything it spawned
         )

@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from dra_driver.devices import NodeDevices
+from dra_driver.devices import Gpu, NodeDevices
 from dra_driver.health.nvml_checks import NvmlUnavailable, check_driver, check_gpu
 from dra_driver.health.probe import Prober
+from dra_driver.health.state import Fault
 from dra_driver.health.topology import node_topology
 
 
@@ -112,6 +113,23 @@ def _open_problem(path: str) -> str | None:
         return f"cannot open {path}: {exc.strerror}"
     os.close(fd)
     return None
+
+
+DEVICE_NODE_KEY = "device-node"
+
+
+def device_node_faults(gpu: Gpu, devices: NodeDevices, config: ValidationConfig) -> list[Fault]:
+    """A lasting fault when a node this GPU's containers need is missing or does not open."""
+    if not config.check_device_nodes:
+        return []
+    nodes = [*devices.control_device_nodes, gpu.device_node]
+    for mig in gpu.mig_devices:
+        nodes.extend(mig.device_nodes)
+    problems = [p for p in (_open_problem(_host_path(config, n)) for n in dict.fromkeys(nodes)) if p]
+    if not problems:
+        return []
+    return [Fault("DeviceNodeMissing", "; ".join(problems) + " (containers could not use this GPU)",
+                  key=DEVICE_NODE_KEY)]
 
 
 def check_container_stage(devices: NodeDevices, config: ValidationConfig) -> list[CheckResult]:
