@@ -252,3 +252,30 @@ def test_slices_for_another_node_are_refused() -> None:
     pub = SlicePublisher(None, NODE, DRIVER)
     with pytest.raises(ValueError, match="node-b"):
         pub.set_desired(build_pool(eight_h200(), "node-b", DRIVER))
+
+
+def test_slice_edited_by_someone_else_is_restored(
+        srv: LocalApiServer, started: Callable[..., SlicePublisher]) -> None:
+    make_node(srv)
+    pub = started(resync=60.0)
+    want = build_pool(eight_h200(), NODE, DRIVER)
+    publish(pub, want)
+    api = kubernetes.client.ResourceV1Api(srv.api_client())
+    api.patch_resource_slice("node-a-gpu-nvidia-com-000",
+                             [{"op": "remove", "path": "/spec/devices/0"}])
+    assert wait_for(lambda: len(server_slices(srv)[0]["spec"]["devices"]) == 8, 10.0)
+    (obj,) = server_slices(srv)
+    assert obj["spec"]["devices"] == want[0].to_k8s(0, None)["spec"]["devices"]
+
+
+def test_node_deleted_and_registered_again_gets_its_slices_back_with_the_new_owner(
+        srv: LocalApiServer, started: Callable[..., SlicePublisher],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(publisher_core, "NODE_RETRY_SECONDS", 0.2)
+    make_node(srv)
+    pub = started(resync=60.0)
+    publish(pub, build_pool(eight_h200(), NODE, DRIVER))
+    kubernetes.client.CoreV1Api(srv.api_client()).delete_node(NODE)  # garbage collection takes the slices
+    new_uid = make_node(srv)
+    assert wait_for(lambda: [o["metadata"].get("ownerReferences", [{}])[0].get("uid")
+                             for o in server_slices(srv)] == [new_uid], 10.0)

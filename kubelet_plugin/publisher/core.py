@@ -220,6 +220,7 @@ class SlicePublisher:
         except ApiError as err:
             if err.status != 404:
                 raise
+            self._node_uid = None
             if not self._node_missing_logged:
                 log.warning("node_not_found", node=self.node_name,
                             detail="publishing without an owner reference; looking again every "
@@ -228,7 +229,12 @@ class SlicePublisher:
             return
         self._node_uid = node["metadata"]["uid"]
         if self._node_missing_logged:
+            self._node_missing_logged = False
             log.info("node_found", node=self.node_name)
+
+    def _view_trusted(self) -> bool:
+        epoch, live = self._watch.state()
+        return self._cache is not None and live and epoch == self._cache_epoch
 
     def _server_view(self) -> tuple[dict[str, dict[str, Any]], bool]:
         """This node's slices of this driver: the watched view if still trusted, else a fresh list."""
@@ -247,7 +253,10 @@ class SlicePublisher:
 
     def _reconcile(self, desired: list[SliceSpec], version: int) -> None:
         started = time.monotonic()
-        if self._node_uid is None:
+        trusted = self._view_trusted()
+        if self._node_uid is None or not trusted:
+            # Whenever we re-list we also re-read the Node: a Node deleted and registered again
+            # has a new UID, and slices owned by the old one would be garbage-collected forever.
             self._lookup_node_uid()
         uid = self._node_uid
         existing, listed = self._server_view()
