@@ -201,3 +201,18 @@ def test_send_initial_events_ends_with_marked_bookmark(srv: LocalApiServer) -> N
     assert events[0]["type"] == "ADDED" and events[0]["object"]["metadata"]["name"] == "a"
     assert events[1]["type"] == "BOOKMARK"
     assert events[1]["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
+
+
+def test_client_hangup_frees_idle_watch(srv: LocalApiServer) -> None:
+    import socket
+
+    s = socket.create_connection(("127.0.0.1", srv.port))
+    s.sendall(b"GET /apis/resource.k8s.io/v1/resourceslices?watch=true HTTP/1.1\r\nHost: x\r\n\r\n")
+    deadline = time.monotonic() + 5
+    while srv.open_watches == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert srv.open_watches == 1
+    s.close()
+    while srv.open_watches and time.monotonic() < deadline + 5:
+        time.sleep(0.02)
+    assert srv.open_watches == 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import queue
+import select
+import socket
 import time
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
@@ -295,6 +297,8 @@ class ApiHandler(BaseHTTPRequestHandler):
             try:
                 item = w.queue.get(timeout=wait)
             except queue.Empty:
+                if self._peer_closed():
+                    return
                 if bookmarks:
                     rv = self.api.store.bookmark_rv(w)
                     if rv is not None:
@@ -304,6 +308,16 @@ class ApiHandler(BaseHTTPRequestHandler):
                 return
             obj = tables.table(w.rt.kind, [item[1]]) if self._table else item[1]
             self._chunk({"type": item[0], "object": obj})
+
+    def _peer_closed(self) -> bool:
+        """Whether the client hung up (an idle stream would otherwise only notice on its next write)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            if not readable:
+                return False
+            return self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
 
     def _start_stream(self) -> None:
         self.send_response(200)
