@@ -253,3 +253,29 @@ def _published(inv: Inventory, key: str) -> bool:
     if len(parts) >= 3:
         return (parts[0], "/".join(parts[1:-1]), parts[-1]) in inv.devices
     return any(d.pool == parts[0] and d.name == parts[-1] for d in inv.devices.values())
+
+
+def unhealthy_from_node_conditions(nodes: list[dict[str, Any]]) -> dict[str, str]:
+    """``"node/device" -> reason`` from each Node's ``GPUReady`` condition (False) message.
+
+    The kubelet plugin writes ``"2 of 8 GPU devices not ready: gpu-3, gpu-4: unhealthy: XID 79 ...;
+    gpu-6: validating: ..."`` (:mod:`dra_driver.health.node_status`); the pool name is the node name.
+    """
+    result: dict[str, str] = {}
+    for node in nodes:
+        name = (node.get("metadata") or {}).get("name", "")
+        for cond in (node.get("status") or {}).get("conditions") or []:
+            if cond.get("type") != "GPUReady" or cond.get("status") != "False":
+                continue
+            message = str(cond.get("message") or "")
+            _, sep, detail = message.partition(" not ready: ")
+            if not sep:
+                continue
+            for part in detail.split("; "):
+                devices, colon, text = part.partition(": ")
+                if not colon:
+                    continue
+                for device in devices.split(", "):
+                    if device:
+                        result[f"{name}/{device.strip()}"] = text.strip()
+    return result

@@ -90,6 +90,7 @@ class Inventory:
     nodes: list[str]
     problems: list[str] = field(default_factory=list)  # slices/claims skipped, and why
     incomplete_pools: list[str] = field(default_factory=list)
+    node_used_bytes: dict[str, int] = field(default_factory=dict)  # node_used in whole bytes, for scoring
 
     def device(self, key: DeviceKey) -> DeviceView | None:
         """A device by ``(driver, pool, name)``."""
@@ -199,6 +200,7 @@ def build_inventory(
     for claim in claims:
         _account_claim(inv, claim)
     _build_shapes(inv)
+    inv.node_used_bytes = {n: int(v) for n, v in inv.node_used.items()}
     return inv
 
 
@@ -271,14 +273,14 @@ def _account_claim(inv: Inventory, claim: dict[str, Any]) -> None:
 
 
 def shape_signature(dev: DeviceView, identity: frozenset[str]) -> tuple[Any, ...]:
-    """What a device looks like, apart from which one it is."""
+    """What a device looks like to selectors, tolerations and capacity requests, apart from which
+    one it is. Counter costs are left out: they decide availability, which is tracked per device."""
     return (
         dev.driver,
         tuple(sorted((k, v) for k, v in dev.attributes.items() if k not in identity)),
         tuple(sorted(dev.capacity.items())),
         dev.allow_multiple_allocations,
         tuple(sorted(dev.request_policies.items(), key=lambda kv: kv[0])),
-        tuple(sorted(d.counters for d in dev.consumes_counters)),
         dev.taints,
         dev.binding_conditions,
         dev.node is None,

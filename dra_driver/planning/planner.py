@@ -17,6 +17,7 @@ any node beats a later one on a better node), then per policy:
 
 from __future__ import annotations
 
+import heapq
 import uuid
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -261,17 +262,20 @@ def _score(inv: Inventory, node: str | None, chosen: list[Chosen], requests: lis
         min((c.alternative.rank for c in chosen if c.alternative.request == r.name), default=0) for r in requests
     )
     memory = sum(int(c.device.memory) for c in chosen)
-    node_used = int(inv.node_used.get(node, 0)) if node else 0
+    node_used = inv.node_used_bytes.get(node, 0) if node else 0
     gpu_used = sum((inv.parent_used.get(inv.parent_key(c.device), Fraction(0)) for c in chosen), Fraction(0))
     if policy == "spread":
         return (ranks, node_used, memory, gpu_used, node or "")
     return (ranks, memory, -node_used, -gpu_used, node or "")
 
 
-def _bounds(inv: Inventory, plans: list[list[AltPlan]], only: str | None) -> dict[str | None, list[tuple[int, int]]]:
-    """Per node, per request: the best (rank, memory) any free device could give (a lower bound).
+def _candidate_nodes(inv: Inventory, plans: list[list[AltPlan]], only: str | None,
+                     policy: Policy) -> list[tuple[tuple[Any, ...], str, str | None]]:
+    """Nodes that could serve every request, as a heap ordered by a lower bound of their score.
 
-    Memory is in whole bytes here (ints sort far faster than fractions; bytes are whole anyway).
+    Per request the bound is the best (rank, memory) any free device of a matching shape on the
+    node could give; memory is in whole bytes (ints compare far faster than fractions). Devices
+    reachable from every node (key None) count for each node.
     """
     per_request: list[dict[str | None, tuple[int, int]]] = []
     for alts in plans:
@@ -281,31 +285,40 @@ def _bounds(inv: Inventory, plans: list[list[AltPlan]], only: str | None) -> dic
             for shape in ap.shapes:
                 source = shape.by_node if every else inv.free[shape.index]
                 bound = (ap.alt.rank, int(shape.memory) * (1 if ap.alt.all_devices else ap.alt.count))
-                if only is not None:
-                    for where in (only, None):
-                        if source.get(where) and where not in best:
-                            best[where] = bound
-                    continue
-                for where, devs in source.items():
-                    if devs and where not in best:
+                wheres = (only, None) if only is not None else source.keys()
+                for where in wheres:
+                    if where not in best and source.get(where):
                         best[where] = bound
         per_request.append(best)
-    if not per_request:
-        return {}
-    nodes: set[str | None] = set(per_request[0])
-    for best in per_request[1:]:
-        nodes |= set(best)
-    result: dict[str | None, list[tuple[int, int]]] = {}
-    for n in nodes:
-        row = []
-        for best in per_request:
-            options = [b for b in (best.get(n), best.get(None)) if b is not None]
-            if not options:
-                break
-            row.append(min(options))
-        else:
-            result[n] = row
-    return result
+    used = inv.node_used_bytes
+    spread = policy == "spread"
+    if len(per_request) == 1:  # the common case, kept lean: it runs once per node
+        (best,) = per_request
+        anywhere = best.get(None)
+        entries = []
+        for n, (rank, memory) in best.items():
+            if anywhere is not None and anywhere < (rank, memory):
+                rank, memory = anywhere
+            u = used.get(n, 0) if n else 0
+            key = ((rank,), u, memory) if spread else ((rank,), memory, -u)
+            entries.append((key, n or "", n))
+    else:
+        entries = []
+        nodes: set[str | None] = set().union(*per_request)
+        for n in nodes:
+            row = []
+            for best in per_request:
+                options = [b for b in (best.get(n), best.get(None)) if b is not None]
+                if not options:
+                    break
+                row.append(min(options))
+            else:
+                ranks = tuple(r for r, _ in row)
+                memory = sum(m for _, m in row)
+                u = used.get(n, 0) if n else 0
+                entries.append((((ranks, u, memory) if spread else (ranks, memory, -u)), n or "", n))
+    heapq.heapify(entries)
+    return entries
 
 
 def plan(claim: dict[str, Any], inventory: Inventory, policy: Policy = "binpack",
@@ -325,24 +338,15 @@ def plan(claim: dict[str, Any], inventory: Inventory, policy: Policy = "binpack"
         return PlanResult({"devices": {"results": [], "config": []}})
     plans = [[prepare_alternative(a, inventory) for a in r.alternatives] for r in requests]
     errors = [ap.error for alts in plans for ap in alts if ap.error]
-    bounds = _bounds(inventory, plans, node)
-    if node is not None:
-        bounds = {n: b for n, b in bounds.items() if n in (node, None)}
-
-    lower: dict[str | None, tuple[Any, ...]] = {}
-    for n, row in bounds.items():
-        ranks = tuple(r for r, _ in row)
-        memory = sum(m for _, m in row)
-        used = int(inventory.node_used.get(n, 0)) if n else 0
-        lower[n] = (ranks, used, memory) if policy == "spread" else (ranks, memory, -used)
-
-    ordered = sorted(bounds, key=lambda n: (lower[n], n or ""))
+    heap = _candidate_nodes(inventory, plans, node, policy)
+    had_candidates = bool(heap)
     best: tuple[tuple[Any, ...], str | None, list[Chosen]] | None = None
     failures: list[str] = []
-    for n in ordered:
+    while heap:
+        lower, _, n = heapq.heappop(heap)
         # Nodes come in bound order: once a bound is no better than the best found, stop (ties on
         # the bound go to the first node by name; GPU usage breaks ties only within a node).
-        if best is not None and lower[n] >= best[0][:3]:
+        if best is not None and lower >= best[0][:3]:
             break
         search = _NodeSearch(inventory, plans, constraints, n, policy)
         if search.solve():
@@ -350,14 +354,15 @@ def plan(claim: dict[str, Any], inventory: Inventory, policy: Policy = "binpack"
             if best is None or score < best[0]:
                 best = (score, n, list(search.chosen))
         elif len(failures) < 3:
-            failures.append(f"node {n}: " + (search.failure or "devices are there but counters, shared capacity or constraints rule every combination out"))
+            failures.append(f"node {n}: " + (search.failure or "devices are there but counters, shared "
+                                             "capacity or constraints rule every combination out"))
     if best is None:
-        return PlanResult(None, reasons=errors + _why_not(inventory, plans, bounds, failures))
+        return PlanResult(None, reasons=errors + _why_not(inventory, plans, had_candidates, failures))
     _, chosen_node, chosen = best
     return PlanResult(_allocation(claim, inventory, requests, chosen, chosen_node), chosen_node, [], chosen)
 
 
-def _why_not(inv: Inventory, plans: list[list[AltPlan]], bounds: dict[Any, Any], failures: list[str]) -> list[str]:
+def _why_not(inv: Inventory, plans: list[list[AltPlan]], had_candidates: bool, failures: list[str]) -> list[str]:
     reasons: list[str] = []
     for alts in plans:
         for ap in alts:
@@ -372,7 +377,7 @@ def _why_not(inv: Inventory, plans: list[list[AltPlan]], bounds: dict[Any, Any],
                 )
             elif free == 0 and not ap.alt.admin_access:
                 reasons.append(f"request {ap.alt.result_name}: all {total} devices that fit are in use")
-    if not bounds and not reasons:
+    if not had_candidates and not reasons:
         reasons.append("no single node has free devices for every request of the claim")
     reasons.extend(failures)
     return reasons or ["no allocation satisfies the claim"]

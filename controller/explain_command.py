@@ -1,0 +1,126 @@
+"""``gpuready explain <claim|pod>``: why a claim got its devices, or why it gets none.
+
+Reads the claim (or every claim of a pod), the ResourceSlices, claims, DeviceClasses and Nodes
+(whose ``GPUReady`` condition names GPUs withdrawn as unhealthy) and prints the pure explain
+report. Exit status: 0 every claim can be (or is) allocated, 1 some cannot, 2 not found or the
+cluster cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from controller.plan_command import api_client, read_cluster
+from dra_driver.planning import explain
+from dra_driver.planning.explain import unhealthy_from_node_conditions
+
+HELP = "explain why a claim (or a pod's claims) fits where it does, or does not fit"
+DESCRIPTION = """\
+Explain a ResourceClaim, or every claim of a Pod: for each request, which devices match its
+DeviceClass and selectors, which are excluded and why (in use by which claim, withdrawn or tainted
+as unhealthy with the reason, too little memory, MIG slices held by which placement, taint not
+tolerated, selector false or a CEL error, constraint unmet), and the best allocation now.
+
+Examples:
+  gpuready explain my-claim -n ml
+  gpuready explain trainer-0 -n ml --kubeconfig ~/.kube/config
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``gpuready explain``."""
+    parser.add_argument("name", help="a ResourceClaim name, or a Pod name (its claims are explained)")
+    parser.add_argument("-n", "--namespace", default="default")
+    parser.add_argument("--kubeconfig", default="", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
+    parser.add_argument("--policy", choices=["binpack", "spread"], default="binpack")
+
+
+def _get(call: Any, *args: Any) -> dict[str, Any] | None:
+    import kubernetes
+
+    try:
+        response = call(*args, _preload_content=False)
+    except kubernetes.client.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    result: dict[str, Any] = json.loads(response.data)
+    return result
+
+
+def claims_of_pod(pod: dict[str, Any], read_claim: Any, read_template: Any) -> list[dict[str, Any]]:
+    """The claims a pod uses: named ones, generated ones, and (not yet generated) template specs."""
+    statuses = {s.get("name"): s.get("resourceClaimName")
+                for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []}
+    namespace = (pod.get("metadata") or {}).get("namespace", "default")
+    out = []
+    for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
+        name = ref.get("resourceClaimName") or statuses.get(ref.get("name"))
+        if name:
+            claim = read_claim(name)
+            if claim is not None:
+                out.append(claim)
+            continue
+        template_name = ref.get("resourceClaimTemplateName")
+        template = read_template(template_name) if template_name else None
+        if template is not None:
+            out.append({"metadata": {"name": f"{template_name} (template, claim not created yet)",
+                                     "namespace": namespace}, "spec": (template.get("spec") or {}).get("spec") or {}})
+    extended = ((pod.get("status") or {}).get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    if extended:
+        claim = read_claim(extended)
+        if claim is not None:
+            out.append(claim)
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    """Explain the named claim or pod."""
+    import kubernetes
+
+    try:
+        client = api_client(args.kubeconfig)
+        custom = kubernetes.client.CustomObjectsApi(client)
+        core = kubernetes.client.CoreV1Api(client)
+        ns = args.namespace
+
+        def read_claim(name: str) -> dict[str, Any] | None:
+            return _get(custom.get_namespaced_custom_object, "resource.k8s.io", "v1", ns, "resourceclaims", name)
+
+        def read_template(name: str) -> dict[str, Any] | None:
+            return _get(custom.get_namespaced_custom_object, "resource.k8s.io", "v1", ns,
+                        "resourceclaimtemplates", name)
+
+        claim = read_claim(args.name)
+        claims = [claim] if claim is not None else []
+        what = f"ResourceClaim {ns}/{args.name}"
+        if claim is None:
+            pod = _get(core.read_namespaced_pod, args.name, ns)
+            if pod is None:
+                print(f"gpuready explain: no ResourceClaim or Pod named {args.name!r} in namespace {ns!r}",
+                      file=sys.stderr)
+                return 2
+            what = f"Pod {ns}/{args.name}"
+            claims = claims_of_pod(pod, read_claim, read_template)
+            if not claims:
+                print(f"{what} uses no resource claims")
+                return 0
+        inventory = read_cluster(client)
+        nodes = json.loads(core.list_node(_preload_content=False).data).get("items", [])
+    except Exception as exc:  # any client or connection failure: one clear line, exit 2
+        print(f"gpuready explain: cannot read the cluster: {exc}", file=sys.stderr)
+        return 2
+    unhealthy = unhealthy_from_node_conditions(nodes)
+    status = 0
+    if len(claims) > 1 or claim is None:
+        print(f"{what}: {len(claims)} claim{'s' if len(claims) != 1 else ''}")
+    for c in claims:
+        report = explain(c, inventory, unhealthy, policy=args.policy)
+        allocated = bool((c.get("status") or {}).get("allocation"))
+        if not allocated and report.plan.allocation is None:
+            status = 1
+        print(report.render())
+    return status

@@ -1,0 +1,111 @@
+"""``gpuready plan`` and ``gpuready explain`` against the local API server over real HTTP."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import kubernetes
+import pytest
+import yaml
+
+from dra_driver.apiserver import LocalApiServer
+from dra_driver.cli import main
+from dra_driver.planning.fixtures import (
+    allocated,
+    claim,
+    device_class,
+    dynamic_mig_devices,
+    exactly,
+    gpu_counter_set,
+    gpu_device,
+    resource_slice,
+)
+
+GROUP, VERSION = "resource.k8s.io", "v1"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[tuple[LocalApiServer, str]]:
+    with LocalApiServer() as srv:
+        client = srv.api_client()
+        custom = kubernetes.client.CustomObjectsApi(client)
+        core = kubernetes.client.CoreV1Api(client)
+        for ns in ("ml",):
+            core.create_namespace({"metadata": {"name": ns}})
+        custom.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", device_class())
+        slices = [
+            resource_slice("node-a", [gpu_device(0, node="node-a"), gpu_device(1, node="node-a")]),
+            resource_slice("node-b", dynamic_mig_devices(0, "node-b")[:20], slice_count=2, index=1),
+            resource_slice("node-b", counter_sets=[gpu_counter_set(0)], slice_count=2, index=2),
+        ]
+        for s in slices:
+            custom.create_cluster_custom_object(GROUP, VERSION, "resourceslices", s)
+        for node, cond in (("node-a", {"type": "GPUReady", "status": "False", "reason": "XID79",
+                                       "message": "1 of 3 GPU devices not ready: gpu-2: unhealthy: XID 79 (GPU fell off the bus)"}),
+                           ("node-b", {"type": "GPUReady", "status": "True", "reason": "AllGPUsReady", "message": "ok"})):
+            core.create_node({"metadata": {"name": node}})
+            core.patch_node_status(node, {"status": {"conditions": [cond]}})
+        held = claim("trainer", [exactly()], namespace="ml")
+        custom.create_namespaced_custom_object(GROUP, VERSION, "ml", "resourceclaims", held)
+        custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, "ml", "resourceclaims", "trainer",
+            {"status": {"allocation": allocated("node-a", "gpu-0"),
+                        "reservedFor": [{"resource": "pods", "name": "trainer-0", "uid": "p1"}]}})
+        two = claim("two", [exactly(count=2, selectors=('device.attributes["gpu.nvidia.com"].type == "gpu"',))],
+                    namespace="ml")
+        for c in (two, claim("huge", [exactly(memory="100Gi")], namespace="ml")):
+            custom.create_namespaced_custom_object(GROUP, VERSION, "ml", "resourceclaims", c)
+        core.create_namespaced_pod("ml", {
+            "metadata": {"name": "job-0"},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}],
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": "huge"}]},
+        })
+        path = srv.write_kubeconfig(os.path.join(tempfile.mkdtemp(dir="/tmp"), "kubeconfig"))
+        yield srv, path
+
+
+def _claim_file(obj: dict[str, Any]) -> str:
+    path = os.path.join(tempfile.mkdtemp(dir="/tmp"), "claim.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(obj, f)
+    return path
+
+
+def test_plan_prints_the_best_fit_and_the_allocation(cluster: tuple[LocalApiServer, str],
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    _, kubeconfig = cluster
+    code = main(["plan", "-f", _claim_file(claim("new", [exactly(memory="15Gi")])), "--kubeconfig", kubeconfig])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "node node-b (binpack)" in out
+    assert "gpu: gpu-0-mig-1g20gb-15-0 on node-b (MIG 1g.20gb), 19.5 GiB" in out
+    code = main(["plan", "-f", _claim_file(claim("new", [exactly(count=2, selectors=(
+        'device.attributes["gpu.nvidia.com"].type == "gpu"',))])), "--kubeconfig", kubeconfig, "-o", "yaml"])
+    doc = yaml.safe_load(capsys.readouterr().out)
+    # node-a has two GPUs but the trainer holds one: no allocation, exit 1.
+    assert code == 1 and doc["allocation"] is None and doc["reasons"]
+
+
+def test_explain_a_claim_names_the_holder_and_the_withdrawn_gpu(cluster: tuple[LocalApiServer, str],
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    _, kubeconfig = cluster
+    code = main(["explain", "two", "-n", "ml", "--kubeconfig", kubeconfig])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "excluded, in use: 1: gpu-0 on node-a (NVIDIA H100 80GB HBM3) by claim ml/trainer" in out
+    assert "usable now: 1: gpu-1 on node-a" in out
+    assert "node-a/gpu-2: unhealthy: XID 79 (GPU fell off the bus)" in out
+
+
+def test_explain_a_pod_explains_its_claims(cluster: tuple[LocalApiServer, str],
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    _, kubeconfig = cluster
+    code = main(["explain", "job-0", "-n", "ml", "--kubeconfig", kubeconfig])
+    out = capsys.readouterr().out
+    assert code == 1 and "Pod ml/job-0: 1 claim" in out and "Claim ml/huge" in out
+    assert "has 79.6 GiB of memory, 100 GiB requested" in out
+    assert main(["explain", "nothing", "-n", "ml", "--kubeconfig", kubeconfig]) == 2
+    assert "no ResourceClaim or Pod named 'nothing'" in capsys.readouterr().err
