@@ -87,6 +87,7 @@ class KubeletEmulator:
         self._registered: dict[str, RegisteredPlugin] = {}  # registration socket path -> plugin
         self._rejects: deque[str] = deque()
         self._attempts: list[RegistrationAttempt] = []
+        self._rejection_cursor = 0  # attempts before this index were seen by wait_for_rejection
         self._wiping_delay = wiping_delay
         self._on_driver_gone = on_driver_gone
         self._wipe_timers: dict[str, threading.Timer] = {}
@@ -193,14 +194,17 @@ class KubeletEmulator:
                 self._cond.wait(remaining)
 
     def wait_for_rejection(self, timeout: float = 10.0) -> RegistrationAttempt:
-        """Wait for the next refused registration (after this call) and return it."""
+        """Return the oldest refused registration not yet returned by this method, waiting if needed.
+
+        Refusals that happened before the call count, so a test cannot miss one that raced ahead.
+        """
         deadline = time.monotonic() + timeout
         with self._cond:
-            start = len(self._attempts)
             while True:
-                for attempt in self._attempts[start:]:
-                    if not attempt.accepted:
-                        return attempt
+                for index in range(self._rejection_cursor, len(self._attempts)):
+                    if not self._attempts[index].accepted:
+                        self._rejection_cursor = index + 1
+                        return self._attempts[index]
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError(f"no registration was refused within {timeout} s")
