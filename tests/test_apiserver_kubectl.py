@@ -72,3 +72,12 @@ def test_kubectl_get_prints_kind_columns(kubectl: tuple[LocalApiServer, Path]) -
     header, row = out.stdout.splitlines()[:2]
     assert header.split() == ["NAME", "NODE", "DRIVER", "POOL", "AGE"]
     assert row.split()[:4] == ["s1", "n1", "gpu.example.com", "n1"]
+
+
+def test_kubectl_server_side_apply_creates_then_updates(kubectl: tuple[LocalApiServer, Path]) -> None:
+    srv, kc = kubectl
+    for generation in (1, 2):
+        doc = SLICE.replace("DEVICE", "gpu-0").replace("generation: 1", f"generation: {generation}")
+        out = run(kc, "apply", "--server-side", "-f", "-", stdin=doc)
+        assert out.returncode == 0, out.stderr
+        assert srv.store.get("resourceslices", None, "s1")["spec"]["pool"]["generation"] == generation

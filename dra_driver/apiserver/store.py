@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dra_driver.apiserver import errors
-from dra_driver.apiserver.patches import apply_patch
+from dra_driver.apiserver.patches import APPLY_PATCH, apply_patch
 from dra_driver.apiserver.resources import RESOURCES, ResourceType, resource_for_key
 from dra_driver.apiserver.selectors import (
     fields_match,
@@ -232,6 +232,12 @@ class Store:
         with self._lock:
             current = self._bucket(rt).get((self._ns(rt, namespace), name))
             if current is None:
+                if content_type.split(";")[0].strip().lower() == APPLY_PATCH and isinstance(patch, dict) \
+                        and not subresource:
+                    # Server-side apply creates what does not exist yet.
+                    body = copy.deepcopy(patch)
+                    body.setdefault("metadata", {})["name"] = name
+                    return self.create(key, namespace, body, dry_run=dry_run)
                 raise errors.not_found(rt, name)
             patched = apply_patch(content_type, current, patch)
             if not isinstance(patched, dict) or not isinstance(patched.get("metadata"), dict):
