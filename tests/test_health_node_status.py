@@ -119,3 +119,11 @@ def test_reporter_survives_api_errors_and_retries(server: LocalApiServer) -> Non
         assert len(core.list_namespaced_event("default").items) == 1
     finally:
         rep.stop()
+
+
+def test_unreadable_gpu_keeps_gpuready_false() -> None:
+    s = HealthSnapshot(devices=snap({"gpu-0": OK}).devices, unreadable=((1, "GPU is lost"),), validated=True)
+    assert not s.all_healthy
+    c = gpu_ready_condition(s)
+    assert (c.status, c.reason) == ("False", "GpuUnreadable")
+    assert "NVML index 1: unreadable (GPU is lost)" in c.message

@@ -155,7 +155,8 @@ class HealthMonitor:
             for n, r in sorted(self._records.items())
         }
         return HealthSnapshot(devices=devices, node_problem=self._node_problem, generation=self._generation,
-                              transitions=transitions, validated=self._validated.is_set())
+                              transitions=transitions, validated=self._validated.is_set(),
+                              unreadable=self._devices.unreadable)
 
     def _update(self, change: Callable[[], Iterable[tuple[str, DeviceRecord]]],
                 node_problem: str | bool | None = False) -> None:
@@ -217,7 +218,8 @@ class HealthMonitor:
         return True
 
     def _mark_nvml_down(self, problem: str) -> None:
-        log.error("nvml_unavailable", node=self._node or None, reason=problem)
+        if problem != self._node_problem:  # once per problem, not once per poll
+            log.error("nvml_unavailable", node=self._node or None, reason=problem)
         fault = _nvml_down_fault(problem)
         now = self._clock()
         self._update(lambda: [(n, apply_fault(r, fault, now, self._policy)) for n, r in self._records.items()],
@@ -247,9 +249,26 @@ class HealthMonitor:
                 log.warning("nvml_event_wait_failed", reason=describe_nvml_error(exc), node=self._node or None)
                 self._poll_wake.set()
                 self._stop.wait(min(5.0, 0.05 * 2**min(errors, 7)))
+                if errors % 5 == 0 and not self._stop.is_set():
+                    reg = self._reregister(reg)
                 continue
             errors = 0
             self._handle_event(reg, event)
+
+    def _reregister(self, reg: Registration) -> Registration:
+        """The event set keeps failing (NVML restarted, set invalidated): build a fresh one.
+
+        Events in between are lost, which is why lasting conditions are also polled.
+        """
+        try:
+            fresh = register_events(self._nvml, self._devices.gpus)
+        except pynvml.NVMLError as exc:
+            log.warning("nvml_events_reregister_failed", reason=describe_nvml_error(exc), node=self._node or None)
+            return reg
+        free_events(self._nvml, reg)
+        self._reg = fresh
+        log.info("nvml_events_reregistered", node=self._node or None)
+        return fresh
 
     def _handle_event(self, reg: Registration, event: Any) -> None:
         ev = decode_event(self._nvml, reg, event)

@@ -75,15 +75,20 @@ def gpu_ready_condition(snapshot: HealthSnapshot) -> NodeCondition:
     if not snapshot.devices:
         return NodeCondition("False", "NoGPUs", "NVML lists no GPUs on this node")
     bad = [(n, d) for n, d in sorted(snapshot.devices.items()) if not d.healthy]
-    if not bad:
+    unreadable = [f"NVML index {i}: unreadable ({why})" for i, why in snapshot.unreadable]
+    if not bad and not unreadable:
         return NodeCondition("True", "AllGPUsReady",
                              f"all {len(snapshot.devices)} GPU devices passed validation and are healthy")
-    first = bad[0][1]
-    reason = "Validating" if first.state is HealthState.VALIDATING else camel_reason(first.code)
+    if bad:
+        first = bad[0][1]
+        reason = "Validating" if first.state is HealthState.VALIDATING else camel_reason(first.code)
+    else:
+        reason = "GpuUnreadable"
     parts = [f"{', '.join(devices)}: {text}"
              for devices, text in _grouped([(n, f"{d.state.value}: {d.reason}") for n, d in bad])]
-    return NodeCondition("False", reason, _cap(f"{len(bad)} of {len(snapshot.devices)} GPU devices not "
-                                               f"ready: " + "; ".join(parts)))
+    total = len(snapshot.devices) + len(unreadable)
+    return NodeCondition("False", reason, _cap(f"{len(bad) + len(unreadable)} of {total} GPU devices not "
+                                               f"ready: " + "; ".join([*unreadable, *parts])))
 
 
 _EVENT_KIND = {

@@ -34,6 +34,8 @@ class HealthSnapshot:
     generation: int = 0
     transitions: tuple[Transition, ...] = ()
     validated: bool = False  # the first validation round has finished
+    # GPUs NVML lists but discovery could not read (NVML index, reason): not published, not ready.
+    unreadable: tuple[tuple[int, str], ...] = ()
 
     def unhealthy(self) -> dict[str, str]:
         """Device name -> reason for every device that must not be published (for build_pool)."""
@@ -45,5 +47,6 @@ class HealthSnapshot:
 
     @property
     def all_healthy(self) -> bool:
-        """True when NVML answers and every tracked device is Healthy (the GPUReady condition)."""
-        return self.node_problem is None and all(d.healthy for d in self.devices.values())
+        """True when NVML answers, reads every GPU, and every tracked device is Healthy (GPUReady)."""
+        return (self.node_problem is None and not self.unreadable
+                and all(d.healthy for d in self.devices.values()))

@@ -1,0 +1,81 @@
+"""``gpuready validate``: one line per GPU and check, the reason for each failure, non-zero on failure."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from dra_driver.cli import main
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[str]]:
+    rc = main(["validate", *argv])
+    return rc, capsys.readouterr().out.splitlines()
+
+
+def line(lines: list[str], subject: str, check: str) -> str:
+    return next(ln for ln in lines if ln.split()[1:3] == [subject, check])
+
+
+def test_healthy_simulated_node_passes(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    rc, lines = run(capsys, "--nvml", "sim:8xh100", "--cdi-dir", str(tmp_path / "cdi"))
+    assert rc == 0
+    assert lines[-1] == "RESULT: all 8 GPU(s) ready"
+    assert line(lines, "node", "driver").startswith("PASS")
+    for i in range(8):
+        assert line(lines, f"gpu-{i}", "nvml").startswith("PASS")
+    assert line(lines, "gpu-0", "cuda").startswith("PASS")
+    assert line(lines, "gpu-7-mig-1g10gb-19-0", "cuda").startswith("PASS")  # MIG devices probed one by one
+
+
+def test_each_failure_is_named_with_its_reason(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    rc, lines = run(capsys, "--nvml", "sim:8xh100", "--cdi-dir", str(tmp_path / "cdi"), "--probe-timeout", "2",
+                    "--sim-fault", "1:hang", "--sim-fault", "2:wrong", "--sim-fault", "3:row-remap",
+                    "--sim-fault", "4:lost", "--sim-fault", "5:unknown")
+    assert rc == 1
+    assert line(lines, "gpu-0", "cuda").startswith("PASS")
+    assert line(lines, "gpu-1", "cuda").startswith("FAIL")
+    assert line(lines, "gpu-1", "cuda").endswith("probe timed out after 2s")
+    assert "kernel result wrong" in line(lines, "gpu-2", "cuda")
+    assert "memory row remapping pending" in line(lines, "gpu-3", "nvml")
+    assert line(lines, "gpu-3", "cuda").startswith("SKIP")
+    lost = [ln for ln in lines if ln.startswith("FAIL") and "GPU is lost" in ln]
+    unknown = [ln for ln in lines if ln.startswith("FAIL") and "Unknown Error" in ln]
+    assert lost and unknown
+    assert lines[-1].startswith("RESULT: NOT READY: ") and "gpu-1 (cuda: probe timed out after 2s)" in lines[-1]
+
+
+def test_device_nodes_cdi_and_plugin_checks(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    dev = tmp_path / "host"
+    (dev / "dev").mkdir(parents=True)
+    for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia0"):
+        (dev / "dev" / name).write_text("")
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    cdi.chmod(0o500)
+    try:
+        rc, lines = run(capsys, "--nvml", "sim:h100-80gb", "--dev-root", str(dev), "--cdi-dir", str(cdi),
+                        "--registration-socket", str(tmp_path / "gpu.nvidia.com-reg.sock"))
+    finally:
+        cdi.chmod(0o700)
+    assert rc == 1
+    assert line(lines, "node", "container").startswith("PASS")
+    if os.geteuid() != 0:  # root writes anywhere
+        assert "is not writable" in line(lines, "node", "cdi")
+    assert "is not registered with the kubelet" in line(lines, "node", "plugin")
+    (dev / "dev" / "nvidia0").unlink()
+    rc, lines = run(capsys, "--nvml", "sim:h100-80gb", "--dev-root", str(dev), "--cdi-dir", str(tmp_path / "c2"))
+    assert rc == 1
+    assert f"{dev}/dev/nvidia0 is missing" in line(lines, "node", "container")
+
+
+def test_bad_arguments_are_explained(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "--nvml", "sim:no-such-node"]) == 2
+    out = capsys.readouterr().out
+    assert "no-such-node" in out and "8xh100" in out  # names the profiles that exist
+    assert main(["validate", "--nvml", "sim:h100-80gb", "--sim-fault", "zero:hang"]) == 2
+    assert "expected INDEX:FAULT" in capsys.readouterr().err
+    assert main(["validate", "--sim-fault", "0:hang"]) == 2
+    assert "needs --nvml sim:" in capsys.readouterr().err
