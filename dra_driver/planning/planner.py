@@ -292,10 +292,10 @@ def _candidate_nodes(inv: Inventory, plans: list[list[AltPlan]], only: str | Non
         per_request.append(best)
     used = inv.node_used_bytes
     spread = policy == "spread"
+    entries: list[tuple[tuple[Any, ...], str, str | None]] = []
     if len(per_request) == 1:  # the common case, kept lean: it runs once per node
         (best,) = per_request
         anywhere = best.get(None)
-        entries = []
         for n, (rank, memory) in best.items():
             if anywhere is not None and anywhere < (rank, memory):
                 rank, memory = anywhere
@@ -303,7 +303,6 @@ def _candidate_nodes(inv: Inventory, plans: list[list[AltPlan]], only: str | Non
             key = ((rank,), u, memory) if spread else ((rank,), memory, -u)
             entries.append((key, n or "", n))
     else:
-        entries = []
         nodes: set[str | None] = set().union(*per_request)
         for n in nodes:
             row = []
