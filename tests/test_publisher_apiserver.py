@@ -279,3 +279,30 @@ def test_node_deleted_and_registered_again_gets_its_slices_back_with_the_new_own
     new_uid = make_node(srv)
     assert wait_for(lambda: [o["metadata"].get("ownerReferences", [{}])[0].get("uid")
                              for o in server_slices(srv)] == [new_uid], 10.0)
+
+
+def test_a_burst_of_changes_coalesces_and_ends_at_the_last_one(
+        srv: LocalApiServer, started: Callable[..., SlicePublisher]) -> None:
+    make_node(srv)
+    pub = started()
+    publish(pub, build_pool(eight_h200(), NODE, DRIVER, DYNAMIC))
+    passes = pub.stats().passes
+    for i in range(40):  # a flapping health source
+        pub.set_desired(build_pool(eight_h200(), NODE, DRIVER, DYNAMIC, unhealthy={f"gpu-{i % 8}": "XID 79"}))
+    last = build_pool(eight_h200(), NODE, DRIVER, DYNAMIC, unhealthy={"gpu-5": "XID 94", "gpu-6": "XID 94"})
+    publish(pub, last)
+    assert pub.stats().passes - passes < 20
+    names = {d["name"] for o in server_slices(srv) for d in o["spec"].get("devices", [])}
+    assert names == {d.name for s in last for d in s.devices}
+
+
+def test_nothing_is_touched_before_the_first_set_desired(
+        srv: LocalApiServer, started: Callable[..., SlicePublisher]) -> None:
+    make_node(srv)
+    first = started()
+    publish(first, build_pool(eight_h200(), NODE, DRIVER))
+    first.stop()
+    before = server_slices(srv)
+    second = started()  # discovery has not finished yet: the published devices must stay
+    time.sleep(0.5)
+    assert server_slices(srv) == before and second.stats().passes == 0
