@@ -325,3 +325,38 @@ def test_event_failure_is_retried_and_never_breaks_accounting(cluster: Any) -> N
     assert _vram_events(core, "team") == []
     accountant.check()  # retried
     assert len(_vram_events(core, "team")) == 1
+
+
+def test_claims_provider_reads_pods_and_requests_from_the_api_and_follows_deletion(cluster: Any) -> None:
+    from dra_driver.metrics.vram import ApiClaimsProvider, allocations_from_claims
+
+    core = kubernetes.client.CoreV1Api(cluster.api_client())
+    resource = kubernetes.client.ResourceV1Api(cluster.api_client())
+    pod_uid = _make_pod(core, "shared-pod", "golden", CID)
+    body = copy.deepcopy(SHARED_CLAIM)
+    status = body.pop("status")
+    for key in ("uid", "resourceVersion", "creationTimestamp", "ownerReferences", "generateName", "finalizers"):
+        body["metadata"].pop(key, None)
+    created = resource.create_namespaced_resource_claim("golden", body)
+    status["allocation"]["devices"]["results"][0].update(driver="gpu.nvidia.com", pool="node-y")
+    status["reservedFor"][0]["uid"] = pod_uid
+    resource.replace_namespaced_resource_claim_status(
+        created.metadata.name, "golden",
+        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+         "metadata": {"name": created.metadata.name, "namespace": "golden",
+                      "resourceVersion": created.metadata.resource_version},
+         "spec": body["spec"], "status": status})
+    refs = [("golden", created.metadata.name, created.metadata.uid), ("golden", "gone", "uid-gone")]
+    provider = ApiClaimsProvider(cluster.api_client(), "gpu.nvidia.com", "node-y", lambda: refs, ttl_s=0)
+    claims = provider()
+    assert len(claims) == 1
+    claim = claims[0]
+    assert claim.devices == ("gpu-0",) and claim.requested_for("gpu-0") == 20 * GIB
+    assert claim.pods == (PodRef("shared-pod", "golden", pod_uid),)
+    allocations = allocations_from_claims(claims)
+    assert allocations["gpu-0"][0].pod == "shared-pod" and allocations["gpu-0"][0].requested_memory_bytes == 20 * GIB
+    # Deleted and re-created under the same name: the new UID is not the prepared claim.
+    resource.delete_namespaced_resource_claim(created.metadata.name, "golden")
+    assert provider() == []
+    resource.create_namespaced_resource_claim("golden", body)
+    assert provider() == []
