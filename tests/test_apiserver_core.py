@@ -254,3 +254,29 @@ def test_bad_bodies_are_400(srv: LocalApiServer) -> None:
         urllib.request.urlopen(req)
     assert exc.value.code == 400
     assert json.loads(exc.value.read())["reason"] == "BadRequest"
+
+
+def test_pod_binding_sets_node_once(api: client.ApiClient) -> None:
+    core = client.CoreV1Api(api)
+    core.create_namespaced_pod("default", {"metadata": {"name": "p"},
+                                           "spec": {"containers": [{"name": "c", "image": "i"}]}})
+    binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "p"},
+               "target": {"apiVersion": "v1", "kind": "Node", "name": "node-a"}}
+    # Like the real server the answer is a Status, which the client cannot read as a V1Binding
+    # (kubernetes-client/python#825), hence _preload_content=False.
+    resp = core.create_namespaced_pod_binding("p", "default", binding, _preload_content=False)
+    assert resp.status == 201 and json.loads(resp.data)["status"] == "Success"
+    pod = core.read_namespaced_pod("p", "default")
+    assert pod.spec.node_name == "node-a"
+    assert [c.type for c in pod.status.conditions] == ["PodScheduled"]
+    with pytest.raises(client.ApiException) as exc:
+        core.create_namespaced_pod_binding("p", "default", binding, _preload_content=False)
+    assert exc.value.status == 409
+
+
+def test_status_of_kind_without_status_is_404(srv: LocalApiServer) -> None:
+    import urllib.error
+
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(srv.url + "/apis/resource.k8s.io/v1/resourceslices/x/status")
+    assert exc.value.code == 404

@@ -87,6 +87,8 @@ def resource_list(group: str, version: str) -> dict[str, Any] | None:
     for r in rs:
         resources.append(_resource_entry(r))
         if r.kind == "Pod":
+            resources.append({"name": "pods/binding", "singularName": "", "namespaced": True, "kind": "Binding",
+                              "verbs": ["create"]})
             resources.append({"name": "pods/eviction", "singularName": "", "namespaced": True,
                               "group": "policy", "version": "v1", "kind": "Eviction", "verbs": ["create"]})
         if r.has_status:

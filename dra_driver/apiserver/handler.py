@@ -205,6 +205,15 @@ class ApiHandler(BaseHTTPRequestHandler):
                 raise errors.method_not_allowed("eviction accepts only POST on a named pod")
             store.delete(rt.key, route.namespace, route.name, dry_run=dry_run)
             return 201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+        if route.sub == "binding":
+            if method != "POST" or route.name is None:
+                raise errors.method_not_allowed("binding accepts only POST on a named pod")
+            target = (self._object_body().get("target") or {}).get("name")
+            if not target:
+                raise errors.invalid(rt, route.name, [errors.Cause("target.name", "FieldValueRequired",
+                                                                   "Required value")])
+            store.bind_pod(route.namespace, route.name, target)
+            return 201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
         if route.sub == "status" and method in ("POST", "DELETE"):
             raise errors.method_not_allowed(f"the server does not allow this method on {rt.plural}/status")
         if verb == "get":

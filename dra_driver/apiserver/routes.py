@@ -15,7 +15,7 @@ class Route:
     rt: ResourceType
     namespace: str | None
     name: str | None
-    sub: str  # "", "status", "eviction"
+    sub: str  # "", "status", "eviction", "binding"
 
     @property
     def fault_resource(self) -> str:
@@ -46,6 +46,10 @@ def parse_resource_path(path: str) -> Route | None:
         return None
     name = rest[1] if len(rest) >= 2 else None
     sub = rest[2] if len(rest) == 3 else ""
-    if sub and sub not in ("status", "eviction"):
+    if sub == "status" and not rt.has_status:
+        return None
+    if sub in ("eviction", "binding") and rt.kind != "Pod":
+        return None
+    if sub and sub not in ("status", "eviction", "binding"):
         return None
     return Route(rt, namespace, name, sub)

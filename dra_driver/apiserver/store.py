@@ -287,6 +287,30 @@ class Store:
         self._emit(rt.key, MODIFIED, new, current)
         return copy.deepcopy(new)
 
+    def bind_pod(self, namespace: str | None, name: str, node: str) -> Obj:
+        """pods/binding: set spec.nodeName once (409 if already bound) and mark the pod scheduled."""
+        rt = resource_for_key("pods")
+        with self._lock:
+            current = self._bucket(rt).get((self._ns(rt, namespace), name))
+            if current is None:
+                raise errors.not_found(rt, name)
+            bound = (current.get("spec") or {}).get("nodeName")
+            if bound:
+                raise errors.ApiError(409, "Conflict", f'pod {name} is already assigned to node "{bound}"',
+                                      {"name": name, "kind": "pods"})
+            new = copy.deepcopy(current)
+            new.setdefault("spec", {})["nodeName"] = node
+            conds = [c for c in (new.setdefault("status", {}).get("conditions") or [])
+                     if c.get("type") != "PodScheduled"]
+            conds.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None,
+                          "lastTransitionTime": now_rfc3339()})
+            new["status"]["conditions"] = conds
+            meta = new["metadata"]
+            meta["resourceVersion"] = str(self._bump())
+            self._bucket(rt)[(meta.get("namespace", ""), name)] = new
+            self._emit(rt.key, MODIFIED, new, current)
+            return copy.deepcopy(new)
+
     def delete(self, key: str, namespace: str | None, name: str, propagation: str | None = None,
                preconditions: dict[str, Any] | None = None, dry_run: bool = False) -> Obj:
         """Delete an object (or mark it deleting while it has finalizers); returns its last state."""
