@@ -317,3 +317,25 @@ def test_stop_is_prompt(rig_factory: Callable[..., Rig]) -> None:
     t0 = time.monotonic()
     rig.monitor.stop()
     assert time.monotonic() - t0 < 2.0
+
+
+def test_dynamic_mig_attribution_follows_created_instances(rig_factory: Callable[..., Rig]) -> None:
+    from dra_driver.nvml import create_mig_device
+
+    rig = rig_factory("4xh200")
+    rig.monitor.stop()  # rebuild with dynamic MIG: every placement is a tracked (publishable) device
+    rig.monitor = HealthMonitor(rig.sim, rig.devices, HealthPolicy(**FAST), QuickProber(rig.sim), rig.rec,
+                                dynamic_mig=True)
+    rig.monitor.start()
+    snap = rig.healthy_after_validation()
+    gpu0 = rig.devices.gpus[0]
+    assert len(snap.devices) == 4 * (1 + 25)
+    placement = next(p for p in gpu0.placements() if p.profile.name == "1g.18gb" and p.placement.start == 3)
+    mig = create_mig_device(rig.sim, gpu0, placement)
+    rig.monitor.set_devices(discover(rig.sim))
+    assert rig.monitor.snapshot().devices[placement.name].healthy  # same name: health carried over
+    m = rig.rec.mark()
+    rig.sim.faults.inject_xid(0, 94, gpu_instance_id=mig.gpu_instance_id,
+                              compute_instance_id=mig.compute_instance_id)
+    _, snap = rig.rec.wait_for(gone(placement.name), after=m)
+    assert set(snap.unhealthy()) == {placement.name}

@@ -88,6 +88,7 @@ class HealthMonitor:
         # When set, each validation also checks the GPU's device nodes exist and open (as the plugin
         # container sees them): a GPU a container cannot open is not ready, whatever NVML says.
         self._device_nodes = device_nodes
+        self._dynamic_mig = dynamic_mig
         self._topo: dict[str, GpuTopology] = node_topology(devices, dynamic_mig)
         self._gpu_of: dict[str, str] = {n: t.gpu.uuid for t in self._topo.values() for n in t.device_names}
         now = clock()
@@ -138,6 +139,22 @@ class HealthMonitor:
                 pass
             self._nvml_ready = False
 
+    def set_devices(self, devices: NodeDevices) -> None:
+        """Track a changed device set (dynamic MIG created or destroyed an instance).
+
+        Names that persist keep their health (a dynamic MIG device has its placement's name); new
+        names start Validating; names gone are dropped. XIDs are then attributed to the new MIG
+        devices by GPU/compute instance. Event registration is per physical GPU and is unchanged.
+        """
+        with self._notify_lock, self._lock:
+            self._devices = devices
+            self._topo = node_topology(devices, self._dynamic_mig)
+            self._gpu_of = {n: t.gpu.uuid for t in self._topo.values() for n in t.device_names}
+            now = self._clock()
+            self._records = {n: self._records.get(n) or initial_record(n, now, self._policy)
+                             for n in self._gpu_of}
+        self._validate_wake.set()
+
     def wait_validated(self, timeout: float | None = None) -> bool:
         """Block until the first validation round has finished; False on timeout."""
         return self._validated.wait(timeout)
@@ -165,6 +182,10 @@ class HealthMonitor:
         ``node_problem``: False leaves it as is; None or a string sets it.
         """
         with self._notify_lock:
+            if self._stop.is_set():
+                # A probe or poll finishing after stop() (NVML already shut down) must not report
+                # every device Unknown: a plugin restart must not withdraw healthy devices.
+                return
             with self._lock:
                 transitions: list[Transition] = []
                 for name, new in change():
