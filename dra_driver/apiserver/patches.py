@@ -14,8 +14,10 @@ JSON_PATCH = "application/json-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
 
-# Lists that strategic merge patch merges by key instead of replacing (field name -> merge key), for
-# the kinds this server serves. "" marks a list of primitives merged as a set (finalizers).
+# Lists that strategic merge patch merges by key instead of replacing (field name -> merge key): those
+# whose Go types carry patchStrategy "merge" in the kinds this server serves. Anything else (taints,
+# tolerations, containerStatuses, status.devices) is replaced whole, like the real server. "" marks a
+# list of primitives merged as a set (finalizers).
 _MERGE_KEYS: dict[str, str] = {
     "conditions": "type",
     "reservedFor": "uid",
@@ -29,10 +31,7 @@ _MERGE_KEYS: dict[str, str] = {
     "resourceClaims": "name",
     "resourceClaimStatuses": "name",
     "addresses": "type",
-    "taints": "key",
     "finalizers": "",
-    "containerStatuses": "name",
-    "initContainerStatuses": "name",
 }
 
 
