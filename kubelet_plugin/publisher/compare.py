@@ -41,3 +41,30 @@ def generation_of(obj: dict[str, Any]) -> int:
 def pool_name_of(obj: dict[str, Any]) -> str:
     """A stored slice's pool name."""
     return str(((obj.get("spec") or {}).get("pool") or {}).get("name", ""))
+
+
+# Which feature gate a field that the server did not keep belongs to (reference/dra-api.md section 2).
+_FIELD_GATES: tuple[tuple[str, str], ...] = (
+    ("taints", "DRADeviceTaints"),
+    ("consumesCounters", "DRAPartitionableDevices"),
+    ("sharedCounters", "DRAPartitionableDevices"),
+    ("allowMultipleAllocations", "DRAConsumableCapacity"),
+    ("requestPolicy", "DRAConsumableCapacity"),
+)
+
+
+def _field_names(value: Any, out: set[str]) -> set[str]:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            out.add(key)
+            _field_names(item, out)
+    elif isinstance(value, list):
+        for item in value:
+            _field_names(item, out)
+    return out
+
+
+def dropped_features(sent_spec: Any, stored_spec: Any) -> list[str]:
+    """The feature gates that are probably off, judged by which fields the server dropped."""
+    missing = _field_names(sent_spec, set()) - _field_names(stored_spec, set())
+    return sorted({gate for field, gate in _FIELD_GATES if field in missing})

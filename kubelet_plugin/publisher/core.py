@@ -12,7 +12,7 @@ from typing import Any
 from dra_driver.logs import get_logger
 from dra_driver.slices import SliceSpec
 
-from .compare import carry_time_added, comparable, generation_of, pool_name_of
+from .compare import carry_time_added, comparable, dropped_features, generation_of, pool_name_of
 from .http import SLICES_PATH, ApiError, RawHttp
 from .watch import SliceWatch
 
@@ -359,8 +359,11 @@ class SlicePublisher:
         self._stored_as[name] = (sent, kept)
         if name not in self._dropped_logged:
             self._dropped_logged.add(name)
-            log.warning(
+            gates = dropped_features(sent[0], kept[0])
+            log.error(
                 "slice_fields_dropped", node=self.node_name, slice=name,
-                detail="the API server stored something other than what was sent; a feature gate is "
-                       "probably off (DRADeviceTaints, DRAPartitionableDevices, DRAConsumableCapacity); "
-                       "adopting what it stored")
+                feature_gates=",".join(gates) or "unknown",
+                detail="the API server did not keep everything gpuready published, so those features "
+                       "are off on this cluster (Kubernetes 1.36+ turns them on); switch off the matching "
+                       "plugin option (dynamic MIG, shared GPUs, taint health mode) or enable the gates. "
+                       "Adopting what the server stored to avoid rewriting it forever")
