@@ -1,16 +1,25 @@
 """Prometheus metrics for gpuready: the plugin's and controller's own families, per-GPU readings under
-dcgm-exporter's names, and VRAM accounting per claim.
+dcgm-exporter's names, and VRAM accounting per claim (docs/metrics.md lists every family).
 
 Nothing here uses prometheus_client's global default registry: the demo runs several plugins in one
-process, each with its own registry (or one shared registry, every series labelled by ``node``).
+process, each with its own registry.
 
-Typical plugin wiring::
+Plugin wiring::
 
-    registry = CollectorRegistry()
-    metrics = PluginMetrics(registry, node=node_name, driver_name=driver)
-    registry.register(GpuCollector(nvml, lambda: node_devices, allocations_provider,
-                                   xid_provider=metrics.last_xids, node=node_name, driver_name=driver))
-    server, thread = serve_metrics(registry, "0.0.0.0", 8080)
+    metrics = PluginMetrics(node=node_name, driver_name=driver)          # own registry
+    claims = ApiClaimsProvider(api_client, driver, node_name,
+                               lambda: [(r.namespace, r.name, r.uid) for r in checkpoint.records().values()])
+    metrics.registry.register(GpuCollector(nvml, lambda: node_devices,
+                                           lambda: allocations_from_claims(claims()),
+                                           xid_provider=metrics.last_xids, node=node_name, driver_name=driver))
+    vram = VramAccountant(nvml, lambda: node_devices, claims, core_api=CoreV1Api(api_client),
+                          proc_root="/host/proc", node=node_name)
+    metrics.registry.register(vram.collector()); vram.start(15.0)       # vram.stop() at shutdown
+    server, thread = serve_metrics(metrics.registry, "0.0.0.0", 8080)
+
+then report as things happen: ``set_device_health``, ``record_xid``, ``observe_validation``,
+``set_published``, ``observe_publish``, ``observe_prepare``/``observe_unprepare``, ``checkpoint_written``,
+``health_stream_clients``.
 """
 
 from prometheus_client import disable_created_metrics
@@ -19,16 +28,28 @@ from dra_driver.metrics.controller import ControllerMetrics
 from dra_driver.metrics.gpu_collector import DeviceAllocation, GpuCollector
 from dra_driver.metrics.plugin import HEALTH_STATES, PluginMetrics
 from dra_driver.metrics.server import metrics_url, serve_metrics
+from dra_driver.metrics.vram import (
+    ApiClaimsProvider,
+    PreparedClaim,
+    VramAccountant,
+    allocations_from_claims,
+    prepared_claim_from_api,
+)
 
 # The ``*_created`` companion series double the exposition size and no dashboard reads them.
 disable_created_metrics()
 
 __all__ = [
     "HEALTH_STATES",
+    "ApiClaimsProvider",
     "ControllerMetrics",
     "DeviceAllocation",
     "GpuCollector",
     "PluginMetrics",
+    "PreparedClaim",
+    "VramAccountant",
+    "allocations_from_claims",
     "metrics_url",
+    "prepared_claim_from_api",
     "serve_metrics",
 ]
