@@ -98,3 +98,11 @@ def test_unmet_constraint_is_named() -> None:
 def test_missing_class_is_reported_per_request() -> None:
     text = explain(claim("c", [exactly(device_class_name="fast-gpus")]), _inventory([])).render()
     assert "cannot be evaluated: DeviceClass 'fast-gpus' does not exist" in text
+
+
+def test_an_allocated_claim_sees_its_own_devices_as_its_own() -> None:
+    mine = claim("mine", [exactly(selectors=('device.attributes["gpu.nvidia.com"].type == "gpu"',))],
+                 allocation=allocated("node-a", "gpu-1"))
+    text = explain(mine, _inventory([mine])).render()
+    assert "currently allocated: node-a/gpu-1 for gpu" in text
+    assert "gpu-1 on node-a (NVIDIA H100 80GB HBM3) (allocated to this claim)" in _line(text, "usable now")

@@ -81,3 +81,21 @@ def test_devices_that_look_alike_share_a_shape() -> None:
     inv = build_inventory([resource_slice("node-a", [gpu_device(i, node="node-a") for i in range(8)])], [], [])
     # uuid, index, minor and PCIe root differ; everything a selector normally reads is the same.
     assert len(inv.shapes) == 1 and len(inv.shapes[0].devices) == 8
+
+
+def test_adding_and_removing_a_claim_in_place_matches_a_rebuild() -> None:
+    from dra_driver.planning import plan
+
+    slices = [resource_slice("node-a", dynamic_mig_devices(0, "node-a"), counter_sets=[gpu_counter_set(0)])]
+    inv = build_inventory(slices, [], [device_class()])
+    want = claim("c", [exactly(selectors=('device.attributes["gpu.nvidia.com"].profile == "4g.40gb"',))])
+    first = plan(want, inv)
+    assert first.allocation is not None
+    # Allocate a 3g.40gb at start 0: the only 4g.40gb placement overlaps it.
+    held = claim("held", [exactly()], allocation=allocated("node-a", "gpu-0-mig-3g40gb-9-0"))
+    inv.add_claim(held)
+    assert plan(want, inv).allocation is None
+    assert inv.taken_by == build_inventory(slices, [held], [device_class()]).taken_by
+    inv.remove_claim(held)
+    assert plan(want, inv).allocation == first.allocation
+    assert not inv.taken_by and inv.node_used_bytes["node-a"] == 0

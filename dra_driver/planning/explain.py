@@ -86,7 +86,9 @@ class Explanation:
                 lines.append(f"  cannot be evaluated: {rx.error}")
                 continue
             usable = rx.usable
-            lines.append(f"  usable now: {len(usable)}" + (": " + _examples([u.describe() for u in usable]) if usable else ""))
+            shown_usable = [f"{v.device.describe()}{' ' + v.detail if v.detail else ''}"
+                            for v in rx.verdicts if v.reason is None]
+            lines.append(f"  usable now: {len(usable)}" + (": " + _examples(shown_usable) if usable else ""))
             for reason, group in rx.excluded().items():
                 shown = [f"{v.device.describe()}{' ' + v.detail if v.detail else ''}" for v in group]
                 lines.append(f"  excluded, {reason}: {len(group)}: {_examples(shown)}")
@@ -136,7 +138,7 @@ def _counter_holders(inv: Inventory, device: DeviceView) -> str:
 
 
 def _verdict(inv: Inventory, alt: Alternative, class_sels: list[Any], req_sels: list[Any],
-             device: DeviceView, lookup: dict[str, str]) -> Verdict:
+             device: DeviceView, lookup: dict[str, str], self_ref: str = "") -> Verdict:
     bad_health = _health(device, lookup)
     for source, selectors in (("DeviceClass selector", class_sels), ("request selector", req_sels)):
         for sel in selectors:
@@ -156,6 +158,8 @@ def _verdict(inv: Inventory, alt: Alternative, class_sels: list[Any], req_sels: 
     if alt.admin_access:
         return Verdict(device, None)
     holder = inv.taken_by.get(device.key)
+    if holder and holder == self_ref:
+        return Verdict(device, None, "(allocated to this claim)")
     if holder:
         return Verdict(device, "in use", f"by claim {holder}")
     if device.allow_multiple_allocations:
@@ -240,7 +244,7 @@ def explain(claim: dict[str, Any], inventory: Inventory, unhealthy: Mapping[str,
             except CelCompileError as exc:
                 rx.error = str(exc)
                 continue
-            rx.verdicts = [_verdict(inventory, alt, class_sels, req_sels, d, lookup)
+            rx.verdicts = [_verdict(inventory, alt, class_sels, req_sels, d, lookup, ref)
                            for d in sorted(inventory.devices.values(), key=lambda d: d.order)]
     withdrawn = sorted((k, v) for k, v in lookup.items() if not _published(inventory, k))
     result = plan(claim, inventory, policy=policy)

@@ -91,10 +91,22 @@ class Inventory:
     problems: list[str] = field(default_factory=list)  # slices/claims skipped, and why
     incomplete_pools: list[str] = field(default_factory=list)
     node_used_bytes: dict[str, int] = field(default_factory=dict)  # node_used in whole bytes, for scoring
+    pool_devices: dict[tuple[str, str], list[DeviceView]] = field(default_factory=dict)
 
     def device(self, key: DeviceKey) -> DeviceView | None:
         """A device by ``(driver, pool, name)``."""
         return self.devices.get(key)
+
+    def add_claim(self, claim: dict[str, Any]) -> None:
+        """Account a claim that was just allocated, in place (cheaper than a rebuild: one pool).
+
+        Not thread-safe: the owner updates its inventory under its own lock, or builds a new one.
+        """
+        _refresh(self, _account_claim(self, claim))
+
+    def remove_claim(self, claim: dict[str, Any]) -> None:
+        """Undo :meth:`add_claim` for a claim that was deallocated or deleted (pass its last state)."""
+        _refresh(self, _account_claim(self, claim, sign=-1))
 
     def parent_key(self, device: DeviceView) -> str:
         """The physical GPU a device lives on (MIG devices share their parent's)."""
@@ -232,44 +244,90 @@ def _identity_attributes(devices: Any) -> frozenset[str]:
     return frozenset(names)
 
 
-def _account_claim(inv: Inventory, claim: dict[str, Any]) -> None:
+def _results(inv: Inventory, claim: dict[str, Any]) -> list[tuple[DeviceKey, ClaimUse]]:
     allocation = (claim.get("status") or {}).get("allocation")
     if not allocation:
-        return
+        return []
     ref, uid = claim_ref(claim), str((claim.get("metadata") or {}).get("uid", ""))
+    out = []
     for i, r in enumerate((allocation.get("devices") or {}).get("results") or []):
         key = (str(r.get("driver", "")), str(r.get("pool", "")), str(r.get("device", "")))
-        dev = inv.devices.get(key)
+        where = f"claim {ref} status.allocation.devices.results[{i}].consumedCapacity"
         try:
-            consumed = {
-                k if "/" in k else f"{key[0]}/{k}": quantity_field(v, f"claim {ref} status.allocation.devices.results[{i}].consumedCapacity[{k}]")
-                for k, v in (r.get("consumedCapacity") or {}).items()
-            }
+            consumed = {k if "/" in k else f"{key[0]}/{k}": quantity_field(v, f"{where}[{k}]")
+                        for k, v in (r.get("consumedCapacity") or {}).items()}
         except SpecError as exc:
             inv.problems.append(str(exc))
             consumed = {}
-        use = ClaimUse(ref, uid, str(r.get("request", "")), bool(r.get("adminAccess")), r.get("shareID"), consumed)
-        inv.uses[key].append(use)
+        out.append((key, ClaimUse(ref, uid, str(r.get("request", "")), bool(r.get("adminAccess")),
+                                  r.get("shareID"), consumed)))
+    return out
+
+
+def _account_claim(inv: Inventory, claim: dict[str, Any], sign: int = 1) -> set[DeviceKey]:
+    """Add (sign 1) or remove (sign -1) what an allocated claim holds; returns the devices touched."""
+    touched: set[DeviceKey] = set()
+    for key, use in _results(inv, claim):
+        dev = inv.devices.get(key)
+        uses = inv.uses[key]
+        if sign > 0:
+            uses.append(use)
+        else:
+            match = next((u for u in uses if u.claim == use.claim and u.request == use.request), None)
+            if match is None:
+                continue
+            uses.remove(match)
+            use = match
         if dev is None or use.admin_access:
             continue  # withdrawn device, or admin access (which neither takes nor consumes)
-        first_use = not any(not u.admin_access for u in inv.uses[key][:-1])
+        touched.add(key)
+        others = any(not u.admin_access for u in uses if u is not use)
         if dev.allow_multiple_allocations:
             used = inv.capacity_used[key]
-            for cname, amount in (consumed or dict(dev.capacity)).items():
-                used[cname] = used.get(cname, Fraction(0)) + amount
-            memory = consumed.get(f"{dev.driver}/memory", Fraction(0))
+            for cname, amount in (use.consumed or dict(dev.capacity)).items():
+                used[cname] = used.get(cname, Fraction(0)) + sign * amount
+            if not others and sign < 0:
+                del inv.capacity_used[key]
+            memory = use.consumed.get(f"{dev.driver}/memory", Fraction(0))
         else:
-            inv.taken_by[key] = ref
+            if sign > 0:
+                inv.taken_by[key] = use.claim
+            elif inv.taken_by.get(key) == use.claim:
+                del inv.taken_by[key]
             memory = dev.memory
-        if first_use:
+        if not others:  # counters are paid once per device, by its first user
             for demand in dev.consumes_counters:
                 ckey = (dev.driver, dev.pool, demand.counter_set)
                 for cname, amount in demand.counters:
-                    inv.counter_used[ckey][cname] = inv.counter_used[ckey].get(cname, Fraction(0)) + amount
-                inv.counter_users[ckey].append((key, ref))
+                    inv.counter_used[ckey][cname] = inv.counter_used[ckey].get(cname, Fraction(0)) + sign * amount
+                if sign > 0:
+                    inv.counter_users[ckey].append((key, use.claim))
+                else:
+                    inv.counter_users[ckey] = [cu for cu in inv.counter_users[ckey] if cu[0] != key]
         if dev.node:
-            inv.node_used[dev.node] += memory
-        inv.parent_used[parent_key(dev)] += memory
+            inv.node_used[dev.node] += sign * memory
+            inv.node_used_bytes[dev.node] = int(inv.node_used[dev.node])
+        inv.parent_used[parent_key(dev)] += sign * memory
+    return touched
+
+
+def _is_free(inv: Inventory, dev: DeviceView) -> bool:
+    if dev.key in inv.taken_by:
+        return False
+    # A shared device already in use has paid its counters; anything else must still fit.
+    return (dev.allow_multiple_allocations and dev.key in inv.capacity_used) or inv.counters_fit(dev)
+
+
+def _refresh(inv: Inventory, touched: set[DeviceKey]) -> None:
+    """Recompute the free lists of every device that shares a pool with a touched device."""
+    pools = {(k[0], k[1]) for k in touched}
+    cells = {(d.shape, d.node) for pool in pools for d in inv.pool_devices.get(pool, ())}
+    for shape_index, node in cells:
+        devs = [d for d in inv.shapes[shape_index].by_node.get(node, ()) if _is_free(inv, d)]
+        if devs:
+            inv.free[shape_index][node] = devs
+        else:
+            inv.free[shape_index].pop(node, None)
 
 
 def shape_signature(dev: DeviceView, identity: frozenset[str]) -> tuple[Any, ...]:
@@ -298,11 +356,8 @@ def _build_shapes(inv: Inventory) -> None:
             inv.shapes.append(shape)
             inv.free.append({})
         dev.shape = shape.index
+        inv.pool_devices.setdefault((dev.driver, dev.pool), []).append(dev)
         shape.devices.append(dev)
         shape.by_node.setdefault(dev.node, []).append(dev)
-        if dev.key in inv.taken_by:
-            continue
-        # A shared device already in use has paid its counters; anything else must still fit.
-        if not (dev.allow_multiple_allocations and dev.key in inv.capacity_used) and not inv.counters_fit(dev):
-            continue
-        inv.free[shape.index].setdefault(dev.node, []).append(dev)
+        if _is_free(inv, dev):
+            inv.free[shape.index].setdefault(dev.node, []).append(dev)

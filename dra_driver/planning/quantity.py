@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
+from functools import lru_cache
 
 _BINARY = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4, "Pi": 1024**5, "Ei": 1024**6}
 _DECIMAL = {
@@ -45,7 +46,14 @@ def parse_quantity(value: str | int | float | Fraction) -> Fraction:
         return Fraction(value)
     if isinstance(value, float):
         return Fraction(str(value))
-    text = str(value).strip()
+    return _parse_text(str(value))
+
+
+@lru_cache(maxsize=8192)
+def _parse_text(value: str) -> Fraction:
+    # Cached: a cluster repeats the same few quantities ("1", "7", one memory size per GPU model)
+    # hundreds of thousands of times, and Fractions are immutable, so one object can be shared.
+    text = value.strip()
     match = _QUANTITY.match(text)
     if not match:
         raise QuantityError(
