@@ -244,8 +244,8 @@ def _memory_info(nv: Any, handle: Any) -> Any:
     if version is not None:
         try:
             return nv.nvmlDeviceGetMemoryInfo(handle, version=version)
-        except TypeError:
-            pass  # a binding whose GetMemoryInfo takes no version
+        except Exception:
+            pass  # a binding without the version argument, or a driver without v2: v1 below
     return nv.nvmlDeviceGetMemoryInfo(handle)
 
 
