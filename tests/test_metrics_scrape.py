@@ -285,3 +285,29 @@ def test_controller_families_over_http() -> None:
     assert got["gpuready_controller_unfit_claims"] == [({"reason": "memory"}, 1)]
     assert ({"policy": "binpack", "result": "placed"}, 1) in got["gpuready_controller_placements_total"]
     assert ({"action": "evict", "result": "success"}, 1) in got["gpuready_controller_reconciler_actions_total"]
+
+
+def test_framebuffer_readings_survive_a_driver_without_v2_memory_info() -> None:
+    import pynvml
+
+    sim = open_nvml("sim:h100-80gb")
+    node = discover(sim)
+
+    class OldDriver:
+        """The simulator, but GetMemoryInfo(version=v2) fails as on drivers before R510."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(sim, name)
+
+        def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> Any:
+            if version is not None:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+            return sim.nvmlDeviceGetMemoryInfo(handle)
+
+    registry = CollectorRegistry()
+    registry.register(GpuCollector(OldDriver(), lambda: node, node=NODE))
+    total = registry.get_sample_value("DCGM_FI_DEV_FB_TOTAL", {
+        "gpu": "0", "UUID": node.gpus[0].uuid, "pci_bus_id": node.gpus[0].pci_bus_id, "device": "nvidia0",
+        "modelName": node.gpus[0].product_name, "Hostname": NODE, "DCGM_FI_DRIVER_VERSION": node.driver_version,
+        "dra_driver_name": "gpu.nvidia.com", "dra_pool_name": NODE, "dra_device_name": node.gpus[0].name})
+    assert total == pytest.approx(node.gpus[0].memory_bytes / MIB, abs=1)
