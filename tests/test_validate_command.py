@@ -79,3 +79,23 @@ def test_bad_arguments_are_explained(capsys: pytest.CaptureFixture[str]) -> None
     assert "expected INDEX:FAULT" in capsys.readouterr().err
     assert main(["validate", "--sim-fault", "0:hang"]) == 2
     assert "needs --nvml sim:" in capsys.readouterr().err
+
+
+def test_missing_optional_uvm_tools_node_is_not_a_failure(capsys: pytest.CaptureFixture[str],
+                                                          tmp_path: Path) -> None:
+    dev = tmp_path / "host"
+    (dev / "dev").mkdir(parents=True)
+    for name in ("nvidiactl", "nvidia-uvm", "nvidia0"):
+        (dev / "dev" / name).write_text("")
+    rc, lines = run(capsys, "--nvml", "sim:h100-80gb", "--dev-root", str(dev), "--cdi-dir", str(tmp_path / "c"))
+    assert rc == 0, lines
+    assert line(lines, "node", "container").startswith("PASS")
+
+
+@pytest.mark.gpu
+def test_real_node_validates(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    rc, lines = run(capsys, "--cdi-dir", str(tmp_path / "cdi"), "--probe-timeout", "120")
+    print("\n".join(lines))
+    cuda = [ln for ln in lines if ln.split()[2:3] == ["cuda"]]
+    assert cuda and all(ln.startswith(("PASS", "SKIP")) for ln in cuda), lines
+    assert rc == 0, lines

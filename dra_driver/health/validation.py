@@ -104,6 +104,23 @@ def _host_path(config: ValidationConfig, path: str) -> str:
     return os.path.join(config.dev_root, path.lstrip("/"))
 
 
+# Injected into containers when present, but CUDA works without it (the driver creates it only for
+# profiling tools): its absence is not a fault.
+OPTIONAL_DEVICE_NODES = frozenset({"/dev/nvidia-uvm-tools"})
+
+
+def _node_problems(config: ValidationConfig, nodes: list[str]) -> list[str]:
+    problems = []
+    for node in dict.fromkeys(nodes):
+        path = _host_path(config, node)
+        if node in OPTIONAL_DEVICE_NODES and not os.path.exists(path):
+            continue
+        problem = _open_problem(path)
+        if problem:
+            problems.append(problem)
+    return problems
+
+
 def _open_problem(path: str) -> str | None:
     if not os.path.exists(path):
         return f"{path} is missing"
@@ -125,7 +142,7 @@ def device_node_faults(gpu: Gpu, devices: NodeDevices, config: ValidationConfig)
     nodes = [*devices.control_device_nodes, gpu.device_node]
     for mig in gpu.mig_devices:
         nodes.extend(mig.device_nodes)
-    problems = [p for p in (_open_problem(_host_path(config, n)) for n in dict.fromkeys(nodes)) if p]
+    problems = _node_problems(config, nodes)
     if not problems:
         return []
     return [Fault("DeviceNodeMissing", "; ".join(problems) + " (containers could not use this GPU)",
@@ -141,7 +158,7 @@ def check_container_stage(devices: NodeDevices, config: ValidationConfig) -> lis
             nodes.append(gpu.device_node)
             for mig in gpu.mig_devices:
                 nodes.extend(mig.device_nodes)
-        problems = [p for p in (_open_problem(_host_path(config, n)) for n in dict.fromkeys(nodes)) if p]
+        problems = _node_problems(config, nodes)
         if problems:
             results.append(CheckResult("node", "container", CheckStatus.FAIL, "; ".join(problems)))
         else:
