@@ -29,6 +29,7 @@ def _gpu(index: int, product: str = "NVIDIA H100 80GB HBM3", memory_gib: int = 8
     ("expression", "names"),
     [
         ('device.attributes["gpu.nvidia.com"].model ==', "syntax error"),
+        ("device.driver &&& true", "syntax error at line 1, column 17"),
         ("device.model == 'x'", "undefined field 'model'"),
         ("gpu.attributes == 1", "undeclared reference to 'gpu'"),
         ('frobnicate(device.driver)', "undeclared reference to function 'frobnicate'"),

@@ -109,3 +109,17 @@ def test_explain_a_pod_explains_its_claims(cluster: tuple[LocalApiServer, str],
     assert "has 79.6 GiB of memory, 100 GiB requested" in out
     assert main(["explain", "nothing", "-n", "ml", "--kubeconfig", kubeconfig]) == 2
     assert "no ResourceClaim or Pod named 'nothing'" in capsys.readouterr().err
+
+
+def test_plan_a_template_with_vram_shaping(cluster: tuple[LocalApiServer, str],
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    _, kubeconfig = cluster
+    template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "vram", "namespace": "ml"},
+                "spec": {"spec": {"devices": {"requests": [exactly(memory="30Gi")]}}}}
+    code = main(["plan", "-f", _claim_file(template), "--kubeconfig", kubeconfig, "--shape", "gpu.nvidia.com"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert ("request gpu shaped to: MIG 3g.40gb (39.2 GiB), MIG 4g.40gb (39.2 GiB), MIG 7g.80gb (78.9 GiB), "
+            "NVIDIA H100 80GB HBM3 (79.6 GiB)") in out
+    assert "gpu/mig-3g-40gb: gpu-0-mig-3g40gb-9-0 on node-b (MIG 3g.40gb)" in out

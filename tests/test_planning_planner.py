@@ -245,3 +245,15 @@ def test_bad_claim_gets_a_reason_naming_the_field() -> None:
     assert "DeviceClass 'nope' does not exist" in result.reasons[0]
     result = plan(claim("c", [exactly(selectors=("device.nope == 1",))]), _four_gpus())
     assert "undefined field 'nope'" in result.reasons[0]
+
+
+def test_binpack_puts_a_mig_instance_on_the_gpu_already_in_use_and_spread_on_an_idle_one() -> None:
+    devices = dynamic_mig_devices(0, "node-a") + dynamic_mig_devices(1, "node-a")
+    slices = [resource_slice("node-a", devices[:64], slice_count=2),
+              resource_slice("node-a", counter_sets=[gpu_counter_set(0), gpu_counter_set(1)], slice_count=2, index=1)]
+    held = claim("held", [exactly()], allocation=allocated("node-a", "gpu-1-mig-1g10gb-19-0"))
+    inv = build_inventory(slices, [held], [device_class()])
+    one = claim("c", [exactly(selectors=(_profile("1g.10gb"),))])
+    (_, _, packed), = _devices(plan(one, inv))
+    (_, _, spread), = _devices(plan(one, inv, policy="spread"))
+    assert packed.startswith("gpu-1-") and spread.startswith("gpu-0-")

@@ -348,13 +348,16 @@ def compile_selector(expression: str) -> CompiledSelector:
         try:
             tree = _ENV.compile(expression)
         except Exception as exc:  # celpy raises CELParseError, lark errors for odd input
-            first = str(exc).strip().splitlines()
+            line, column = getattr(exc, "line", None), getattr(exc, "column", None)
+            where = f" at line {line}, column {column}" if line and column else ""
+            near = ""
+            if line and column:
+                text = expression.splitlines()[line - 1] if expression.splitlines() else expression
+                near = f" (near {text[max(0, column - 1):column + 14]!r})"
             hint = ""
             if ".?" in expression:
-                hint = " (optional field syntax '.?' is not supported here: guard with has() instead)"
-            raise CelCompileError(
-                f"syntax error in CEL expression {expression!r}: {first[0] if first else exc}{hint}"
-            ) from exc
+                hint = "; optional field syntax '.?' is not supported here: guard with has() instead"
+            raise CelCompileError(f"syntax error{where}{near} in CEL expression {expression!r}{hint}") from exc
     reads = _analyse(expression, tree)
     compiled = CompiledSelector(expression, tree, reads)
     with _LOCK:
