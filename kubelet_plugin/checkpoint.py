@@ -28,7 +28,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -121,16 +121,39 @@ def read_boot_id(path: str = BOOT_ID_PATH) -> str:
         return "unknown"
 
 
-def _checksum(body: dict[str, Any]) -> str:
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-    return "sha256:" + hashlib.sha256(canonical).hexdigest()
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
-def encode(boot_id: str, claims: dict[str, ClaimRecord]) -> bytes:
-    """Serialise a checkpoint with its checksum."""
-    body = {"version": CHECKPOINT_VERSION, "bootId": boot_id,
-            "claims": {uid: rec.to_json() for uid, rec in claims.items()}}
-    return json.dumps({**body, "checksum": _checksum(body)}, sort_keys=True).encode()
+def _checksum(canonical_body: str) -> str:
+    return "sha256:" + hashlib.sha256(canonical_body.encode()).hexdigest()
+
+
+def encode(boot_id: str, claims: dict[str, ClaimRecord],
+           cache: dict[str, tuple[ClaimRecord, str]] | None = None) -> bytes:
+    """Serialise a checkpoint with its checksum.
+
+    The checksum covers the canonical JSON (sorted keys, no spaces) of everything but itself.
+    ``cache`` (uid -> (record, its canonical JSON)) lets a writer re-encode only records that
+    changed: records are replaced, never mutated, so identity tells whether one changed.
+    """
+    parts = []
+    for uid in sorted(claims):
+        record = claims[uid]
+        cached = cache.get(uid) if cache is not None else None
+        if cached is not None and cached[0] is record:
+            text = cached[1]
+        else:
+            text = _canonical(record.to_json())
+            if cache is not None:
+                cache[uid] = (record, text)
+        parts.append(f"{json.dumps(uid)}:{text}")
+    if cache is not None:
+        for stale in set(cache) - set(claims):
+            del cache[stale]
+    # Byte-identical to _canonical({"bootId", "claims", "version"}): keys in sorted order.
+    body = f'{{"bootId":{json.dumps(boot_id)},"claims":{{{",".join(parts)}}},"version":{CHECKPOINT_VERSION}}}'
+    return f'{{"checksum":"{_checksum(body)}",{body[1:]}'.encode()
 
 
 def decode(data: bytes) -> tuple[str, dict[str, ClaimRecord]]:
@@ -145,7 +168,7 @@ def decode(data: bytes) -> tuple[str, dict[str, ClaimRecord]]:
     if version != CHECKPOINT_VERSION:
         raise CheckpointCorrupt(f"version {version!r} is not the supported version {CHECKPOINT_VERSION}")
     body = {k: v for k, v in raw.items() if k != "checksum"}
-    if raw.get("checksum") != _checksum(body):
+    if raw.get("checksum") != _checksum(_canonical(body)):
         raise CheckpointCorrupt("checksum mismatch (torn write or edited file)")
     try:
         claims = {uid: ClaimRecord.from_json(rec) for uid, rec in raw["claims"].items()}
@@ -157,8 +180,9 @@ def decode(data: bytes) -> tuple[str, dict[str, ClaimRecord]]:
 class CheckpointStore:
     """The checkpoint file plus its in-memory copy; all updates go through :meth:`update`."""
 
-    def __init__(self, path: str, boot_id: str) -> None:
+    def __init__(self, path: str, boot_id: str, on_write: Callable[[bool], None] | None = None) -> None:
         self.path = path
+        self.on_write = on_write or (lambda ok: None)  # metrics: called with success/failure
         self.boot_id = boot_id
         self.file_boot_id: str | None = None  # the boot ID the file had when opened
         self.quarantined: str | None = None  # where a corrupt file was moved, if it was
@@ -166,6 +190,7 @@ class CheckpointStore:
         self._claims: dict[str, ClaimRecord] = {}
         self._lock = threading.Lock()
         self._signature: tuple[int, int, int] | None = None
+        self._encoded: dict[str, tuple[ClaimRecord, str]] = {}
 
     def open(self) -> None:
         """Load the file; quarantine it when it is corrupt (then start empty). Never raises for content."""
@@ -245,6 +270,11 @@ class CheckpointStore:
             log.error("checkpoint_reload_failed", path=self.path, reason=str(exc))
 
     def _write(self) -> None:
-        atomic_write(self.path, encode(self.boot_id, self._claims), mode=0o600)
+        try:
+            atomic_write(self.path, encode(self.boot_id, self._claims, self._encoded), mode=0o600)
+        except BaseException:
+            self.on_write(False)
+            raise
+        self.on_write(True)
         self.file_boot_id = self.boot_id
         self._signature = self._stat()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 DEFAULT_DRIVER = "gpu.nvidia.com"
 DEFAULT_REGISTRAR_DIR = "/var/lib/kubelet/plugins_registry"
@@ -22,7 +23,8 @@ class PluginConfig:
     registrar_dir: str = DEFAULT_REGISTRAR_DIR
     plugin_dir: str = ""  # default: <plugins root>/<driver name>
     cdi_root: str = DEFAULT_CDI_ROOT
-    driver_root: str = "/"  # where the NVIDIA driver files are on the host (/run/nvidia/driver: GPU operator)
+    driver_root: str = "/"  # where this process finds the NVIDIA driver files (a mount of the host's)
+    host_driver_root: str = ""  # the same directory as the host sees it (CDI host paths); default driver_root
     nvml: str = "real"  # "real" or "sim:<profile>"
     mig_mode: str = "static"  # "static" | "dynamic"
     shared_gpus: bool | frozenset[str] = False
@@ -35,6 +37,13 @@ class PluginConfig:
     metrics_port: int = 0  # 0 = no /metrics server
     metrics_host: str = "0.0.0.0"
     write_mig_status: bool = True  # write created MIG UUIDs into the claim's status.devices
+    health_stream: bool = True  # serve and advertise the kubelet health service
+    xid_ignore: frozenset[int] = frozenset()  # XIDs never to withdraw for, beyond the catalogue's
+    xid_fatal: frozenset[int] = frozenset()  # XIDs always to withdraw for, beyond the catalogue's
+    revalidate_interval: float = 0.0  # re-probe healthy GPUs this often (0 = only at start/recovery)
+    probe_timeout: float = 30.0
+    recovery_passes: int = 3
+    hold_down: float = 60.0
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -50,8 +59,26 @@ class PluginConfig:
             raise ValueError(f"--health-mode {self.health_mode!r}: use withdraw, taint or off")
         if not (self.nvml == "real" or self.nvml.startswith("sim:")):
             raise ValueError(f"--nvml {self.nvml!r}: use real or sim:<profile> (for example sim:4xh200)")
+        if self.recovery_passes < 1:
+            raise ValueError(f"HEALTH_RECOVERY_PASSES={self.recovery_passes}: must be at least 1")
+        if self.probe_timeout <= 0 or self.hold_down < 0 or self.revalidate_interval < 0:
+            raise ValueError("HEALTH_PROBE_TIMEOUT must be positive; HEALTH_HOLD_DOWN and "
+                             "HEALTH_REVALIDATE_INTERVAL must not be negative (seconds)")
         if self.health_interval <= 0:
             raise ValueError(f"health interval {self.health_interval} must be positive")
+
+    def health_policy(self) -> Any:
+        """The health monitor's policy from these settings (ValueError names the conflicting XIDs)."""
+        from dra_driver.health import HealthPolicy
+
+        return HealthPolicy(extra_fatal_xids=self.xid_fatal, extra_ignored_xids=self.xid_ignore,
+                            required_passes=self.recovery_passes, hold_down_s=self.hold_down,
+                            probe_timeout_s=self.probe_timeout, revalidate_interval_s=self.revalidate_interval)
+
+    @property
+    def cdi_driver_root(self) -> str:
+        """The driver root as written into CDI host paths."""
+        return self.host_driver_root or self.driver_root
 
     @property
     def plugin_data_dir(self) -> str:

@@ -30,7 +30,7 @@ from dra_driver.cdi import driver_mounts
 from dra_driver.devices import NodeDevices
 from dra_driver.health.kubelet_health import health_stream_entries
 from dra_driver.logs import get_logger
-from dra_driver.metrics import PluginMetrics, serve_metrics
+from dra_driver.metrics import DeviceAllocation, GpuCollector, PluginMetrics, serve_metrics
 from dra_driver.slices import SliceOptions, build_pool
 from kubelet_plugin.allocation import NodeDevice, index_devices
 from kubelet_plugin.checkpoint import CheckpointStore, read_boot_id
@@ -58,6 +58,10 @@ from proto import (
 
 log = get_logger(__name__)
 
+# Health monitor states -> the states the metrics export (Unknown counts as not healthy).
+_METRIC_STATE = {"HEALTHY": "Healthy", "UNHEALTHY": "Unhealthy", "RECOVERING": "Recovering",
+                 "VALIDATING": "Validating", "UNKNOWN": "Unhealthy"}
+
 
 class KubeletPlugin:
     """One node's plugin. ``start()`` then ``stop()``; safe to run several in one process."""
@@ -73,7 +77,8 @@ class KubeletPlugin:
         self.boot_id = config.boot_id or read_boot_id()
         self.devices: NodeDevices | None = None
         self.device_index: dict[str, NodeDevice] = {}
-        self.checkpoint = CheckpointStore(config.checkpoint_path, self.boot_id)
+        self.checkpoint = CheckpointStore(config.checkpoint_path, self.boot_id, self.metrics.checkpoint_written)
+        self._own_metrics = metrics is None
         self.broadcaster = HealthBroadcaster(interval=config.health_interval)
         self.publisher: SlicePublisher | None = None
         self.health_monitor: Any = None
@@ -97,7 +102,7 @@ class KubeletPlugin:
         log.info("devices_discovered", node=cfg.node_name, gpus=len(self.devices.gpus),
                  preparable=len(self.device_index), mig_mode=cfg.mig_mode)
         self._open_checkpoint()
-        mounts = driver_mounts(cfg.driver_root, find_driver_files(cfg.driver_root))
+        mounts = driver_mounts(cfg.cdi_driver_root, find_driver_files(cfg.driver_root))
         self.preparer = Preparer(
             PrepareSettings(driver_name=cfg.driver_name, pool=cfg.node_name, cdi_root=cfg.cdi_root,
                             control_device_nodes=tuple(self.devices.control_device_nodes),
@@ -112,8 +117,14 @@ class KubeletPlugin:
         self._start_health()
         self._serve_dra()
         self.registration = RegistrationServer(self.paths.registration, cfg.driver_name, self.paths.dra,
-                                               health=True, retry_initial=cfg.registration_retry)
+                                               health=cfg.health_stream, retry_initial=cfg.registration_retry)
         self.registration.start()
+        if self._own_metrics:
+            # Per-GPU readings under dcgm-exporter's names, read at scrape time only. Not when the
+            # registry is shared by several plugins (the demo): the families would collide.
+            self.metrics.registry.register(GpuCollector(
+                self.nvml, self._node_devices, self._allocations, xid_provider=self.metrics.last_xids,
+                node=cfg.node_name, driver_name=cfg.driver_name))
         if cfg.metrics_port:
             self._metrics_server, _ = serve_metrics(self.metrics.registry, cfg.metrics_host, cfg.metrics_port)
         self._started = True
@@ -154,10 +165,10 @@ class KubeletPlugin:
         if cfg.health_mode == "off":
             self.set_unhealthy({})
             return
-        from dra_driver.health import HealthMonitor, HealthPolicy
+        from dra_driver.health import HealthMonitor
 
         assert self.devices is not None
-        self.health_monitor = HealthMonitor(self.nvml, self.devices, HealthPolicy(), prober=None,
+        self.health_monitor = HealthMonitor(self.nvml, self.devices, cfg.health_policy(), prober=None,
                                             on_change=self.apply_health, dynamic_mig=cfg.dynamic_mig,
                                             node_name=cfg.node_name)
         self.health_monitor.start()
@@ -167,6 +178,20 @@ class KubeletPlugin:
         """Health monitor callback: republish slices and the kubelet health stream."""
         self._publish(snapshot.unhealthy())
         self.broadcaster.publish(health_stream_entries(snapshot, self.config.node_name))
+        for name, dev in snapshot.devices.items():
+            state = _METRIC_STATE.get(dev.state.name, "Unhealthy")
+            self.metrics.set_device_health(name, state, dev.reason)
+
+    def _node_devices(self) -> NodeDevices:
+        assert self.devices is not None
+        return self.devices
+
+    def _allocations(self) -> dict[str, list[DeviceAllocation]]:
+        out: dict[str, list[DeviceAllocation]] = {}
+        for rec in self.checkpoint.records().values():
+            for device in rec.devices:
+                out.setdefault(device, []).append(DeviceAllocation(device, rec.uid, rec.name, rec.namespace))
+        return out
 
     def set_unhealthy(self, unhealthy: Mapping[str, str]) -> None:
         """Set device health directly (``--health-mode off``, tests, the demo)."""
@@ -201,11 +226,12 @@ class KubeletPlugin:
                                                         server)
         dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
             DraServicer(self.preparer, dra_v1beta1_pb2, self.metrics), server)
-        on_stream = self.metrics.health_stream_clients
-        health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-            HealthServicer(self.broadcaster, health_v1_pb2, on_stream), server)
-        health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-            HealthServicer(self.broadcaster, health_v1alpha1_pb2, on_stream), server)
+        if self.config.health_stream:
+            on_stream = self.metrics.health_stream_clients
+            health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+                HealthServicer(self.broadcaster, health_v1_pb2, on_stream), server)
+            health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+                HealthServicer(self.broadcaster, health_v1alpha1_pb2, on_stream), server)
         server.add_insecure_port(f"unix://{self.paths.dra}")
         server.start()
         self._server = server

@@ -137,7 +137,7 @@ class Preparer:
     def prepare(self, namespace: str, name: str, uid: str) -> ClaimOutcome:
         """Prepare one claim; never raises (errors are returned per claim)."""
         try:
-            recorded = self._recorded_answer(uid)
+            recorded = self._recorded_answer(uid, locked=False)
             if recorded is not None:
                 return recorded
             claim = self.claims.get(namespace, name)
@@ -146,7 +146,7 @@ class Preparer:
             plan = plan_claim(claim, uid, namespace, name, self.settings.driver_name, self.settings.pool,
                               self.devices(), self.unhealthy())
             with self.claim_lock(uid):
-                recorded = self._recorded_answer(uid)
+                recorded = self._recorded_answer(uid, locked=True)
                 if recorded is not None:
                     return recorded
                 stale = self.checkpoint.get(uid)
@@ -162,11 +162,14 @@ class Preparer:
             return ClaimOutcome(error=f"internal error preparing ResourceClaim {namespace}/{name}: {exc}",
                                 reason="internal")
 
-    def _recorded_answer(self, uid: str) -> ClaimOutcome | None:
+    def _recorded_answer(self, uid: str, locked: bool) -> ClaimOutcome | None:
+        """The recorded answer of a completed prepare (the lock-free fast path needs its spec on disk)."""
         record = self.checkpoint.get(uid)
         if record is None or record.state is not ClaimState.PREPARE_COMPLETED:
             return None
         if record.cdi_spec is not None and not os.path.exists(record.cdi_spec_file):
+            if not locked:
+                return None  # an unprepare may be removing it: decide under the claim lock
             self.write_spec(record.cdi_spec_file, record.cdi_spec)  # lost (e.g. /var/run cleaned): rebuild
         return ClaimOutcome(devices=tuple(record.answer))
 

@@ -103,13 +103,20 @@ class PluginHarness:
                             boot_id="test-boot")
         return replace(base, **overrides)
 
-    def kubelet(self, node: str, timeout: float = 20.0) -> Any:
-        """The emulated kubelet's handle on ``node``'s registered plugin."""
+    def kubelet(self, node: str, timeout: float = 20.0, previous: Any = None) -> Any:
+        """The emulated kubelet's handle on ``node``'s registered plugin.
+
+        ``previous``: a handle from before the plugin restarted; waits until the emulator has let it go
+        (same socket names: the restarted plugin replaces the files) and returns the new registration.
+        """
         from dra_driver.kubelet_emulator import KubeletEmulator
 
         if node not in self.emulators:
             self.emulators[node] = KubeletEmulator(self.node_dirs(node).registry, retry_initial=0.2).start()
-        return self.emulators[node].wait_for_plugin(self.driver_name, timeout=timeout)
+        emu = self.emulators[node]
+        if previous is not None:
+            emu.wait_for_deregistration(previous, timeout=timeout)
+        return emu.wait_for_plugin(self.driver_name, timeout=timeout)
 
     def start_plugin(self, node: str, nvml: Any = "sim:8xh100", **overrides: Any) -> Any:
         """Start an in-process plugin for ``node`` (``nvml``: a spec string or an NVML object)."""

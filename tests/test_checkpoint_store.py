@@ -105,3 +105,18 @@ def test_boot_id_override(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     assert read_boot_id() == "test-boot"
     monkeypatch.delenv("GPUREADY_BOOT_ID")
     assert read_boot_id() not in ("", "test-boot")
+
+
+def test_incremental_encoding_matches_a_full_encoding() -> None:
+    from kubelet_plugin.checkpoint import decode, encode
+
+    claims = {f"u{i}": _record(f"u{i}") for i in range(5)}
+    cache: dict[str, tuple[ClaimRecord, str]] = {}
+    encode("b", claims, cache)
+    claims["u2"] = replace(claims["u2"], state=ClaimState.PREPARE_COMPLETED)
+    del claims["u4"]
+    incremental = encode("b", claims, cache)
+    assert incremental == encode("b", claims)
+    assert set(cache) == set(claims)
+    boot, decoded = decode(incremental)
+    assert boot == "b" and decoded["u2"].state is ClaimState.PREPARE_COMPLETED and "u4" not in decoded

@@ -75,7 +75,7 @@ def test_sigkill_between_phases_then_restart_leaves_nothing_behind() -> None:
         assert h.cdi_files(NODE) == []
         assert plugin.checkpoint.records() == {}
         # The kubelet's retry now succeeds against the restarted plugin.
-        kubelet = h.emulators[NODE].wait_for_plugin("gpu.nvidia.com", endpoint=plugin.paths.dra)
+        kubelet = h.kubelet(NODE, previous=kubelet)
         assert kubelet.prepare([("default", "c1", uid)])[uid].ok
         assert h.cdi_files(NODE) == [f"k8s.gpu.nvidia.com-claim_{uid}.json"]
 
@@ -136,6 +136,7 @@ def test_new_boot_drops_old_records_and_lost_specs_are_rebuilt() -> None:
         plugin = h.start_plugin(NODE, boot_id="boot-1")
         assert plugin.recovery is not None and plugin.recovery.specs_rebuilt == [uid]
         assert h.read_spec(NODE, uid) == spec
+        kubelet = h.kubelet(NODE, previous=kubelet)
         h.stop_plugin(NODE)
 
         # A reboot: the old boot's records go, with their specs; the file carries the new boot ID.
@@ -143,5 +144,5 @@ def test_new_boot_drops_old_records_and_lost_specs_are_rebuilt() -> None:
         assert plugin.recovery is not None and plugin.recovery.previous_boot_dropped == [uid]
         assert h.cdi_files(NODE) == []
         assert json.loads(Path(plugin.config.checkpoint_path).read_text())["bootId"] == "boot-2"
-        kubelet = h.emulators[NODE].wait_for_plugin("gpu.nvidia.com", endpoint=plugin.paths.dra)
+        kubelet = h.kubelet(NODE, previous=kubelet)
         assert kubelet.prepare([("default", "c1", uid)])[uid].ok  # the kubelet re-prepares after reboot

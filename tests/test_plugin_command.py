@@ -1,0 +1,51 @@
+"""``gpuready kubelet-plugin`` flags and environment variables: bad settings are refused clearly."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from kubelet_plugin import command
+
+
+def _args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_environment_variables_fill_every_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = {"NODE_NAME": "node-7", "POD_UID": "abc", "DRIVER_NAME": "gpu.example.com", "MIG_MODE": "dynamic",
+           "SHARED_GPUS": "gpu-0,gpu-1", "HEALTH_MODE": "taint", "XID_IGNORE": "13, 43", "XID_FATAL": "31",
+           "HEALTH_RECOVERY_PASSES": "2", "NVIDIA_DRIVER_ROOT": "/driver-root",
+           "NVIDIA_DRIVER_ROOT_HOST": "/run/nvidia/driver", "HEALTH_STREAM": "false"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    cfg = command.config_from_args(_args([]))
+    assert (cfg.node_name, cfg.pod_uid, cfg.driver_name, cfg.mig_mode) == ("node-7", "abc", "gpu.example.com", "dynamic")
+    assert cfg.shared_gpus == frozenset({"gpu-0", "gpu-1"})
+    assert cfg.xid_ignore == {13, 43} and cfg.xid_fatal == {31} and cfg.recovery_passes == 2
+    assert cfg.plugin_data_dir == "/var/lib/kubelet/plugins/gpu.example.com"
+    assert cfg.cdi_driver_root == "/run/nvidia/driver" and cfg.driver_root == "/driver-root"
+    assert cfg.health_stream is False
+    policy = cfg.health_policy()
+    assert policy.extra_ignored_xids == {13, 43}
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        ([], "NODE_NAME"),
+        (["--node-name", "n", "--driver-name", "Not_A_Domain"], "--driver-name"),
+        (["--node-name", "n", "--nvml", "fake"], "sim:<profile>"),
+        (["--node-name", "n", "--xid-ignore", "13,x"], "--xid-ignore"),
+        (["--node-name", "n", "--xid-ignore", "79", "--xid-fatal", "79"], "79"),
+    ],
+)
+def test_bad_settings_exit_2_with_the_flag_named(argv: list[str], fragment: str,
+                                                 monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    assert command.run(_args(argv)) == 2
+    assert fragment in capsys.readouterr().err
