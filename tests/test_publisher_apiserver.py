@@ -306,3 +306,17 @@ def test_nothing_is_touched_before_the_first_set_desired(
     second = started()  # discovery has not finished yet: the published devices must stay
     time.sleep(0.5)
     assert server_slices(srv) == before and second.stats().passes == 0
+
+
+def test_an_unreachable_api_server_is_waited_out(
+        srv: LocalApiServer, started: Callable[..., SlicePublisher]) -> None:
+    make_node(srv)
+    pub = started()
+    publish(pub, build_pool(eight_h200(), NODE, DRIVER))
+    srv.faults.refuse_connections(1.5)
+    pub.set_desired(build_pool(eight_h200(), NODE, DRIVER, unhealthy={"gpu-4": "GPU lost"}))
+    assert pub.wait_until_synced(20.0), pub.stats()
+    assert pub.stats().errors >= 1  # it did meet the closed door, and kept trying
+    (obj,) = server_slices(srv)
+    assert "gpu-4" not in {d["name"] for d in obj["spec"]["devices"]}
+    assert obj["spec"]["pool"]["generation"] == 2
