@@ -106,3 +106,22 @@ def test_an_allocated_claim_sees_its_own_devices_as_its_own() -> None:
     text = explain(mine, _inventory([mine])).render()
     assert "currently allocated: node-a/gpu-1 for gpu" in text
     assert "gpu-1 on node-a (NVIDIA H100 80GB HBM3) (allocated to this claim)" in _line(text, "usable now")
+
+
+def test_unhealthy_devices_are_read_from_the_gpu_ready_condition() -> None:
+    from dra_driver.planning import unhealthy_from_node_conditions
+
+    nodes = [
+        {"metadata": {"name": "node-a"}, "status": {"conditions": [
+            {"type": "Ready", "status": "True"},
+            {"type": "GPUReady", "status": "False", "reason": "Xid79",
+             "message": "3 of 8 GPU devices not ready: gpu-3, gpu-4: unhealthy: XID 79 (fell off the bus); "
+                        "gpu-6: validating: compute probe pending"}]}},
+        {"metadata": {"name": "node-b"}, "status": {"conditions": [
+            {"type": "GPUReady", "status": "True", "message": "all 8 GPU devices passed validation and are healthy"}]}},
+    ]
+    assert unhealthy_from_node_conditions(nodes) == {
+        "node-a/gpu-3": "unhealthy: XID 79 (fell off the bus)",
+        "node-a/gpu-4": "unhealthy: XID 79 (fell off the bus)",
+        "node-a/gpu-6": "validating: compute probe pending",
+    }

@@ -103,3 +103,18 @@ def test_at_most_eight_entries() -> None:
     entries = result.request["firstAvailable"]
     assert len(entries) == 8
     assert entries[0]["name"] == "mig-1g-20gb" and entries[1]["name"] == "gpu-gpu-model-0"
+
+
+def test_a_whole_claim_spec_is_shaped_request_by_request() -> None:
+    from dra_driver.planning.shaping import ORIGINAL_ANNOTATION, shape_device_claim
+
+    devices = {"requests": [exactly("a", device_class_name=CLASS, memory="15Gi"),
+                            exactly("b", device_class_name=CLASS, memory="500Gi"),
+                            exactly("c")],
+               "constraints": [{"requests": ["a", "c"], "matchAttribute": "gpu.nvidia.com/productName"}]}
+    out = shape_device_claim(devices, _cluster(), CLASS)
+    assert out.changed and ORIGINAL_ANNOTATION == "gpuready.io/original-requests"
+    assert "firstAvailable" in out.devices["requests"][0] and out.devices["requests"][1:] == devices["requests"][1:]
+    assert out.devices["constraints"] == devices["constraints"]
+    assert out.warnings == ["request b: no device has 500 GiB; the largest is NVIDIA H200 with 140.4 GiB"]
+    assert set(json.loads(out.annotation or "{}")) == {"a"}

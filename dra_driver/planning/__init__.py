@@ -1,27 +1,46 @@
 """The planning engine: pure functions over published devices and claims (no I/O).
 
-Entry points (see each module for details)::
+Inputs are raw API objects as dicts (camelCase, as the API server or ``CustomObjectsApi`` returns
+them). Typical use by the controller (webhook, placement mode, explain) and the demo allocator::
 
-    from dra_driver.planning import build_inventory, plan, explain, shape_vram_request
-    inv = build_inventory(slices, claims, device_classes)       # raw API dicts, camelCase
-    result = plan(claim, inv, policy="binpack")                 # PlanResult(.allocation, .node_name, .reasons)
-    patch = allocate_and_reserve(claim, inv, pod).patch         # {"status": {"allocation", "reservedFor"}}
-    shaped = shape_vram_request(request, inv, memory_class)     # ShapingResult(.request, .warning, ...)
-    print(explain(claim, inv, unhealthy).render())
+    from dra_driver.planning import build_inventory, plan, allocate_and_reserve, explain
+    from dra_driver.planning import shape_device_claim, shape_vram_request
 
-CEL: ``compile_selector(expr) -> CompiledSelector`` with ``.matches(device_view)``.
+    inv = build_inventory(slices, claims, device_classes)      # newest complete pools only
+    result = plan(claim, inv, policy="binpack")                # .allocation (status.allocation JSON),
+                                                               # .node_name, .reasons, .chosen
+    out = allocate_and_reserve(claim, inv, pod)                # .patch = {"status": {allocation, reservedFor}}
+    inv.add_claim(allocated_claim)                             # in place, one pool; remove_claim() undoes
+    shaped = shape_device_claim(spec_devices, inv, "vram.gpu.nvidia.com")  # .devices, .warnings, .annotation
+    print(explain(claim, inv, unhealthy_from_node_conditions(nodes)).render())
+
+CEL: ``compile_selector(expr) -> CompiledSelector`` (cached by text; ``CelCompileError`` names the
+problem) with ``.matches(device_view)`` / ``.evaluate(device_view) -> SelectorResult``.
+
+Threads: an :class:`Inventory` is read-only for ``plan``/``explain``/shaping, so any number of
+threads may use one at once; ``add_claim``/``remove_claim`` mutate it, so the owner either
+serialises them with its own lock or swaps in a rebuilt inventory. Compiled selectors are shared
+and thread-safe.
 """
 
 from dra_driver.planning.cel import CelCompileError, CompiledSelector, SelectorResult, compile_selector
-from dra_driver.planning.explain import Explanation, explain
+from dra_driver.planning.explain import Explanation, explain, unhealthy_from_node_conditions
 from dra_driver.planning.inventory import Inventory, build_inventory
 from dra_driver.planning.model import DeviceView
 from dra_driver.planning.planner import PlanResult, plan
 from dra_driver.planning.reserve import ReserveResult, allocate_and_reserve
-from dra_driver.planning.shaping import ShapingResult, shape_vram_request
+from dra_driver.planning.shaping import (
+    ORIGINAL_ANNOTATION,
+    ClaimShaping,
+    ShapingResult,
+    shape_device_claim,
+    shape_vram_request,
+)
 
 __all__ = [
+    "ORIGINAL_ANNOTATION",
     "CelCompileError",
+    "ClaimShaping",
     "CompiledSelector",
     "DeviceView",
     "Explanation",
@@ -35,5 +54,7 @@ __all__ = [
     "compile_selector",
     "explain",
     "plan",
+    "shape_device_claim",
     "shape_vram_request",
+    "unhealthy_from_node_conditions",
 ]

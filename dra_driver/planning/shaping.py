@@ -167,3 +167,35 @@ def shape_vram_request(request: dict[str, Any], inventory: Inventory, memory_cla
         labels.append(f"{what} ({human_bytes(offer.memory)})")
     shaped = {"name": name, "firstAvailable": entries}
     return ShapingResult(request=shaped, original=original, changed=True, entries=labels)
+
+
+@dataclass
+class ClaimShaping:
+    """The result of shaping every request of one claim (or claim template) spec."""
+
+    devices: dict[str, Any]  # the new spec.devices
+    changed: bool
+    warnings: list[str]
+    annotation: str | None  # value for ORIGINAL_ANNOTATION when something changed
+
+
+def shape_device_claim(devices: dict[str, Any], inventory: Inventory, memory_class: str,
+                       existing_annotation: str | None = None) -> ClaimShaping:
+    """Shape each request of a ``spec.devices`` (ResourceClaim or ResourceClaimTemplate ``spec.spec``).
+
+    Constraints and config keep working: they name requests, and a reference to a request covers
+    all of its firstAvailable entries.
+    """
+    new = copy.deepcopy(devices)
+    warnings: list[str] = []
+    annotation = existing_annotation
+    changed = False
+    for i, request in enumerate(new.get("requests") or []):
+        result = shape_vram_request(request, inventory, memory_class)
+        if result.warning:
+            warnings.append(f"request {request.get('name')}: {result.warning}")
+        if result.changed:
+            new["requests"][i] = result.request
+            annotation = result.annotation(annotation)
+            changed = True
+    return ClaimShaping(new, changed, warnings, annotation if changed else None)
