@@ -339,3 +339,22 @@ def test_dynamic_mig_attribution_follows_created_instances(rig_factory: Callable
                               compute_instance_id=mig.compute_instance_id)
     _, snap = rig.rec.wait_for(gone(placement.name), after=m)
     assert set(snap.unhealthy()) == {placement.name}
+    # A GPU-wide XID takes out the GPU and every placement carved from it, and nothing else.
+    m = rig.rec.mark()
+    rig.sim.faults.inject_xid(1, 79)
+    gpu1 = rig.devices.gpus[1]
+    names = {gpu1.name, *(p.name for p in gpu1.placements())}
+    _, snap = rig.rec.wait_for(lambda s: names <= set(s.unhealthy()), after=m)
+    assert set(snap.unhealthy()) == names | {placement.name}
+
+
+def test_unattributable_instance_falls_back_to_the_whole_gpu() -> None:
+    from dra_driver.health.topology import gpu_topology
+
+    devices = discover(open_nvml("sim:h100-7x1g"))
+    topo = gpu_topology(devices.gpus[0])
+    mig = devices.gpus[0].mig_devices[0]
+    assert topo.names_for_event(mig.gpu_instance_id, mig.compute_instance_id) == (mig.name,)
+    assert topo.names_for_event(0xFFFFFFFF, 0xFFFFFFFF) == topo.device_names
+    assert topo.names_for_event(99, 0) == topo.device_names  # an instance we do not know: be safe
+    assert len(topo.device_names) == 8  # the parent and its seven 1g devices
