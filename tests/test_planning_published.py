@@ -1,0 +1,71 @@
+"""The planner over the slices gpuready itself publishes (simulated NVML -> slice builder -> planner)."""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import yaml
+
+from dra_driver.nvml import discover, open_nvml
+from dra_driver.planning import allocate_and_reserve, build_inventory, explain, plan, shape_device_claim
+from dra_driver.planning.fixtures import claim
+from dra_driver.slices import SliceOptions, build_pool
+
+DRIVER = "gpu.nvidia.com"
+CLASSES = [yaml.safe_load(p.read_text()) for p in
+           sorted((pathlib.Path(__file__).resolve().parent.parent / "deploy" / "deviceclasses").glob("*.yaml"))]
+VRAM = "vram.gpu.nvidia.com"
+
+
+def _slices(profile: str, node: str, options: SliceOptions, unhealthy: dict[str, str] | None = None) -> list[Any]:
+    return [s.to_k8s(1, None) for s in build_pool(discover(open_nvml(profile)), node, DRIVER, options, unhealthy)]
+
+
+def _vram(memory: str, name: str = "c") -> dict[str, Any]:
+    return claim(name, [{"name": "gpu", "exactly": {"deviceClassName": VRAM, "capacity": {"requests": {"memory": memory}}}}])
+
+
+def test_dynamic_mig_fills_a_gpu_then_moves_on() -> None:
+    slices = _slices("sim:8xh100", "node-a", SliceOptions(mig_mode="dynamic"))
+    claims: list[dict[str, Any]] = []
+    chosen = []
+    for i in range(8):
+        c = _vram("15Gi", f"job-{i}")
+        out = allocate_and_reserve(c, build_inventory(slices, claims, CLASSES), {"metadata": {"name": f"p{i}", "uid": str(i)}})
+        assert out.patch is not None, out.reasons
+        claims.append({**c, "status": out.patch["status"]})
+        chosen.append(out.patch["status"]["allocation"]["devices"]["results"][0]["device"])
+    # Binpack: 1g.20gb instances fill GPU 0's four 2-slice placements before GPU 1 is touched.
+    assert chosen[:4] == [f"gpu-0-mig-1g20gb-15-{s}" for s in (0, 2, 4, 6)]
+    assert all(d.startswith("gpu-1-mig-1g20gb-15-") for d in chosen[4:])
+    # GPU 0 is full: a whole-GPU claim takes another GPU; 7 whole GPUs are still free, not 8.
+    whole = claim("whole", [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 7}}])
+    inv = build_inventory(slices, claims, CLASSES)
+    assert plan(whole, inv).allocation is None
+    six = claim("six", [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 6}}])
+    names = {r["device"] for r in plan(six, inv).allocation["devices"]["results"]}  # type: ignore[index]
+    assert names == {f"gpu-{i}" for i in range(2, 8)}
+
+
+def test_shaping_and_planning_agree_on_published_slices() -> None:
+    slices = _slices("sim:h200-141gb", "node-h200", SliceOptions(mig_mode="dynamic"))
+    slices += _slices("sim:8xh100", "node-h100", SliceOptions(shared_gpus=True))
+    inv = build_inventory(slices, [], CLASSES)
+    c = _vram("60Gi")
+    shaped = shape_device_claim(c["spec"]["devices"], inv, VRAM)
+    entries = [e["name"] for e in shaped.devices["requests"][0]["firstAvailable"]]
+    assert entries[0] == "mig-3g-71gb" and "shared-nvidia-h100-80gb-hbm3" in entries
+    result = plan({**c, "spec": {"devices": shaped.devices}}, inv)
+    assert result.node_name == "node-h200"
+    assert result.allocation["devices"]["results"][0]["device"] == "gpu-0-mig-3g71gb-9-0"  # type: ignore[index]
+
+
+def test_explain_shows_a_device_withdrawn_by_the_health_monitor() -> None:
+    slices = _slices("sim:8xh100", "node-a", SliceOptions(), unhealthy={"gpu-3": "XID 79"})
+    inv = build_inventory(slices, [], CLASSES)
+    assert (DRIVER, "node-a", "gpu-3") not in inv.devices and (DRIVER, "node-a", "gpu-2") in inv.devices
+    text = explain(claim("c", [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 8}}]),
+                   inv, {"node-a/gpu-3": "unhealthy: XID 79 (GPU fell off the bus)"}).render()
+    assert "node-a/gpu-3: unhealthy: XID 79 (GPU fell off the bus)" in text
+    assert "No allocation is possible now" in text
