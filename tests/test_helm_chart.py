@@ -504,3 +504,39 @@ def test_install_fails_when_another_driver_already_publishes_slices(apiserver: A
     _cluster_render(apiserver, {}, install=False)  # an upgrade of our own release: its slices are ours
     _cluster_render(apiserver, {"conflictCheck": {"enabled": False}})
     api.delete_resource_slice("gpu-node-1-x")
+
+
+def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def test_services_and_monitors_reach_the_pods_and_ports_they_name() -> None:
+    values = VALUE_SETS["monitoring"]
+    plugin_tpl = one(values, "DaemonSet")["spec"]["template"]
+    ctrl_tpl = one(values, "Deployment")["spec"]["template"]
+    ctrl_ports = {p["name"] for p in ctrl_tpl["spec"]["containers"][0]["ports"]}
+    plugin_ports = {p["name"] for p in plugin_tpl["spec"]["containers"][0]["ports"]}
+    # Workload selectors match their own pod templates, and never the other component's.
+    for workload, tpl, other in ((one(values, "DaemonSet"), plugin_tpl, ctrl_tpl),
+                                 (one(values, "Deployment"), ctrl_tpl, plugin_tpl)):
+        selector = workload["spec"]["selector"]["matchLabels"]
+        assert _selects(selector, tpl["metadata"]["labels"]) and not _selects(selector, other["metadata"]["labels"])
+    pm = one(values, "PodMonitor")["spec"]
+    assert _selects(pm["selector"]["matchLabels"], plugin_tpl["metadata"]["labels"])
+    assert not _selects(pm["selector"]["matchLabels"], ctrl_tpl["metadata"]["labels"])
+    assert pm["podMetricsEndpoints"][0]["port"] in plugin_ports
+    services = {s["metadata"]["name"]: s for s in find(values, "Service")}
+    for svc in services.values():
+        assert _selects(svc["spec"]["selector"], ctrl_tpl["metadata"]["labels"])
+        for port in svc["spec"]["ports"]:
+            assert port["targetPort"] in ctrl_ports
+    sm = one(values, "ServiceMonitor")["spec"]
+    monitored = [s for s in services.values() if _selects(sm["selector"]["matchLabels"], s["metadata"]["labels"])]
+    assert any(sm["endpoints"][0]["port"] in {p["name"] for p in s["spec"]["ports"]} for s in monitored)
+    hook_service = one(values, "MutatingWebhookConfiguration")["webhooks"][0]["clientConfig"]["service"]
+    assert hook_service["name"] in services
+    assert hook_service["port"] in {p["port"] for p in services[hook_service["name"]]["spec"]["ports"]}
+    # The controller's Lease RBAC names the Lease the controller is told to use.
+    lease_env = _env(ctrl_tpl["spec"]["containers"][0])["LEADER_ELECTION_LEASE_NAME"]
+    role = next(r for r in find(values, "Role") if "leader-election" in r["metadata"]["name"])
+    assert any(lease_env in rule.get("resourceNames", []) for rule in role["rules"])
