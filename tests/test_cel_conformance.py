@@ -43,6 +43,7 @@ NVIDIA = _device(
      "cudaComputeCapability": CelSemver.parse("9.0.0"), "driverVersion": CelSemver.parse("580.95.5")},
     {"memory": 81559 * 1024**2},
 )
+LISTS = _device("driver.example.com", {"resource.kubernetes.io/numaNode": (0, 1)}, {})
 
 DOCUMENTED = [
     # dra-api.md section 8 / Kubernetes DRA docs
@@ -97,6 +98,10 @@ DOCUMENTED = [
     (EXAMPLE, '"a,b".split(",").size() == 2', True),
     (EXAMPLE, '["A100", "H100"].exists(m, m == device.attributes["driver.example.com"].model)', True),
     (EXAMPLE, "device.allowMultipleAllocations", False),
+    # DRA list-type attributes (1.36+): includes() on a list, and on a scalar as a one-element list
+    (LISTS, 'device.attributes["resource.kubernetes.io"].numaNode.includes(1)', True),
+    (LISTS, 'device.attributes["resource.kubernetes.io"].numaNode.includes(3)', False),
+    (EXAMPLE, 'device.attributes["driver.example.com"].model.includes("A100")', True),
 ]
 
 

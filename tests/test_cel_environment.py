@@ -87,3 +87,26 @@ def test_non_boolean_result_is_an_error_not_a_match() -> None:
 def test_quantity_errors_are_runtime_errors_with_the_text() -> None:
     result = compile_selector('device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("lots")) > 0').evaluate(_gpu(0))
     assert result.matched is False and result.error is not None and "lots" in result.error
+
+
+def test_one_selector_evaluated_from_many_threads_gives_consistent_answers() -> None:
+    import threading
+
+    sel = compile_selector('device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("40Gi")) >= 0 && '
+                           'device.attributes["gpu.nvidia.com"].index % 2 == 0')
+    devices = [_gpu(i, memory_gib=20 + (i % 5) * 20) for i in range(200)]
+    expected = [(20 + (i % 5) * 20) >= 40 and i % 2 == 0 for i in range(200)]
+    failures: list[str] = []
+
+    def work() -> None:
+        for _ in range(3):
+            got = [sel.matches(d) for d in devices]
+            if got != expected:
+                failures.append("mismatch")
+
+    threads = [threading.Thread(target=work) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures

@@ -325,7 +325,8 @@ def plan(claim: dict[str, Any], inventory: Inventory, policy: Policy = "binpack"
     """Find the best allocation for ``claim`` now (pure: reads the inventory, changes nothing).
 
     ``node`` limits the search to one node (what a scheduler does per node). The claim's
-    existing ``status.allocation``, if any, is ignored: this answers "what would be chosen now".
+    existing ``status.allocation`` is not reused: this answers "what would be chosen now", and if
+    the inventory was built with this claim allocated, its devices count as taken (as they are).
     """
     if policy not in ("binpack", "spread"):
         raise ValueError(f"policy {policy!r}: use 'binpack' or 'spread'")
