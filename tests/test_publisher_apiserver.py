@@ -313,7 +313,7 @@ def test_an_unreachable_api_server_is_waited_out(
     make_node(srv)
     pub = started()
     publish(pub, build_pool(eight_h200(), NODE, DRIVER))
-    srv.faults.refuse_connections(1.5)
+    srv.faults.refuse_connections(1.0)
     pub.set_desired(build_pool(eight_h200(), NODE, DRIVER, unhealthy={"gpu-4": "GPU lost"}))
     assert pub.wait_until_synced(20.0), pub.stats()
     assert pub.stats().errors >= 1  # it did meet the closed door, and kept trying
