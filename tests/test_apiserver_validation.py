@@ -156,3 +156,14 @@ def test_bad_object_name(srv: LocalApiServer) -> None:
     core = client.CoreV1Api(srv.api_client())
     assert rejected(core.create_node, {"metadata": {"name": "Node_1"}}) == [("metadata.name", "FieldValueInvalid")]
     assert rejected(core.create_node, {"metadata": {}}) == [("metadata.name", "FieldValueRequired")]
+
+
+def test_pod_validation(srv: LocalApiServer) -> None:
+    core = client.CoreV1Api(srv.api_client())
+    pod = {"metadata": {"name": "p"}, "spec": {
+        "containers": [{"name": "c", "image": "i", "resources": {"claims": [{"name": "gpu"}]}},
+                       {"name": "c", "image": "i"}],
+        "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "t"}]}}
+    assert sorted(rejected(core.create_namespaced_pod, "default", pod)) == [
+        ("spec.containers[0].resources.claims[0].name", "FieldValueNotSupported"),
+        ("spec.containers[1].name", "FieldValueDuplicate")]

@@ -223,7 +223,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         if verb == "list":
             items, rv, token = store.list_with_rv(
                 rt.key, route.namespace, query.get("labelSelector"), query.get("fieldSelector"),
-                int(query.get("limit") or 0), query.get("continue"))
+                int(query.get("limit") or 0), query.get("continue"), copy_items=False)
             meta: dict[str, Any] = {"resourceVersion": str(rv)}
             if token:
                 meta["continue"] = token

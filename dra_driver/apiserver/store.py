@@ -93,8 +93,9 @@ class Store:
         return self._rv
 
     def _emit(self, key: str, typ: str, obj: Obj, old: Obj | None = None) -> None:
-        ev = Event(int(obj["metadata"]["resourceVersion"]), key, typ, copy.deepcopy(obj),
-                   copy.deepcopy(old) if old is not None else None)
+        # Stored objects are never mutated in place (every write stores a new dict), so events and
+        # watchers can share them without copying.
+        ev = Event(int(obj["metadata"]["resourceVersion"]), key, typ, obj, old)
         self._history.append(ev)
         for w in list(self._watchers):
             w.offer(ev)
@@ -131,8 +132,10 @@ class Store:
 
     def list_with_rv(self, key: str, namespace: str | None = None, label_selector: str | None = None,
                      field_selector: str | None = None, limit: int = 0,
-                     continue_token: str | None = None) -> tuple[ObjList, int, str | None]:
-        """Matching objects, the list resourceVersion and a continue token when ``limit`` cut it short."""
+                     continue_token: str | None = None, copy_items: bool = True) -> tuple[ObjList, int, str | None]:
+        """Matching objects, the list resourceVersion and a continue token when ``limit`` cut it short.
+        ``copy_items=False`` returns the stored dicts themselves (never mutated in place: every write
+        stores a new dict) for callers that only serialise them."""
         rt = resource_for_key(key)
         labels = parse_label_selector(label_selector)
         fields = parse_field_selector(field_selector, rt)
@@ -159,7 +162,7 @@ class Store:
                         json.dumps([last.get("namespace", "") if rt.namespaced else "", last["name"]]).encode()
                     ).decode()
                     break
-                out.append(copy.deepcopy(obj))
+                out.append(copy.deepcopy(obj) if copy_items else obj)
             return out, self._rv, token
 
     # ---- writes --------------------------------------------------------------------------------

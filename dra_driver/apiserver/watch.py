@@ -6,7 +6,6 @@ lock sees every event after its starting resourceVersion exactly once and in ord
 
 from __future__ import annotations
 
-import copy
 import queue
 import threading
 from collections import deque
@@ -69,7 +68,8 @@ class Watcher:
             return
         out = self.translate(ev)
         if out is not None:
-            self.queue.put((out[0], copy.deepcopy(out[1])))
+            # Event objects are private copies nobody mutates: watchers share them.
+            self.queue.put(out)
 
     def close(self) -> None:
         """Ask the streaming handler to end the response now."""

@@ -7,6 +7,7 @@ from typing import Any
 from dra_driver.apiserver.errors import Cause
 from dra_driver.apiserver.resources import ResourceType
 from dra_driver.apiserver.store import now_rfc3339
+from dra_driver.apiserver.validation.common import dns_label, duplicate, not_supported, required
 
 
 def default(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
@@ -37,8 +38,36 @@ def validate(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) 
         from dra_driver.apiserver.validation.claims import validate_device_class
 
         return validate_device_class(obj)
+    if rt.kind == "Pod":
+        return _validate_pod(obj)
     if rt.kind in ("ResourceClaim", "ResourceClaimTemplate"):
         from dra_driver.apiserver.validation.claims import validate_claim
 
         return validate_claim(obj, old, template=rt.kind == "ResourceClaimTemplate")
     return []
+
+
+def _validate_pod(obj: dict[str, Any]) -> list[Cause]:
+    """The pod checks a driver's tests can trip: containers present, named, unique; claim references."""
+    spec = obj.get("spec") or {}
+    out: list[Cause] = []
+    containers = spec.get("containers") or []
+    if not containers:
+        out.append(required("spec.containers"))
+    seen: set[str] = set()
+    for i, c in enumerate(containers):
+        name = (c or {}).get("name")
+        if not name:
+            out.append(required(f"spec.containers[{i}].name"))
+            continue
+        out += dns_label(f"spec.containers[{i}].name", name)
+        if name in seen:
+            out.append(duplicate(f"spec.containers[{i}].name", name))
+        seen.add(name)
+    claims = {(rc or {}).get("name") for rc in spec.get("resourceClaims") or []}
+    for i, c in enumerate(containers):
+        for j, ref in enumerate(((c or {}).get("resources") or {}).get("claims") or []):
+            if (ref or {}).get("name") not in claims:
+                out.append(not_supported(f"spec.containers[{i}].resources.claims[{j}].name", (ref or {}).get("name"),
+                                         sorted(n for n in claims if n)))
+    return out
