@@ -88,6 +88,9 @@ def labels_match(reqs: list[Requirement], obj: dict[str, Any]) -> bool:
     return all(r.matches(labels) for r in reqs)
 
 
+_BOOL_FIELDS = {"spec.unschedulable", "spec.hostNetwork"}
+
+
 def _field_value(obj: dict[str, Any], path: str) -> str:
     """The value of a dotted field path as the real server compares it (a string; "" when unset)."""
     cur: Any = obj
@@ -96,7 +99,8 @@ def _field_value(obj: dict[str, Any], path: str) -> str:
             return ""
         cur = cur.get(part)
     if cur is None:
-        return ""
+        # The real server renders unset booleans as "false" (strconv.FormatBool of the zero value).
+        return "false" if path in _BOOL_FIELDS else ""
     if isinstance(cur, bool):
         return "true" if cur else "false"
     return str(cur)
