@@ -95,7 +95,7 @@ def test_explain_a_claim_names_the_holder_and_the_withdrawn_gpu(cluster: tuple[L
     code = main(["explain", "two", "-n", "ml", "--kubeconfig", kubeconfig])
     out = capsys.readouterr().out
     assert code == 1, out
-    assert "excluded, in use: 1: gpu-0 on node-a (NVIDIA H100 80GB HBM3) by claim ml/trainer" in out
+    assert "excluded, in use: gpu-0 on node-a (NVIDIA H100 80GB HBM3) by claim ml/trainer" in out
     assert "usable now: 1: gpu-1 on node-a" in out
     assert "node-a/gpu-2: unhealthy: XID 79 (GPU fell off the bus)" in out
 

@@ -55,8 +55,9 @@ def test_withdrawn_and_tainted_unhealthy_devices_show_the_health_reason() -> Non
 
 def test_too_little_memory_says_how_much_there_is() -> None:
     text = explain(claim("c", [exactly(memory="100Gi")]), _inventory([])).render()
-    line = _line(text, "excluded, too little capacity")
-    assert "has 79.6 GiB of memory, 100 GiB requested" in line
+    assert _line(text, "excluded, too little capacity").endswith("devices")
+    assert "gpu-0 on node-a (NVIDIA H100 80GB HBM3)" in _line(text, "has 79.6 GiB of memory, 100 GiB requested: 3:")
+    assert "(MIG 1g.10gb)" in _line(text, "has 9.6 GiB of memory, 100 GiB requested: 7:")
     assert "No allocation is possible now:" in text
 
 

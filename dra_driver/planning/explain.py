@@ -90,8 +90,7 @@ class Explanation:
                             for v in rx.verdicts if v.reason is None]
             lines.append(f"  usable now: {len(usable)}" + (": " + _examples(shown_usable) if usable else ""))
             for reason, group in rx.excluded().items():
-                shown = [f"{v.device.describe()}{' ' + v.detail if v.detail else ''}" for v in group]
-                lines.append(f"  excluded, {reason}: {len(group)}: {_examples(shown)}")
+                lines.extend(_group_lines(reason, group))
         if self.withdrawn:
             lines.append("Withdrawn from the ResourceSlices as unhealthy:")
             lines.extend(f"  {device}: {reason}" for device, reason in self.withdrawn)
@@ -104,6 +103,26 @@ class Explanation:
             lines.append("No allocation is possible now:")
             lines.extend(f"  {r}" for r in self.plan.reasons)
         return "\n".join(lines)
+
+
+def _group_lines(reason: str, group: list[Verdict]) -> list[str]:
+    """One line per reason; when details differ (which claim, how much memory), one line per detail."""
+    by_detail: dict[str, list[Verdict]] = defaultdict(list)
+    for v in group:
+        by_detail[v.detail].append(v)
+    if len(by_detail) == 1:
+        detail = next(iter(by_detail))
+        if len(group) == 1:
+            return [f"  excluded, {reason}: {group[0].device.describe()}{' ' + detail if detail else ''}"]
+        head = f"  excluded, {reason}{' ' + detail if detail else ''}: {len(group)} devices: "
+        return [head + _examples([v.device.describe() for v in group])]
+    lines = [f"  excluded, {reason}: {len(group)} devices"]
+    ranked = sorted(by_detail.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    for detail, members in ranked[:EXAMPLES + 2]:
+        lines.append(f"    {detail or '(no detail)'}: {len(members)}: {_examples([v.device.describe() for v in members])}")
+    if len(ranked) > EXAMPLES + 2:
+        lines.append(f"    and {len(ranked) - EXAMPLES - 2} more")
+    return lines
 
 
 def _examples(items: list[str]) -> str:
@@ -134,7 +153,10 @@ def _counter_holders(inv: Inventory, device: DeviceView) -> str:
             if any(c in short for d in other.consumes_counters if d.counter_set == demand.counter_set
                    for c, _ in d.counters):
                 holders.append(f"{other.name} (claim {claim})")
-    return "held by " + ", ".join(holders) if holders else "no slices left"
+    if not holders:
+        return "no slices left"
+    more = f" and {len(holders) - 2} more" if len(holders) > 2 else ""
+    return "held by " + ", ".join(holders[:2]) + more
 
 
 def _verdict(inv: Inventory, alt: Alternative, class_sels: list[Any], req_sels: list[Any],

@@ -230,6 +230,9 @@ class _NodeSearch:
             if not cands:
                 continue
             need = len(cands) if ap.alt.all_devices else ap.alt.count
+            if len(cands) < need:
+                self.failure = f"request {ap.alt.result_name}: {len(cands)} usable devices on the node, {need} needed"
+                continue
             if self._pick(ri, ap.alt, cands, 0, need):
                 return True
         return False
@@ -282,13 +285,23 @@ def _candidate_nodes(inv: Inventory, plans: list[list[AltPlan]], only: str | Non
         best: dict[str | None, tuple[int, int]] = {}
         for ap in alts:
             every = ap.alt.admin_access or ap.alt.all_devices
-            for shape in ap.shapes:
+            need = 1 if ap.alt.all_devices else ap.alt.count
+            counts: dict[str | None, int] = {}
+            smallest: dict[str | None, int] = {}
+            for shape in ap.shapes:  # ascending memory
                 source = shape.by_node if every else inv.free[shape.index]
-                bound = (ap.alt.rank, int(shape.memory) * (1 if ap.alt.all_devices else ap.alt.count))
                 wheres = (only, None) if only is not None else source.keys()
                 for where in wheres:
-                    if where not in best and source.get(where):
-                        best[where] = bound
+                    devs = source.get(where)
+                    if devs:
+                        counts[where] = counts.get(where, 0) + len(devs)
+                        if where not in smallest:
+                            smallest[where] = int(shape.memory)
+            anywhere = counts.get(None, 0)
+            for where, n in counts.items():
+                # A node needs enough devices for the count (devices reachable from anywhere help).
+                if where not in best and n + (anywhere if where is not None else 0) >= need:
+                    best[where] = (ap.alt.rank, smallest[where] * need)
         per_request.append(best)
     used = inv.node_used_bytes
     spread = policy == "spread"
@@ -377,6 +390,15 @@ def _why_not(inv: Inventory, plans: list[list[AltPlan]], had_candidates: bool, f
                 )
             elif free == 0 and not ap.alt.admin_access:
                 reasons.append(f"request {ap.alt.result_name}: all {total} devices that fit are in use")
+            elif not ap.alt.all_devices and ap.alt.count > 1 and not had_candidates:
+                per_node: dict[str | None, int] = {}
+                for s in ap.shapes:
+                    for where, devs in inv.free[s.index].items():
+                        per_node[where] = per_node.get(where, 0) + len(devs)
+                most = max(per_node.items(), key=lambda kv: kv[1])
+                if most[1] < ap.alt.count:
+                    reasons.append(f"request {ap.alt.result_name}: needs {ap.alt.count} devices on one node; "
+                                   f"the most free on any node is {most[1]} (on {most[0]})")
     if not had_candidates and not reasons:
         reasons.append("no single node has free devices for every request of the claim")
     reasons.extend(failures)
