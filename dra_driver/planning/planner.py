@@ -297,10 +297,10 @@ def _candidate_nodes(inv: Inventory, plans: list[list[AltPlan]], only: str | Non
                         counts[where] = counts.get(where, 0) + len(devs)
                         if where not in smallest:
                             smallest[where] = int(shape.memory)
-            anywhere = counts.get(None, 0)
-            for where, n in counts.items():
+            shared_count = counts.get(None, 0)
+            for where, found in counts.items():
                 # A node needs enough devices for the count (devices reachable from anywhere help).
-                if where not in best and n + (anywhere if where is not None else 0) >= need:
+                if where not in best and found + (shared_count if where is not None else 0) >= need:
                     best[where] = (ap.alt.rank, smallest[where] * need)
         per_request.append(best)
     used = inv.node_used_bytes
