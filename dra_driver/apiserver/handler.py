@@ -223,7 +223,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         if verb == "list":
             items, rv, token = store.list_with_rv(
                 rt.key, route.namespace, query.get("labelSelector"), query.get("fieldSelector"),
-                int(query.get("limit") or 0), query.get("continue"), copy_items=False)
+                _int_param(query, "limit"), query.get("continue"), copy_items=False)
             meta: dict[str, Any] = {"resourceVersion": str(rv)}
             if token:
                 meta["continue"] = token
@@ -269,7 +269,7 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _watch(self, route: Route, query: dict[str, str]) -> None:
         store, rt = self.api.store, route.rt
         bookmarks = query.get("allowWatchBookmarks", "").lower() in _TRUE
-        timeout = float(query.get("timeoutSeconds") or 0) or None
+        timeout = float(_int_param(query, "timeoutSeconds")) or None
         try:
             w = store.watch(rt.key, route.namespace, query.get("labelSelector"), query.get("fieldSelector"),
                             query.get("resourceVersion"),
@@ -287,7 +287,10 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._start_stream()
             self._pump(w, bookmarks, timeout)
             self._end_stream()
-        except (BrokenPipeError, ConnectionResetError, OSError):
+        except OSError:
+            self.close_connection = True
+        except Exception as exc:  # headers are sent: a Status body cannot follow, so drop the stream
+            log.error("watch_failed", path=self.path, error=repr(exc))
             self.close_connection = True
         finally:
             store.unwatch(w)
@@ -343,3 +346,15 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _end_stream(self) -> None:
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
+
+
+def _int_param(query: dict[str, str], name: str) -> int:
+    """A non-negative integer query parameter (0 when absent); 400 BadRequest naming it otherwise."""
+    raw = query.get(name) or "0"
+    try:
+        value = int(raw)
+    except ValueError:
+        raise errors.bad_request(f"invalid value for {name}: {raw!r}: must be an integer") from None
+    if value < 0:
+        raise errors.bad_request(f"invalid value for {name}: {raw!r}: must not be negative")
+    return value
