@@ -320,3 +320,13 @@ def test_an_unreachable_api_server_is_waited_out(
     (obj,) = server_slices(srv)
     assert "gpu-4" not in {d["name"] for d in obj["spec"]["devices"]}
     assert obj["spec"]["pool"]["generation"] == 2
+
+
+def test_forbidden_node_lookup_does_not_stop_publishing(
+        srv: LocalApiServer, started: Callable[..., SlicePublisher]) -> None:
+    make_node(srv)
+    srv.faults.fail_next(1, code=403, verb="get", resource="nodes")  # RBAC without 'get nodes'
+    pub = started()
+    publish(pub, build_pool(eight_h200(), NODE, DRIVER))
+    (obj,) = server_slices(srv)
+    assert len(obj["spec"]["devices"]) == 8

@@ -218,13 +218,18 @@ class SlicePublisher:
         try:
             node = self._http.request("GET", f"/api/v1/nodes/{self.node_name}")
         except ApiError as err:
-            if err.status != 404:
-                raise
-            self._node_uid = None
+            if err.status not in (403, 404):
+                raise  # transient: the pass is retried with backoff
+            # Devices are worth more than the owner reference: publish without it and look again.
+            if err.status == 404:
+                self._node_uid = None
+                event, fix = "node_not_found", "check --node-name / NODE_NAME"
+            else:
+                event, fix = "node_lookup_forbidden", "grant the plugin's service account 'get' on nodes"
             if not self._node_missing_logged:
-                log.warning("node_not_found", node=self.node_name,
-                            detail="publishing without an owner reference; looking again every "
-                                   f"{NODE_RETRY_SECONDS:g} s (check --node-name / NODE_NAME)")
+                log.warning(event, node=self.node_name, error=str(err),
+                            detail=f"publishing without an owner reference; looking again every "
+                                   f"{NODE_RETRY_SECONDS:g} s ({fix})")
                 self._node_missing_logged = True
             return
         self._node_uid = node["metadata"]["uid"]
