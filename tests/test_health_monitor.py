@@ -130,7 +130,7 @@ def test_xid79_withdraws_the_gpu_within_milliseconds(rig_factory: Callable[..., 
     m = rig.rec.mark()
     rig.sim.faults.inject_xid(2, 79)
     t1, snap = rig.rec.wait_for(gone("gpu-2"), after=m)
-    assert t1 - t0 < 0.5  # typically well under 5 ms; generous for a loaded CI machine
+    assert t1 - t0 < 1.0  # typically under 5 ms; the product promise is "within a second"
     assert snap.unhealthy() == {"gpu-2": "XID 79: GPU has fallen off the bus"}
     assert snap.devices["gpu-2"].state is HealthState.UNHEALTHY
 
