@@ -167,3 +167,14 @@ def test_pod_validation(srv: LocalApiServer) -> None:
     assert sorted(rejected(core.create_namespaced_pod, "default", pod)) == [
         ("spec.containers[0].resources.claims[0].name", "FieldValueNotSupported"),
         ("spec.containers[1].name", "FieldValueDuplicate")]
+
+
+def test_disabled_feature_gate_drops_fields_silently() -> None:
+    with LocalApiServer(feature_gates={"DRADeviceTaints": False}) as srv:
+        r = client.ResourceV1Api(srv.api_client())
+        body = slice_body("t", devices=1)
+        body["spec"]["devices"][0]["taints"] = [{"key": "gpu.example.com/xid", "effect": "NoSchedule"}]
+        stored = r.create_resource_slice(body)
+        assert stored.spec.devices[0].taints is None  # accepted, but the taint is gone
+    with pytest.raises(ValueError, match="DRADeviceTaint"):
+        LocalApiServer(feature_gates={"DRADeviceTaint": False})

@@ -20,7 +20,7 @@ import yaml
 from dra_driver.apiserver.faults import Faults
 from dra_driver.apiserver.handler import ApiHandler
 from dra_driver.apiserver.store import Store
-from dra_driver.apiserver.validation import admit
+from dra_driver.apiserver.validation import make_admit
 from dra_driver.logs import get_logger
 
 if TYPE_CHECKING:
@@ -45,16 +45,20 @@ class LocalApiServer:
     ``history_limit``: events kept for watch resumption (older resourceVersions get 410 Expired);
     ``bookmark_interval``: seconds between BOOKMARK events on idle watches that asked for them;
     ``validate``: admission validation (422 Invalid) on; ``strict_namespaces``: refuse objects in a
-    namespace that does not exist (404), as the real server does.
+    namespace that does not exist (404), as the real server does; ``feature_gates``: e.g.
+    ``{"DRADeviceTaints": False}`` makes the server silently drop device taints on write, like a
+    cluster with that gate off (known: DRADeviceTaints, DRAPartitionableDevices, DRAConsumableCapacity,
+    DRADeviceBindingConditions; all on by default, as on the recorded 1.36 cluster).
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, history_limit: int = 1000,
-                 bookmark_interval: float = 5.0, validate: bool = True, strict_namespaces: bool = False) -> None:
+                 bookmark_interval: float = 5.0, validate: bool = True, strict_namespaces: bool = False,
+                 feature_gates: dict[str, bool] | None = None) -> None:
         self.host = host
         self._requested_port = port
         self.port = port
         self.bookmark_interval = bookmark_interval
-        self.store = Store(history_limit=history_limit, admit=admit if validate else None,
+        self.store = Store(history_limit=history_limit, admit=make_admit(validate, feature_gates),
                            strict_namespaces=strict_namespaces)
         self.faults = Faults(self.store.drop_watches, self._refuse, self.store.compact)
         self._httpd: _HttpServer | None = None
