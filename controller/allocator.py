@@ -1,0 +1,367 @@
+"""The local allocator (``--allocate``): scheduler and claim controller for a cluster that has neither.
+
+The demo's local cluster runs no kube-scheduler and no kube-controller-manager, so with
+``--allocate`` the leader does their DRA work, writing exactly what they would write:
+
+* **Template claims** (the resourceclaim controller): for each ``spec.resourceClaims[]`` entry with
+  ``resourceClaimTemplateName`` a claim ``<pod>-<claim>-<5 random>`` with the template's metadata
+  and spec, an ownerReference to the pod (controller: true, so it goes with the pod), the annotation
+  ``resource.kubernetes.io/pod-claim-name``, and the pod's ``status.resourceClaimStatuses`` entry. A
+  claim created before a crash is found again by owner and annotation, never created twice.
+* **Allocation and binding** (the scheduler): an unbound pod whose claims all exist gets them
+  allocated by the planner (binpack or spread), all on one node; each claim's ``/status`` gets the
+  ``allocation`` (with ``nodeSelector`` and ``allocationTimestamp``) and the pod in ``reservedFor``,
+  after the ``resource.kubernetes.io/delete-protection`` finalizer is on the claim; then the pod is
+  bound (``spec.nodeName``: the local API server serves no ``pods/binding``, so a patch) and gets
+  ``PodScheduled``. A claim that fits nowhere gets a ``FailedScheduling`` Event on the pod with the
+  planner's reason, once per distinct reason, and counts in the unfit metrics.
+* **Deallocation** (the claim controller): a ``reservedFor`` entry whose pod is gone (or finished) is
+  removed; a claim left with no consumer is deallocated and its finalizer removed, so its devices
+  return to the pool and a deleted claim goes away.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.informers import ClusterCache
+from controller.kube import RESOURCE_V1, ApiError, KubeApi, claim_path, namespaced, pod_path
+from dra_driver.logs import get_logger
+from dra_driver.metrics.controller import ControllerMetrics
+from dra_driver.planning import Explanation, Inventory, allocate_and_reserve, explain
+from dra_driver.planning.explain import unhealthy_from_node_conditions
+from dra_driver.planning.planner import Policy
+
+log = get_logger(__name__)
+
+POD_CLAIM_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
+FINALIZER = "resource.kubernetes.io/delete-protection"
+MAX_BASE_NAME = 57  # generateName base, as the resourceclaim controller truncates it
+
+
+def now_rfc3339() -> str:
+    """Seconds-precision UTC time, as the fixtures' allocationTimestamp."""
+    return datetime.datetime.fromtimestamp(time.time(), datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def unfit_category(reasons: list[str]) -> str:
+    """A metric label for why a claim fits nowhere."""
+    text = " ".join(reasons).lower()
+    for needle, label in (("does not exist", "no_class"), ("in use", "in_use"), ("counter", "counters"),
+                          ("no published device", "no_matching_device"), ("taint", "taints"),
+                          ("constraint", "constraints"), ("single node", "no_single_node")):
+        if needle in text:
+            return label
+    return "other"
+
+
+def unfit_summary(explanation: Explanation) -> str:
+    """Explain's verdict on one line: the planner's reasons, then per request what excluded the
+    devices of its class (most common first) and which devices are withdrawn as unhealthy."""
+    parts = list(explanation.plan.reasons)
+    for rx in explanation.requests:
+        if rx.error or rx.usable:
+            continue
+        groups = [(reason, len(vs)) for reason, vs in rx.excluded().items()
+                  if not reason.startswith("DeviceClass selector is false")]
+        if groups:
+            parts.append(f"request {rx.alternative.result_name}: " +
+                         ", ".join(f"{n} {reason}" for reason, n in groups[:3]))
+    if explanation.withdrawn:
+        parts.append("withdrawn as unhealthy: " + ", ".join(d for d, _ in explanation.withdrawn[:4]))
+    seen: list[str] = []
+    for p in parts:
+        if p not in seen:
+            seen.append(p)
+    return "; ".join(seen)
+
+
+def _meta(obj: dict[str, Any]) -> dict[str, Any]:
+    meta: dict[str, Any] = obj.get("metadata") or {}
+    return meta
+
+
+def _terminal(pod: dict[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+@dataclass
+class AllocateStats:
+    """What one pass did (for tests and logs)."""
+
+    created_claims: list[str] = field(default_factory=list)
+    allocated: list[str] = field(default_factory=list)  # "ns/claim -> node"
+    bound: list[str] = field(default_factory=list)
+    unfit: dict[str, str] = field(default_factory=dict)  # "ns/pod" -> reason
+    deallocated: list[str] = field(default_factory=list)
+
+
+class LocalAllocator:
+    """One pass = :meth:`reconcile`; called by the controller's leader loop."""
+
+    def __init__(self, api: KubeApi, cache: ClusterCache, policy: Policy = "binpack",
+                 metrics: ControllerMetrics | None = None) -> None:
+        if cache.pods is None or cache.templates is None:
+            raise ValueError("the local allocator needs the pod and template informers")
+        self.api, self.cache, self.policy, self.metrics = api, cache, policy, metrics
+        self._told: dict[str, str] = {}  # pod uid -> last unfit message (one Event per distinct reason)
+
+    def reconcile(self) -> AllocateStats:
+        """Create template claims, allocate and bind pending pods, deallocate claims of gone pods."""
+        stats = AllocateStats()
+        assert self.cache.pods is not None
+        pods = sorted(self.cache.pods.items(), key=lambda p: str(_meta(p).get("creationTimestamp", "")))
+        for pod in pods:
+            meta = _meta(pod)
+            if not (pod.get("spec") or {}).get("resourceClaims") or meta.get("deletionTimestamp") or _terminal(pod):
+                continue
+            try:
+                self._pod(pod, stats)
+            except ApiError as exc:
+                log.warning("allocator_pod_failed", pod=f"{meta.get('namespace')}/{meta.get('name')}",
+                            error=str(exc)[:300])
+        self._deallocate(stats)
+        if self.metrics is not None:
+            counts: dict[str, int] = {}
+            for reason in stats.unfit.values():
+                counts[unfit_category([reason])] = counts.get(unfit_category([reason]), 0) + 1
+            self.metrics.set_unfit_claims(counts)
+        return stats
+
+    # --- claims of a pod -------------------------------------------------------------------------
+    def _claim_names(self, pod: dict[str, Any], stats: AllocateStats) -> dict[str, str] | None:
+        """Pod claim name -> ResourceClaim name, creating template claims; None if one is missing."""
+        meta = _meta(pod)
+        ns, pod_name, pod_uid = str(meta["namespace"]), str(meta["name"]), str(meta.get("uid", ""))
+        recorded = {s.get("name"): s.get("resourceClaimName")
+                    for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []}
+        names: dict[str, str] = {}
+        new_statuses = False
+        for entry in (pod.get("spec") or {}).get("resourceClaims") or []:
+            pc = str(entry.get("name", ""))
+            if entry.get("resourceClaimName"):
+                names[pc] = str(entry["resourceClaimName"])
+                continue
+            template = entry.get("resourceClaimTemplateName")
+            if not template:
+                continue
+            name = recorded.get(pc) or self._find_generated(ns, pod_uid, pc)
+            if not name:
+                name = self._create_from_template(pod, pc, str(template))
+                if name is None:
+                    return None
+                stats.created_claims.append(f"{ns}/{name}")
+            if recorded.get(pc) != name:
+                recorded[pc] = name
+                new_statuses = True
+            names[pc] = name
+        if new_statuses:
+            order = [str(e.get("name")) for e in (pod.get("spec") or {}).get("resourceClaims") or []]
+            statuses = [{"name": n, "resourceClaimName": recorded[n]} for n in order if recorded.get(n)]
+            updated = self.api.merge_patch(pod_path(ns, pod_name, "status"),
+                                           {"status": {"resourceClaimStatuses": statuses}})
+            assert self.cache.pods is not None
+            self.cache.pods.apply_local(updated)
+        return names
+
+    def _find_generated(self, ns: str, pod_uid: str, pod_claim: str) -> str | None:
+        for claim in self.cache.claims.items():
+            meta = _meta(claim)
+            if meta.get("namespace") != ns or (meta.get("annotations") or {}).get(POD_CLAIM_ANNOTATION) != pod_claim:
+                continue
+            if any(o.get("uid") == pod_uid and o.get("controller") for o in meta.get("ownerReferences") or []):
+                return str(meta["name"])
+        return None
+
+    def _create_from_template(self, pod: dict[str, Any], pod_claim: str, template_name: str) -> str | None:
+        meta = _meta(pod)
+        ns = str(meta["namespace"])
+        assert self.cache.templates is not None
+        template = self.cache.templates.get(f"{ns}/{template_name}") or self.api.get(
+            namespaced(RESOURCE_V1, "resourceclaimtemplates", ns, template_name))
+        if template is None:
+            self._tell_unfit(pod, f"ResourceClaimTemplate {ns}/{template_name} (pod claim {pod_claim}) does not "
+                                  "exist: create it, or fix spec.resourceClaims[].resourceClaimTemplateName")
+            return None
+        tspec = template.get("spec") or {}
+        tmeta = tspec.get("metadata") or {}
+        annotations = dict(tmeta.get("annotations") or {})
+        annotations[POD_CLAIM_ANNOTATION] = pod_claim
+        body: dict[str, Any] = {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {
+                "generateName": f"{meta['name']}-{pod_claim}"[:MAX_BASE_NAME] + "-",
+                "namespace": ns,
+                "annotations": annotations,
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": meta["name"],
+                                     "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}],
+            },
+            "spec": tspec.get("spec") or {},
+        }
+        if tmeta.get("labels"):
+            body["metadata"]["labels"] = dict(tmeta["labels"])
+        created: dict[str, Any] = self.api.request("POST", namespaced(RESOURCE_V1, "resourceclaims", ns), body=body)
+        self.cache.claims.apply_local(created)
+        log.info("claim_created_from_template", claim=f"{ns}/{created['metadata']['name']}",
+                 claim_uid=created["metadata"].get("uid"), pod=f"{ns}/{meta['name']}", template=template_name)
+        return str(created["metadata"]["name"])
+
+    # --- allocation and binding ------------------------------------------------------------------
+    def _pod(self, pod: dict[str, Any], stats: AllocateStats) -> None:
+        names = self._claim_names(pod, stats)
+        if names is None:
+            return
+        assert self.cache.pods is not None
+        pod = self.cache.pods.get(f"{_meta(pod)['namespace']}/{_meta(pod)['name']}") or pod
+        meta = _meta(pod)
+        ns, pod_name = str(meta["namespace"]), str(meta["name"])
+        claims: list[dict[str, Any]] = []
+        for pc, name in names.items():
+            claim = self.cache.claims.get(f"{ns}/{name}") or self.api.get(claim_path(ns, name))
+            if claim is None:
+                self._tell_unfit(pod, f"ResourceClaim {ns}/{name} (pod claim {pc}) does not exist")
+                stats.unfit[f"{ns}/{pod_name}"] = f"claim {name} does not exist"
+                return
+            claims.append(claim)
+        node: str | None = (pod.get("spec") or {}).get("nodeName") or None
+        uid = str(meta.get("uid", ""))
+        pending = [c for c in claims if not any(r.get("uid") == uid for r in (c.get("status") or {}).get("reservedFor") or [])]
+        if not pending and node:
+            return  # everything done already
+        # A claim already allocated (shared with other pods) pins the node.
+        for c in claims:
+            pinned = _allocated_node((c.get("status") or {}).get("allocation"))
+            if pinned:
+                if node and pinned != node:
+                    self._tell_unfit(pod, f"claim {_meta(c).get('name')} is allocated on node {pinned} but the pod "
+                                          f"is bound to {node}")
+                    stats.unfit[f"{ns}/{pod_name}"] = "node mismatch"
+                    return
+                node = pinned
+        inventory = self.cache.inventory(fresh=True)
+        if inventory is None:
+            return
+        for claim in pending:
+            ok, node = self._allocate(pod, claim, inventory, node, stats)
+            if not ok:
+                return
+            inventory = self.cache.inventory(fresh=True)
+            assert inventory is not None
+        if not (pod.get("spec") or {}).get("nodeName") and node:
+            self._bind(pod, node, stats)
+        self._told.pop(uid, None)
+
+    def _allocate(self, pod: dict[str, Any], claim: dict[str, Any], inventory: Inventory, node: str | None,
+                  stats: AllocateStats) -> tuple[bool, str | None]:
+        cmeta = _meta(claim)
+        ns, name = str(cmeta["namespace"]), str(cmeta["name"])
+        start = time.perf_counter()
+        result = allocate_and_reserve(claim, inventory, pod, policy=self.policy, node=node)
+        if self.metrics is not None and not result.already_allocated:
+            self.metrics.observe_planning(time.perf_counter() - start, self.policy, result.patch is not None)
+        if result.patch is None:
+            reason = "; ".join(result.reasons) or "no allocation satisfies the claim"
+            stats.unfit[f"{ns}/{_meta(pod).get('name')}"] = reason
+            if self.metrics is not None:
+                self.metrics.observe_unfit(unfit_category(result.reasons))
+            where = f" on node {node}" if node else ""
+            unhealthy = unhealthy_from_node_conditions(self.cache.nodes.items())
+            summary = unfit_summary(explain(claim, inventory, unhealthy, policy=self.policy))
+            self._tell_unfit(pod, f"claim {ns}/{name} cannot be allocated{where}: {summary or reason}")
+            return False, node
+        status = result.patch["status"]
+        if "allocation" in status:
+            allocation = dict(status["allocation"])
+            devices = dict(allocation.get("devices") or {})
+            if not devices.get("config"):
+                devices.pop("config", None)  # the scheduler omits an empty list
+            allocation["devices"] = devices
+            allocation["allocationTimestamp"] = now_rfc3339()
+            status = {**status, "allocation": allocation}
+        if FINALIZER not in (cmeta.get("finalizers") or []):
+            finalizers = [*(cmeta.get("finalizers") or []), FINALIZER]
+            self.api.merge_patch(claim_path(ns, name), {"metadata": {"finalizers": finalizers,
+                                                                     "resourceVersion": cmeta.get("resourceVersion")}})
+        updated = self.api.merge_patch(claim_path(ns, name, "status"), {"status": status})
+        self.cache.claims.apply_local(updated)
+        chosen = result.plan.node_name or node
+        if self.metrics is not None and not result.already_allocated:
+            self.metrics.observe_placement(self.policy, True)
+        if not result.already_allocated:
+            devices_text = ", ".join(f"{r['pool']}/{r['device']}" for r in status["allocation"]["devices"]["results"])
+            stats.allocated.append(f"{ns}/{name} -> {chosen}")
+            log.info("claim_allocated", claim=f"{ns}/{name}", claim_uid=cmeta.get("uid"), node=chosen,
+                     device=devices_text, policy=self.policy)
+        return True, chosen
+
+    def _bind(self, pod: dict[str, Any], node: str, stats: AllocateStats) -> None:
+        meta = _meta(pod)
+        ns, name = str(meta["namespace"]), str(meta["name"])
+        # No pods/binding subresource on the local API server: set spec.nodeName with a patch that
+        # only applies to this very pod (uid) that is still unbound (resourceVersion).
+        updated = self.api.merge_patch(pod_path(ns, name), {
+            "metadata": {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")},
+            "spec": {"nodeName": node}})
+        conditions = [c for c in (updated.get("status") or {}).get("conditions") or [] if c.get("type") != "PodScheduled"]
+        conditions.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None,
+                           "lastTransitionTime": now_rfc3339()})
+        updated = self.api.merge_patch(pod_path(ns, name, "status"), {"status": {"conditions": conditions}})
+        assert self.cache.pods is not None
+        self.cache.pods.apply_local(updated)
+        stats.bound.append(f"{ns}/{name} -> {node}")
+        log.info("pod_bound", pod=f"{ns}/{name}", node=node)
+
+    def _tell_unfit(self, pod: dict[str, Any], message: str) -> None:
+        uid = str(_meta(pod).get("uid", ""))
+        if self._told.get(uid) == message:
+            return
+        self._told[uid] = message
+        self.api.event(pod, "FailedScheduling", message, "Warning")
+        log.info("pod_unschedulable", pod=f"{_meta(pod).get('namespace')}/{_meta(pod).get('name')}", reason=message)
+
+    # --- deallocation ----------------------------------------------------------------------------
+    def _deallocate(self, stats: AllocateStats) -> None:
+        assert self.cache.pods is not None
+        for claim in self.cache.claims.items():
+            meta, status = _meta(claim), claim.get("status") or {}
+            reserved = status.get("reservedFor") or []
+            keep = []
+            for r in reserved:
+                if r.get("resource") != "pods" or r.get("apiGroup"):
+                    keep.append(r)
+                    continue
+                pod = self.cache.pods.get(f"{meta.get('namespace')}/{r.get('name')}")
+                if pod is not None and _meta(pod).get("uid") == r.get("uid") and not _terminal(pod):
+                    keep.append(r)
+            deleting = bool(meta.get("deletionTimestamp"))
+            release = deleting and not keep and (FINALIZER in (meta.get("finalizers") or []) or status.get("allocation"))
+            if len(keep) == len(reserved) and not release:
+                continue
+            ns, name = str(meta["namespace"]), str(meta["name"])
+            try:
+                if keep:
+                    updated = self.api.merge_patch(claim_path(ns, name, "status"), {"status": {"reservedFor": keep}})
+                else:
+                    updated = self.api.merge_patch(claim_path(ns, name, "status"),
+                                                   {"status": {"reservedFor": None, "allocation": None, "devices": None}})
+                    if status.get("allocation"):
+                        stats.deallocated.append(f"{ns}/{name}")
+                        log.info("claim_deallocated", claim=f"{ns}/{name}", claim_uid=meta.get("uid"))
+                    if FINALIZER in (meta.get("finalizers") or []):
+                        finalizers = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
+                        updated = self.api.merge_patch(claim_path(ns, name), {"metadata": {"finalizers": finalizers or None}})
+                self.cache.claims.apply_local(updated)
+            except ApiError as exc:
+                if exc.status != 404:
+                    log.warning("claim_deallocate_failed", claim=f"{ns}/{name}", error=str(exc)[:300])
+
+
+def _allocated_node(allocation: dict[str, Any] | None) -> str | None:
+    for term in ((allocation or {}).get("nodeSelector") or {}).get("nodeSelectorTerms") or []:
+        for f in term.get("matchFields") or []:
+            if f.get("key") == "metadata.name" and f.get("values"):
+                return str(f["values"][0])
+    return None

@@ -1,0 +1,156 @@
+"""``gpuready controller``: the cluster-wide daemon (webhooks, claim health, leader election, --allocate).
+
+Every flag falls back to an environment variable (the Helm chart sets those), then to a default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+from dra_driver.logs import get_logger
+
+log = get_logger(__name__)
+
+HELP = "run the controller: VRAM-shaping and validating webhooks, claim health reconciler, leader election"
+DESCRIPTION = """\
+The cluster-wide half of gpuready. Every replica serves two admission webhooks over HTTPS:
+/mutate turns a memory request of the VRAM DeviceClass (capacity.requests.memory) into a best-fit
+firstAvailable list of the GPU and MIG shapes that exist, smallest first, and warns when no device
+could ever fit; /validate refuses opaque configuration for this driver that the kubelet plugin
+would reject, naming the field. The replica holding the leader Lease also watches allocated
+claims: when a device turns unhealthy it sets a Ready=False condition on the claim's
+status.devices entry, records an Event on the pods using it and, with --on-device-failure=evict,
+evicts pods that have a controller so they are recreated on a healthy device.
+
+--allocate makes the leader also do the scheduler's DRA work (claims from templates, allocation
+with the VRAM-aware planner, binding, deallocation): for the local demo cluster, which runs no
+kube-scheduler. Never use it beside a real scheduler.
+
+Examples:
+  gpuready controller --kubeconfig ~/.kube/config --webhook-cert-dir /etc/gpuready/webhook-tls
+  gpuready controller --kubeconfig kc.yaml --allocate --no-leader-elect --webhook-port 0
+"""
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name) or default
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``gpuready controller`` (environment variable fallbacks in brackets)."""
+    parser.add_argument("--kubeconfig", default=_env("KUBECONFIG", ""),
+                        help="kubeconfig file; empty: in-cluster service account, then ~/.kube/config [KUBECONFIG]")
+    parser.add_argument("--driver-name", default=_env("DRIVER_NAME", "gpu.nvidia.com"),
+                        help="DRA driver name whose devices and configs this controller handles [DRIVER_NAME]")
+    parser.add_argument("--memory-class", default=_env("MEMORY_DEVICE_CLASS", ""),
+                        help="DeviceClass whose memory requests are shaped (default vram.<driver name>) "
+                             "[MEMORY_DEVICE_CLASS]")
+    parser.add_argument("--policy", default=_env("PLACEMENT_POLICY", "binpack"), choices=["binpack", "spread"],
+                        help="placement policy for --allocate [PLACEMENT_POLICY]")
+    parser.add_argument("--on-device-failure", default=_env("UNHEALTHY_CLAIM_POLICY", "none"),
+                        choices=["none", "evict"],
+                        help="none: condition and Events only; evict: also evict pods that have a controller "
+                             "[UNHEALTHY_CLAIM_POLICY]")
+    parser.add_argument("--allocate", action=argparse.BooleanOptionalAction, default=_env_bool("ALLOCATE", False),
+                        help="allocate claims and bind pods (local clusters without kube-scheduler) [ALLOCATE]")
+    parser.add_argument("--webhook-port", type=int, default=int(_env("WEBHOOK_PORT", "8443")),
+                        help="HTTPS port of the webhooks; 0 turns them off [WEBHOOK_PORT]")
+    parser.add_argument("--webhook-cert-dir", default=_env("WEBHOOK_CERT_DIR", ""),
+                        help="directory holding tls.crt and tls.key [WEBHOOK_CERT_DIR]")
+    parser.add_argument("--webhook-cert", default=_env("WEBHOOK_CERT", ""), help="certificate file (PEM) [WEBHOOK_CERT]")
+    parser.add_argument("--webhook-key", default=_env("WEBHOOK_KEY", ""), help="private key file (PEM) [WEBHOOK_KEY]")
+    parser.add_argument("--metrics-port", type=int, default=int(_env("METRICS_PORT", "8080")),
+                        help="Prometheus /metrics port; 0 turns it off [METRICS_PORT]")
+    parser.add_argument("--health-port", type=int, default=int(_env("HEALTH_PORT", "8081")),
+                        help="/healthz and /readyz port; 0 turns it off [HEALTH_PORT]")
+    parser.add_argument("--bind-address", default=_env("BIND_ADDRESS", "0.0.0.0"),
+                        help="address the servers listen on [BIND_ADDRESS]")
+    parser.add_argument("--leader-elect", action=argparse.BooleanOptionalAction,
+                        default=_env_bool("LEADER_ELECT", True),
+                        help="elect one leader through a Lease (required with more than one replica) [LEADER_ELECT]")
+    parser.add_argument("--leader-election-namespace",
+                        default=_env("LEADER_ELECTION_NAMESPACE", _env("POD_NAMESPACE", "default")),
+                        help="namespace of the Lease [LEADER_ELECTION_NAMESPACE, POD_NAMESPACE]")
+    parser.add_argument("--leader-election-lease-name", default=_env("LEADER_ELECTION_LEASE_NAME", "gpuready-controller"),
+                        help="name of the Lease [LEADER_ELECTION_LEASE_NAME]")
+    parser.add_argument("--leader-election-id", default=_env("POD_NAME", ""),
+                        help="this replica's identity in the Lease (default hostname_pid) [POD_NAME]")
+    parser.add_argument("--lease-duration", type=float, default=float(_env("LEASE_DURATION", "15")),
+                        help="seconds a standby waits after the last renewal before taking over [LEASE_DURATION]")
+    parser.add_argument("--renew-deadline", type=float, default=float(_env("RENEW_DEADLINE", "10")),
+                        help="seconds the leader keeps trying to renew before stepping down [RENEW_DEADLINE]")
+    parser.add_argument("--retry-period", type=float, default=float(_env("RETRY_PERIOD", "2")),
+                        help="seconds between Lease attempts [RETRY_PERIOD]")
+    parser.add_argument("--resync", type=float, default=float(_env("RESYNC_SECONDS", "30")),
+                        help="seconds between full reconciler passes without changes [RESYNC_SECONDS]")
+
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    """A validated :class:`controller.daemon.ControllerConfig` from the parsed flags (ValueError if bad)."""
+    from controller.daemon import ControllerConfig
+
+    cert, key = args.webhook_cert, args.webhook_key
+    if args.webhook_cert_dir:
+        cert = cert or os.path.join(args.webhook_cert_dir, "tls.crt")
+        key = key or os.path.join(args.webhook_cert_dir, "tls.key")
+    return ControllerConfig(
+        driver_name=args.driver_name, memory_class=args.memory_class, policy=args.policy,
+        webhook_port=args.webhook_port or None, cert_file=cert, key_file=key,
+        metrics_port=args.metrics_port or None, health_port=args.health_port or None,
+        webhook_host=args.bind_address, bind_host=args.bind_address,
+        leader_elect=args.leader_elect, lease_namespace=args.leader_election_namespace,
+        lease_name=args.leader_election_lease_name, identity=args.leader_election_id,
+        lease_duration=args.lease_duration, renew_deadline=args.renew_deadline, retry_period=args.retry_period,
+        allocate=args.allocate, on_device_failure=args.on_device_failure, resync_s=args.resync,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run until SIGTERM/SIGINT; the leader releases its Lease on the way out."""
+    from controller.daemon import Controller
+    from controller.plan_command import api_client
+
+    try:
+        config = config_from_args(args)
+        if config.leader_elect:
+            from controller.leader import LeaseConfig
+
+            LeaseConfig(config.lease_namespace, config.lease_name, config.identity_name, config.lease_duration,
+                        config.renew_deadline, config.retry_period)
+    except ValueError as exc:
+        print(f"gpuready controller: {exc}", file=sys.stderr)
+        return 2
+    try:
+        client = api_client(args.kubeconfig)
+    except Exception as exc:
+        print(f"gpuready controller: cannot configure the Kubernetes client: {exc} (give --kubeconfig, or run "
+              "in a pod with a service account)", file=sys.stderr)
+        return 2
+    done = threading.Event()
+
+    def _on_signal(signum: int, _frame: Any) -> None:
+        log.info("controller_signal", signal=signal.Signals(signum).name)
+        done.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    try:
+        controller = Controller(config, client).start()
+    except (OSError, ValueError) as exc:
+        print(f"gpuready controller: {exc}", file=sys.stderr)
+        return 1
+    done.wait()
+    controller.stop()
+    return 0

@@ -1,0 +1,281 @@
+"""The controller daemon: informers, leader election, webhooks, claim health reconciler, local allocator.
+
+Concurrency model: **threads**, one job each, like the kubelet plugin (the synchronous ``kubernetes``
+client and ``http.server`` are thread-based). Informer threads (one per kind) own the watches and
+write only their own caches (each behind its own lock); the inventory thread rebuilds the planner's
+inventory after a debounce and swaps it in under a lock; the webhook server answers each connection
+in its own thread and only *reads* the swapped-in inventory, so admission never waits on the API
+server or on a rebuild; the leader-election thread renews the Lease and starts/stops the leader
+loop; the leader loop thread is the only writer of claims and pods (allocator, then health
+reconciler, one pass at a time), woken by informer changes (debounced) or every ``resync_s``. The
+metrics and health HTTP servers each have their own thread. Nothing holds a lock while doing I/O.
+
+Every replica serves the webhooks; only the leader runs the reconciler and allocator.
+
+In-process use (tests, the demo)::
+
+    ctrl = Controller(ControllerConfig(webhook_port=0, cert_file=..., key_file=..., allocate=True),
+                      api_client).start()
+    ctrl.wait_ready(10); ctrl.webhook.url; ctrl.is_leader
+    ctrl.stop()                                  # releases the Lease
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, cast
+
+from controller.allocator import LocalAllocator
+from controller.informers import ClusterCache
+from controller.kube import KubeApi
+from controller.leader import LeaderElector, LeaseConfig
+from controller.reconciler import EVICT, NONE, HealthReconciler
+from controller.webhook import WebhookServer
+from dra_driver.logs import get_logger
+from dra_driver.metrics.controller import ControllerMetrics
+from dra_driver.metrics.server import serve_metrics
+from dra_driver.planning.planner import Policy
+
+log = get_logger(__name__)
+
+DEFAULT_DRIVER = "gpu.nvidia.com"
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """Everything one controller replica needs. Ports: None = that server is off, 0 = a free port."""
+
+    driver_name: str = DEFAULT_DRIVER
+    memory_class: str = ""  # default: vram.<driver_name> (deploy/deviceclasses)
+    policy: str = "binpack"
+    webhook_port: int | None = None
+    webhook_host: str = "0.0.0.0"
+    cert_file: str = ""
+    key_file: str = ""
+    metrics_port: int | None = None
+    health_port: int | None = None
+    bind_host: str = "0.0.0.0"
+    leader_elect: bool = True
+    lease_namespace: str = "default"
+    lease_name: str = "gpuready-controller"
+    identity: str = ""  # default: hostname + pid
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    allocate: bool = False
+    on_device_failure: str = NONE
+    resync_s: float = 30.0
+    debounce_s: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("binpack", "spread"):
+            raise ValueError(f"--policy {self.policy!r}: use binpack or spread")
+        if self.on_device_failure not in (NONE, EVICT):
+            raise ValueError(f"--on-device-failure {self.on_device_failure!r}: use none or evict")
+        if self.webhook_port is not None and not (self.cert_file and self.key_file):
+            raise ValueError("the webhook serves HTTPS only: give --webhook-cert and --webhook-key (or "
+                             "--webhook-cert-dir holding tls.crt and tls.key), or turn it off with --webhook-port 0")
+        for name in ("webhook_port", "metrics_port", "health_port"):
+            port = getattr(self, name)
+            if port is not None and not 0 <= port <= 65535:
+                raise ValueError(f"--{name.replace('_', '-')} {port} is not a TCP port (0-65535)")
+
+    @property
+    def memory_class_name(self) -> str:
+        """The DeviceClass whose memory requests the mutating webhook shapes."""
+        return self.memory_class or f"vram.{self.driver_name}"
+
+    @property
+    def identity_name(self) -> str:
+        """This replica's leader election identity."""
+        return self.identity or f"{socket.gethostname()}_{os.getpid()}"
+
+
+class _HealthHandler(BaseHTTPRequestHandler):
+    server: Any
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        ctrl: Controller = self.server.controller
+        if self.path == "/healthz":
+            ok, text = ctrl.healthy()
+        elif self.path == "/readyz":
+            ok, text = ctrl.ready()
+        else:
+            ok, text = False, "not found: /healthz or /readyz"
+        data = text.encode()
+        self.send_response(200 if ok else (404 if "not found" in text else 503))
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class Controller:
+    """One controller replica (see the module docstring for the threads)."""
+
+    def __init__(self, config: ControllerConfig, api_client: Any, metrics: ControllerMetrics | None = None) -> None:
+        self.config = config
+        self.api = KubeApi(api_client)
+        self.metrics = metrics or ControllerMetrics(driver_name=config.driver_name)
+        self.cache = ClusterCache(self.api, resync_s=config.resync_s, debounce_s=config.debounce_s,
+                                  with_pods=True)
+        self.reconciler = HealthReconciler(self.api, self.cache, config.driver_name, config.on_device_failure,
+                                           self.metrics)
+        self.allocator = (LocalAllocator(self.api, self.cache, cast(Policy, config.policy), self.metrics)
+                          if config.allocate else None)
+        self.webhook: WebhookServer | None = None
+        self.elector: LeaderElector | None = None
+        self._metrics_server: Any = None
+        self._health_server: ThreadingHTTPServer | None = None
+        self._kick = threading.Event()
+        self._stop = threading.Event()
+        self._leading = threading.Event()
+        self._loop: threading.Thread | None = None
+        self.passes = 0
+        self.last_pass_error = ""
+        for inf in self.cache.informers:
+            inf.add_handler(lambda _e, _k, _o: self._kick.set())
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> Controller:
+        """Start informers, servers and leader election (or lead at once without it)."""
+        cfg = self.config
+        self.cache.start()
+        if cfg.webhook_port is not None:
+            self.webhook = WebhookServer(cfg.webhook_host, cfg.webhook_port, cfg.cert_file, cfg.key_file,
+                                         self.cache.inventory, cfg.driver_name, cfg.memory_class_name,
+                                         self.metrics).start()
+        if cfg.metrics_port is not None:
+            self._metrics_server, _ = serve_metrics(self.metrics.registry, cfg.bind_host, cfg.metrics_port)
+        if cfg.health_port is not None:
+            try:
+                server = ThreadingHTTPServer((cfg.bind_host, cfg.health_port), _HealthHandler)
+            except OSError as exc:
+                raise OSError(exc.errno, f"cannot serve /healthz on {cfg.bind_host}:{cfg.health_port} "
+                                         f"({exc.strerror}); choose another port with --health-port") from exc
+            server.daemon_threads = True
+            server.controller = self  # type: ignore[attr-defined]
+            threading.Thread(target=server.serve_forever, name="health", daemon=True).start()
+            self._health_server = server
+        self._loop = threading.Thread(target=self._leader_loop, name="leader-loop", daemon=True)
+        self._loop.start()
+        if cfg.leader_elect:
+            lease = LeaseConfig(cfg.lease_namespace, cfg.lease_name, cfg.identity_name, cfg.lease_duration,
+                                cfg.renew_deadline, cfg.retry_period)
+            self.elector = LeaderElector(self.api, lease, self._start_leading, self._stop_leading).start()
+        else:
+            self._start_leading()
+        log.info("controller_started", driver=cfg.driver_name, policy=cfg.policy, allocate=cfg.allocate,
+                 on_device_failure=cfg.on_device_failure, identity=cfg.identity_name,
+                 webhook=self.webhook.url if self.webhook else "off")
+        return self
+
+    def stop(self, release: bool = True) -> None:
+        """Stop everything; the leader releases its Lease (unless ``release`` is False: a crash)."""
+        self._stop.set()
+        self._kick.set()
+        if self.elector is not None:
+            self.elector.stop(release=release)
+        self._stop_leading()
+        if self._loop is not None:
+            self._loop.join(timeout=10)
+        if self.webhook is not None:
+            self.webhook.stop()
+        for server in (self._metrics_server, self._health_server):
+            if server is not None:
+                server.shutdown()
+                server.server_close()
+        self.cache.stop()
+        log.info("controller_stopped", identity=self.config.identity_name)
+
+    # --- state -----------------------------------------------------------------------------------
+    @property
+    def is_leader(self) -> bool:
+        """Whether this replica runs the reconciler and allocator now."""
+        return self._leading.is_set()
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The bound metrics port (None when off)."""
+        return int(self._metrics_server.server_address[1]) if self._metrics_server is not None else None
+
+    @property
+    def health_port(self) -> int | None:
+        """The bound /healthz port (None when off)."""
+        return int(self._health_server.server_address[1]) if self._health_server is not None else None
+
+    def ready(self) -> tuple[bool, str]:
+        """/readyz: the caches are synced and the inventory built (the webhook can shape)."""
+        if not self.cache.synced:
+            return False, "informers not synced yet"
+        if self.cache.inventory() is None:
+            return False, "inventory not built yet"
+        return True, "ok"
+
+    def healthy(self) -> tuple[bool, str]:
+        """/healthz: the worker threads are alive."""
+        if self._loop is not None and not self._loop.is_alive() and not self._stop.is_set():
+            return False, "leader loop thread died"
+        return True, "ok"
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Block until :meth:`ready` (or ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.ready()[0]:
+                return True
+            time.sleep(0.02)
+        return False
+
+    def kick(self) -> None:
+        """Ask the leader loop for a pass now."""
+        self._kick.set()
+
+    # --- leading ---------------------------------------------------------------------------------
+    def _start_leading(self) -> None:
+        self.metrics.set_leader(True)
+        self._leading.set()
+        self._kick.set()
+
+    def _stop_leading(self) -> None:
+        self._leading.clear()
+        self.metrics.set_leader(False)
+
+    def _leader_loop(self) -> None:
+        while not self._stop.is_set():
+            self._kick.wait(self.config.resync_s)
+            if self._stop.is_set():
+                return
+            if not self._leading.is_set() or not self.cache.synced:
+                if not self.cache.synced:
+                    self._stop.wait(0.05)
+                else:
+                    self._kick.clear()
+                continue
+            self._stop.wait(self.config.debounce_s)  # let a burst of watch events settle into one pass
+            self._kick.clear()
+            self.run_pass()
+
+    def run_pass(self) -> None:
+        """One allocator + reconciler pass (the leader loop calls it; tests may too)."""
+        try:
+            if self.allocator is not None:
+                self.allocator.reconcile()
+            self.reconciler.reconcile()
+            inv = self.cache.inventory()
+            if inv is not None:
+                self.metrics.set_inventory({"published": len(inv.devices), "allocated": len(inv.taken_by),
+                                            "shared_in_use": len(inv.capacity_used)})
+            self.last_pass_error = ""
+        except Exception as exc:  # a failed pass is retried on the next change or resync
+            self.last_pass_error = repr(exc)
+            log.error("controller_pass_failed", error=repr(exc)[:500])
+        self.passes += 1

@@ -1,0 +1,356 @@
+"""Informers: list + watch caches of the objects the controller reads, and the planner's inventory.
+
+One :class:`Informer` per kind runs one thread: list (remember the list's resourceVersion), watch
+from it with bookmarks, and on a dropped stream resume the watch from the last resourceVersion seen
+(an event's or a bookmark's), so nothing is missed and nothing is listed twice. A 410 Expired (the
+history was compacted) means relist. Errors back off (jittered, doubling to 30 s). Every
+``resync_s`` the handlers get every cached object again (as client-go's resync does), so a missed
+reaction heals.
+
+:class:`ClusterCache` holds the five informers (ResourceSlices, ResourceClaims, DeviceClasses,
+Nodes, Pods) and the inventory built from the first three. A change marks the inventory stale; a
+rebuild thread waits ``debounce_s`` for a burst of changes to settle, then rebuilds once, so a
+republished 8-slice pool costs one build, not eight. Readers get the last built inventory (the
+webhook) or force a fresh one (the allocator, right after its own writes).
+
+Objects in the caches are shared, read-only dicts: copy before changing one.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from controller.kube import COORDINATION_V1, CORE_V1, RESOURCE_V1, WATCH_TIMEOUT_SECONDS, ApiError, KubeApi
+from dra_driver.logs import get_logger
+from dra_driver.planning import Inventory, build_inventory
+
+log = get_logger(__name__)
+
+BACKOFF_BASE = 0.2
+BACKOFF_MAX = 30.0
+
+Handler = Callable[[str, str, dict[str, Any] | None], None]
+"""``handler(event, key, obj)``: event ADDED | MODIFIED | DELETED | RESYNC; obj None for DELETED."""
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A watched collection: its name and cluster-wide list path."""
+
+    name: str
+    path: str
+
+
+SLICES = Kind("resourceslices", f"{RESOURCE_V1}/resourceslices")
+CLAIMS = Kind("resourceclaims", f"{RESOURCE_V1}/resourceclaims")
+CLASSES = Kind("deviceclasses", f"{RESOURCE_V1}/deviceclasses")
+TEMPLATES = Kind("resourceclaimtemplates", f"{RESOURCE_V1}/resourceclaimtemplates")
+NODES = Kind("nodes", f"{CORE_V1}/nodes")
+PODS = Kind("pods", f"{CORE_V1}/pods")
+LEASES = Kind("leases", f"{COORDINATION_V1}/leases")
+
+
+def object_key(obj: dict[str, Any]) -> str:
+    """``namespace/name`` for namespaced objects, ``name`` otherwise."""
+    meta = obj.get("metadata") or {}
+    ns = meta.get("namespace")
+    return f"{ns}/{meta.get('name', '')}" if ns else str(meta.get("name", ""))
+
+
+def _rv(obj: dict[str, Any]) -> int:
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
+    except ValueError:
+        return 0
+
+
+class _Expired(Exception):
+    """The watch's resourceVersion is too old (410): relist."""
+
+
+class Informer:
+    """A thread-safe cache of one kind, kept current by list + watch."""
+
+    def __init__(self, api: KubeApi, kind: Kind, resync_s: float = 300.0) -> None:
+        self.api, self.kind, self.resync_s = api, kind, resync_s
+        self._lock = threading.Lock()
+        self._cache: dict[str, dict[str, Any]] = {}
+        self._handlers: list[Handler] = []
+        self._stop = threading.Event()
+        self._synced = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._response: Any = None
+        self.last_rv = ""
+        self.lists = 0  # full lists done (1 + one per 410 or unrecoverable error)
+        self.watches = 0  # watch sessions opened
+        self._next_resync = 0.0
+
+    # --- reading ---------------------------------------------------------------------------------
+    def add_handler(self, handler: Handler) -> None:
+        """Call ``handler`` on every change (from the informer's thread; keep it short)."""
+        self._handlers.append(handler)
+
+    def items(self) -> list[dict[str, Any]]:
+        """Every cached object (shared, read-only)."""
+        with self._lock:
+            return list(self._cache.values())
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        """One cached object by ``namespace/name`` (or ``name``)."""
+        with self._lock:
+            return self._cache.get(key)
+
+    @property
+    def synced(self) -> bool:
+        """Whether the first list has completed."""
+        return self._synced.is_set()
+
+    def wait_synced(self, timeout: float) -> bool:
+        """Block until the first list completed (or ``timeout``)."""
+        return self._synced.wait(timeout)
+
+    def apply_local(self, obj: dict[str, Any]) -> None:
+        """Put an object this process just wrote into the cache (if newer than the cached one), so the
+        next decision sees the write before its watch event arrives."""
+        key = object_key(obj)
+        meta = obj.get("metadata") or {}
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            with self._lock:
+                self._cache.pop(key, None)  # the write removed it (last finalizer gone)
+            self._notify("DELETED", key, None)
+            return
+        with self._lock:
+            current = self._cache.get(key)
+            if current is not None and _rv(current) >= _rv(obj):
+                return
+            self._cache[key] = obj
+        self._notify("MODIFIED", key, obj)
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> Informer:
+        """Start the list/watch thread."""
+        self._thread = threading.Thread(target=self._run, name=f"informer-{self.kind.name}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the thread (closes the open watch)."""
+        self._stop.set()
+        response = self._response
+        if response is not None:
+            try:
+                response.shutdown()
+            except Exception:
+                pass
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    # --- the loop --------------------------------------------------------------------------------
+    def _notify(self, event: str, key: str, obj: dict[str, Any] | None) -> None:
+        for handler in self._handlers:
+            try:
+                handler(event, key, obj)
+            except Exception as exc:  # a handler bug must not kill the informer
+                log.error("informer_handler_failed", kind=self.kind.name, error=repr(exc))
+
+    def _relist(self) -> None:
+        answer = self.api.request("GET", self.kind.path)
+        items = answer.get("items") or []
+        fresh = {object_key(o): o for o in items}
+        with self._lock:
+            old, self._cache = self._cache, fresh
+        self.last_rv = str((answer.get("metadata") or {}).get("resourceVersion") or "")
+        self.lists += 1
+        for key, obj in fresh.items():
+            if key not in old:
+                self._notify("ADDED", key, obj)
+            elif _rv(old[key]) != _rv(obj):
+                self._notify("MODIFIED", key, obj)
+        for key in old.keys() - fresh.keys():
+            self._notify("DELETED", key, None)
+        self._synced.set()
+
+    def _run(self) -> None:
+        failures = 0
+        need_list = True
+        self._next_resync = time.monotonic() + self.resync_s
+        while not self._stop.is_set():
+            try:
+                if need_list:
+                    self._relist()
+                    need_list = False
+                self._watch()
+                failures = 0
+            except _Expired:
+                log.info("informer_relist", kind=self.kind.name, reason="resourceVersion expired (410)")
+                need_list = True
+                continue
+            except Exception as exc:
+                if self._stop.is_set():
+                    return
+                failures += 1
+                if failures >= 3:
+                    need_list = True  # the server may have lost our place: start over from a list
+                wait = min(BACKOFF_MAX, BACKOFF_BASE * 2 ** failures) * random.uniform(0.5, 1.0)
+                log.warning("informer_watch_failed", kind=self.kind.name, error=str(exc)[:300],
+                            retry_in_s=round(wait, 2))
+                self._stop.wait(wait)
+            if time.monotonic() >= self._next_resync and not self._stop.is_set():
+                self._next_resync = time.monotonic() + self.resync_s
+                for obj in self.items():
+                    self._notify("RESYNC", object_key(obj), obj)
+
+    def _watch(self) -> None:
+        query = [("watch", "true"), ("allowWatchBookmarks", "true"),
+                 ("timeoutSeconds", str(min(WATCH_TIMEOUT_SECONDS, max(1, int(self.resync_s)))))]
+        if self.last_rv:
+            query.append(("resourceVersion", self.last_rv))
+        try:
+            response = self.api.stream(self.kind.path, query)
+        except ApiError as exc:
+            if exc.status == 410:
+                raise _Expired() from exc
+            raise
+        self._response = response
+        self.watches += 1
+        try:
+            buffer = b""
+            for chunk in response.stream(65536, decode_content=True):
+                if self._stop.is_set():
+                    return
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.strip():
+                        self._dispatch(json.loads(line))
+                if time.monotonic() >= self._next_resync:
+                    return  # resync: hand every object to the handlers again, then resume
+        finally:
+            self._response = None
+            response.release_conn()
+
+    def _dispatch(self, event: dict[str, Any]) -> None:
+        typ = str(event.get("type", ""))
+        obj = event.get("object") or {}
+        if typ == "ERROR":
+            if int(obj.get("code") or 0) == 410:
+                raise _Expired()
+            raise ApiError("WATCH", self.kind.path, int(obj.get("code") or 0), obj)
+        rv = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        if typ == "BOOKMARK":
+            if rv:
+                self.last_rv = rv
+            return
+        key = object_key(obj)
+        with self._lock:
+            if typ == "DELETED":
+                self._cache.pop(key, None)
+            else:
+                current = self._cache.get(key)
+                if current is not None and _rv(current) > _rv(obj):
+                    pass  # apply_local already holds a newer version
+                else:
+                    self._cache[key] = obj
+        if rv:
+            self.last_rv = rv
+        self._notify(typ, key, None if typ == "DELETED" else obj)
+
+
+class ClusterCache:
+    """Informers for what the controller reads, and a debounced inventory for the planner."""
+
+    def __init__(self, api: KubeApi, resync_s: float = 300.0, debounce_s: float = 0.05,
+                 with_pods: bool = True) -> None:
+        self.api = api
+        self.debounce_s = debounce_s
+        self.slices = Informer(api, SLICES, resync_s)
+        self.claims = Informer(api, CLAIMS, resync_s)
+        self.classes = Informer(api, CLASSES, resync_s)
+        self.nodes = Informer(api, NODES, resync_s)
+        self.pods: Informer | None = Informer(api, PODS, resync_s) if with_pods else None
+        self.templates: Informer | None = Informer(api, TEMPLATES, resync_s) if with_pods else None
+        self._inv_lock = threading.Lock()
+        self._inventory: Inventory | None = None
+        self._dirty = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.builds = 0
+        self.build_seconds = 0.0
+        for inf in (self.slices, self.claims, self.classes):
+            inf.add_handler(lambda _e, _k, _o: self._dirty.set())
+
+    @property
+    def informers(self) -> list[Informer]:
+        """Every informer of this cache."""
+        return [i for i in (self.slices, self.claims, self.classes, self.nodes, self.pods, self.templates)
+                if i is not None]
+
+    def start(self) -> ClusterCache:
+        """Start every informer and the inventory rebuild thread."""
+        for inf in self.informers:
+            inf.start()
+        self._thread = threading.Thread(target=self._rebuild_loop, name="inventory", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the informers and the rebuild thread."""
+        self._stop.set()
+        self._dirty.set()
+        for inf in self.informers:
+            inf.stop()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    @property
+    def synced(self) -> bool:
+        """Whether every informer completed its first list."""
+        return all(i.synced for i in self.informers)
+
+    def wait_synced(self, timeout: float) -> bool:
+        """Block until every informer listed once (or ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        return all(i.wait_synced(max(0.0, deadline - time.monotonic())) for i in self.informers)
+
+    def _build(self) -> Inventory:
+        start = time.perf_counter()
+        inv = build_inventory(self.slices.items(), self.claims.items(), self.classes.items())
+        self.build_seconds = time.perf_counter() - start
+        self.builds += 1
+        return inv
+
+    def inventory(self, fresh: bool = False) -> Inventory | None:
+        """The planner's inventory: the last build (None before the first sync), or a build of the
+        caches as they are now when ``fresh``."""
+        if fresh:
+            self._dirty.clear()
+            inv = self._build()
+            with self._inv_lock:
+                self._inventory = inv
+            return inv
+        with self._inv_lock:
+            return self._inventory
+
+    def _rebuild_loop(self) -> None:
+        while not self._stop.is_set():
+            self._dirty.wait()
+            if self._stop.is_set():
+                return
+            if not (self.slices.synced and self.claims.synced and self.classes.synced):
+                self._stop.wait(0.02)
+                continue
+            self._stop.wait(self.debounce_s)  # let a burst of changes settle into one build
+            self._dirty.clear()
+            try:
+                inv = self._build()
+            except Exception as exc:  # a bad object must not stop the rebuilds: keep the last inventory
+                log.error("inventory_build_failed", error=repr(exc))
+                continue
+            with self._inv_lock:
+                self._inventory = inv

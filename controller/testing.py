@@ -1,0 +1,171 @@
+"""Helpers for tests, benchmarks and the demo: a cluster of simulated nodes on the local API server,
+a self-signed webhook certificate, and an AdmissionReview client over real HTTPS.
+
+    with LocalApiServer() as srv:
+        api = KubeApi(srv.api_client())
+        install_device_classes(api)
+        publish_node(api, "node-a", "sim:4xh200", mig_mode="dynamic")
+        cert, key = self_signed_cert(tmpdir)
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import http.client
+import json
+import os
+import ssl
+import subprocess
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from controller.kube import CORE_V1, RESOURCE_V1, ApiError, KubeApi
+
+DEVICECLASS_DIR = Path(__file__).resolve().parent.parent / "deploy" / "deviceclasses"
+
+
+def self_signed_cert(directory: str, hosts: tuple[str, ...] = ("127.0.0.1", "localhost")) -> tuple[str, str]:
+    """Write ``tls.crt``/``tls.key`` (self-signed, SANs ``hosts``) into ``directory``; returns the paths.
+
+    Uses the ``cryptography`` package (test extra), else the ``openssl`` command."""
+    cert_path, key_path = os.path.join(directory, "tls.crt"), os.path.join(directory, "tls.key")
+    try:
+        import ipaddress
+
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+    except ImportError:
+        san = ",".join(f"IP:{h}" if h[0].isdigit() else f"DNS:{h}" for h in hosts)
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+                        "-nodes", "-days", "2", "-subj", f"/CN={hosts[0]}", "-addext", f"subjectAltName={san}",
+                        "-keyout", key_path, "-out", cert_path], check=True, capture_output=True)
+        return cert_path, key_path
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])])
+    alt: list[x509.GeneralName] = []
+    for h in hosts:
+        try:
+            alt.append(x509.IPAddress(ipaddress.ip_address(h)))
+        except ValueError:
+            alt.append(x509.DNSName(h))
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=2))
+            .add_extension(x509.SubjectAlternativeName(alt), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    with open(key_path, "wb") as f:
+        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                  serialization.NoEncryption()))
+    with open(cert_path, "wb") as f:
+        f.write(cert.public_bytes(serialization.Encoding.PEM))
+    return cert_path, key_path
+
+
+def install_device_classes(api: KubeApi) -> list[str]:
+    """Create the DeviceClasses in ``deploy/deviceclasses`` (existing ones are left alone)."""
+    names = []
+    for path in sorted(DEVICECLASS_DIR.glob("*.yaml")):
+        body = yaml.safe_load(path.read_text())
+        try:
+            api.request("POST", f"{RESOURCE_V1}/deviceclasses", body=body)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+        names.append(body["metadata"]["name"])
+    return names
+
+
+def node_slices(node: str, nvml: str, mig_mode: str = "static", driver: str = "gpu.nvidia.com",
+                unhealthy: Mapping[str, str] | None = None, health_mode: str = "withdraw",
+                generation: int = 1, node_uid: str = "") -> list[dict[str, Any]]:
+    """The ResourceSlices a kubelet plugin on simulated NVML ``nvml`` (``sim:<profile>``) publishes."""
+    from dra_driver.nvml import discover, open_nvml
+    from dra_driver.slices import SliceOptions, build_pool
+
+    handle = open_nvml(f"{nvml}@{node}")
+    options = SliceOptions(mig_mode=mig_mode, health_mode=health_mode)  # type: ignore[arg-type]
+    pool = build_pool(discover(handle), node, driver, options, dict(unhealthy or {}))
+    return [s.to_k8s(generation, node_uid or str(uuid.uuid5(uuid.NAMESPACE_DNS, node))) for s in pool]
+
+
+def publish_node(api: KubeApi, node: str, nvml: str, mig_mode: str = "static",
+                 driver: str = "gpu.nvidia.com") -> list[dict[str, Any]]:
+    """Create the Node and publish its slices (as its plugin would). Returns the created slices."""
+    try:
+        created_node = api.request("POST", f"{CORE_V1}/nodes",
+                                   body={"metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}}})
+        node_uid = str(created_node["metadata"]["uid"])
+    except ApiError as exc:
+        if exc.status != 409:
+            raise
+        node_uid = str(api.request("GET", f"{CORE_V1}/nodes/{node}")["metadata"]["uid"])
+    out = []
+    for s in node_slices(node, nvml, mig_mode, driver, node_uid=node_uid):
+        out.append(api.request("POST", f"{RESOURCE_V1}/resourceslices", body=s))
+    return out
+
+
+def admission_review(obj: dict[str, Any], operation: str = "CREATE", old: dict[str, Any] | None = None
+                     ) -> dict[str, Any]:
+    """An ``admission.k8s.io/v1`` AdmissionReview request for ``obj`` as the API server sends it."""
+    kind = str(obj.get("kind", ""))
+    plural = {"ResourceClaim": "resourceclaims", "ResourceClaimTemplate": "resourceclaimtemplates",
+              "DeviceClass": "deviceclasses"}.get(kind, kind.lower() + "s")
+    meta = obj.get("metadata") or {}
+    return {
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": str(uuid.uuid4()),
+            "kind": {"group": "resource.k8s.io", "version": "v1", "kind": kind},
+            "resource": {"group": "resource.k8s.io", "version": "v1", "resource": plural},
+            "requestKind": {"group": "resource.k8s.io", "version": "v1", "kind": kind},
+            "name": meta.get("name", ""), "namespace": meta.get("namespace"),
+            "operation": operation, "userInfo": {"username": "tester"},
+            "object": obj, "oldObject": old, "dryRun": False,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+        },
+    }
+
+
+class ReviewClient:
+    """POSTs AdmissionReviews over one kept-alive HTTPS connection, verifying the webhook's certificate."""
+
+    def __init__(self, url: str, cafile: str) -> None:
+        host, port = url.removeprefix("https://").rsplit(":", 1)
+        self._context = ssl.create_default_context(cafile=cafile)
+        self._conn = http.client.HTTPSConnection(host, int(port), context=self._context, timeout=10)
+
+    def post(self, path: str, review: dict[str, Any]) -> dict[str, Any]:
+        """Send one review; returns the decoded AdmissionReview answer."""
+        body = json.dumps(review).encode()
+        self._conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        resp = self._conn.getresponse()
+        data = resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"webhook answered HTTP {resp.status}: {data.decode(errors='replace')}")
+        result: dict[str, Any] = json.loads(data)
+        return result
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._conn.close()
+
+
+def apply_patch(obj: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` with the webhook's JSONPatch applied (what the API server does with a mutation)."""
+    if not response.get("patch"):
+        return obj
+    from dra_driver.apiserver.patches import apply_patch as server_apply
+
+    ops = json.loads(base64.b64decode(response["patch"]))
+    result: dict[str, Any] = server_apply("application/json-patch+json", obj, ops)
+    return result
