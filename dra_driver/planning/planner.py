@@ -140,8 +140,9 @@ class _NodeSearch:
                     if all(s.matches(d) for s in ap.per_device):
                         out.append(d)
         if alt.all_devices and not alt.admin_access:
-            free = {d.key for shape in ap.shapes for d in self.inv.free[shape.index].get(self.node, ())}
-            if any(d.key not in free or d.allow_multiple_allocations for d in out) or not out:
+            free = {d.key for shape in ap.shapes for where in (self.node, None)
+                    for d in self.inv.free[shape.index].get(where, ())}
+            if any(d.key not in free for d in out) or not out:
                 self.failure = f"request {alt.result_name} wants all matching devices but some are in use"
                 return None
         out.sort(key=self._order)
@@ -291,7 +292,15 @@ def _candidate_nodes(inv: Inventory, plans: list[list[AltPlan]], only: str | Non
             for shape in ap.shapes:  # ascending memory
                 source = shape.by_node if every else inv.free[shape.index]
                 wheres = (only, None) if only is not None else source.keys()
+                if need == 1:  # the common case: the first shape with a free device sets the bound
+                    bound = (ap.alt.rank, int(shape.memory))
+                    for where in wheres:
+                        if where not in best and source.get(where):
+                            best[where] = bound
+                    continue
                 for where in wheres:
+                    if where in best:
+                        continue  # an earlier alternative already serves this node
                     devs = source.get(where)
                     if devs:
                         counts[where] = counts.get(where, 0) + len(devs)
