@@ -123,6 +123,10 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _dispatch(self, method: str) -> None:
         # Read the whole body first: whatever the answer, the keep-alive connection stays in sync.
         self._raw = self._read_raw() if method != "GET" else b""
+        if self.api.closing:
+            # Stopping or refusing connections: hang up, as a server that is going away does.
+            self.close_connection = True
+            return
         self._table = tables.wants_table(self.headers.get("Accept"))
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}

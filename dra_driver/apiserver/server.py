@@ -67,6 +67,7 @@ class LocalApiServer:
         self._conns: set[socket.socket] = set()
         self._streams: set[ApiHandler] = set()
         self._stopped = False
+        self.closing = False
         self._reopen_timer: threading.Timer | None = None
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -84,20 +85,23 @@ class LocalApiServer:
                                   name=f"apiserver-{self.port}", daemon=True)
         with self._lock:
             self._httpd, self._thread = httpd, thread
+            self.closing = False
         thread.start()
 
     def _close_listener(self) -> None:
         with self._lock:
             httpd, self._httpd = self._httpd, None
-            conns = list(self._conns)
+            self.closing = True  # handlers refuse new requests from here on (see ApiHandler)
+        if httpd is not None:
+            httpd.shutdown()
+            httpd.server_close()
         self.store.drop_watches()
         # Let streaming handlers write their final chunk, so clients see a clean end of stream.
         deadline = time.monotonic() + 2.0
         while self.open_watches and time.monotonic() < deadline:
             time.sleep(0.01)
-        if httpd is not None:
-            httpd.shutdown()
-            httpd.server_close()
+        with self._lock:
+            conns = list(self._conns)
         for c in conns:
             try:
                 c.shutdown(socket.SHUT_RDWR)
