@@ -18,9 +18,12 @@ from kubernetes import client, watch
 
 from dra_driver.apiserver import LocalApiServer
 
-FIXTURES = Path(os.environ.get("GPUREADY_SHARED", "/work/shared")) / "fixtures" / "kube-apiserver-1.36"
-if not FIXTURES.is_dir():
-    FIXTURES = Path(__file__).resolve().parent.parent / "shared" / "fixtures" / "kube-apiserver-1.36"
+_CANDIDATES = [
+    Path(os.environ.get("GPUREADY_SHARED", "/work/shared")) / "fixtures" / "kube-apiserver-1.36",
+    Path(__file__).resolve().parent.parent / "shared" / "fixtures" / "kube-apiserver-1.36",
+    Path(__file__).resolve().parent / "fixtures" / "kube-apiserver-1.36",
+]
+FIXTURES = next((p for p in _CANDIDATES if p.is_dir()), _CANDIDATES[0])
 pytestmark = pytest.mark.skipif(not FIXTURES.is_dir(), reason="apiserver fixtures not present")
 
 ALL = sorted(p.name for p in FIXTURES.glob("*.json*")) if FIXTURES.is_dir() else []
