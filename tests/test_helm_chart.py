@@ -276,6 +276,14 @@ def test_webhooks_shape_claims_leniently_and_validate_strictly() -> None:
         assert hook["sideEffects"] == "None"
     assert mutating["clientConfig"]["service"]["path"] == "/mutate"
     assert validating["clientConfig"]["service"]["path"] == "/validate"
+    # DeviceClasses with opaque config are validated too, except the chart's own (installed before the
+    # controller can answer: a Fail policy on them would fail the install).
+    classes_hook = one({}, "ValidatingWebhookConfiguration")["webhooks"][1]
+    assert classes_hook["rules"][0]["resources"] == ["deviceclasses"] and classes_hook["failurePolicy"] == "Fail"
+    expr = classes_hook["objectSelector"]["matchExpressions"][0]
+    assert (expr["key"], expr["operator"], expr["values"]) == ("app.kubernetes.io/instance", "NotIn", [RELEASE])
+    for cls in find({}, "DeviceClass"):
+        assert cls["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
 
 
 def test_generated_webhook_certificate_is_signed_by_the_bundled_ca_for_the_service_name() -> None:
@@ -323,25 +331,46 @@ def _cel_matches(expression: str, device: dict[str, Any]) -> bool:
     return bool(env.program(env.compile(expression)).evaluate({"device": celpy.json_to_cel(device)}))
 
 
-@pytest.mark.parametrize("values_name,gpu_class,mig_class,driver", [
-    ("default", "gpu.nvidia.com", "mig.nvidia.com", "gpu.nvidia.com"),
-    ("custom-driver", "gpu.example.com", "mig.example.com", "gpu.example.com"),
+@pytest.mark.parametrize("values_name,driver,names", [
+    ("default", "gpu.nvidia.com", ("gpu.nvidia.com", "mig.nvidia.com", "vram.gpu.nvidia.com")),
+    ("custom-driver", "gpu.example.com", ("gpu.example.com", "mig.example.com", "vram.gpu.example.com")),
 ])
-def test_device_classes_select_this_drivers_gpus_and_mig_devices(values_name: str, gpu_class: str,
-                                                                 mig_class: str, driver: str) -> None:
+def test_device_classes_select_this_drivers_devices(values_name: str, driver: str, names: tuple[str, ...]) -> None:
     classes = {c["metadata"]["name"]: c for c in find(VALUE_SETS[values_name], "DeviceClass")}
-    assert set(classes) == {gpu_class, mig_class}
-    gpu_expr = classes[gpu_class]["spec"]["selectors"][0]["cel"]["expression"]
-    mig_expr = classes[mig_class]["spec"]["selectors"][0]["cel"]["expression"]
+    assert set(classes) == set(names)
+    gpu_class, mig_class, vram_class = names
 
-    def dev(drv: str, typ: str) -> dict[str, Any]:
-        return {"driver": drv, "attributes": {drv: {"type": typ}}}
+    def expr(name: str) -> str:
+        value: str = classes[name]["spec"]["selectors"][0]["cel"]["expression"]
+        return value
 
-    assert _cel_matches(gpu_expr, dev(driver, "gpu")) and not _cel_matches(gpu_expr, dev(driver, "mig"))
-    assert _cel_matches(mig_expr, dev(driver, "mig")) and not _cel_matches(mig_expr, dev(driver, "gpu"))
-    assert not _cel_matches(gpu_expr, dev("other.example.com", "gpu"))
+    def dev(drv: str, typ: str, memory: bool = True) -> dict[str, Any]:
+        return {"driver": drv, "attributes": {drv: {"type": typ}},
+                "capacity": {drv: {"memory": 85899345920}} if memory else {drv: {}}}
+
+    assert _cel_matches(expr(gpu_class), dev(driver, "gpu")) and not _cel_matches(expr(gpu_class), dev(driver, "mig"))
+    assert _cel_matches(expr(mig_class), dev(driver, "mig")) and not _cel_matches(expr(mig_class), dev(driver, "gpu"))
+    assert _cel_matches(expr(vram_class), dev(driver, "gpu")) and _cel_matches(expr(vram_class), dev(driver, "mig"))
+    assert not _cel_matches(expr(vram_class), dev(driver, "gpu", memory=False))
+    for name in names:
+        assert not _cel_matches(expr(name), dev("other.example.com", "gpu"))
     if values_name == "custom-driver":
         assert classes[gpu_class]["spec"]["extendedResourceName"] == "example.com/gpu"
+        assert "nvidia" not in json.dumps([c["spec"] for c in classes.values()])
+
+
+def test_chart_device_classes_are_the_ones_in_deploy_deviceclasses() -> None:
+    # One definition: the chart reads deploy/deviceclasses through a link, so kubectl users and Helm
+    # users get the same classes.
+    shipped = {}
+    for path in sorted((CHART.parent.parent / "deviceclasses").glob("*.yaml")):
+        obj = yaml.safe_load(path.read_text())
+        shipped[obj["metadata"]["name"]] = obj["spec"]
+    rendered = {c["metadata"]["name"]: c["spec"] for c in find({}, "DeviceClass")}
+    assert shipped and rendered == shipped
+    # The controller shapes requests of the vram class the chart created.
+    env = _env(one({}, "Deployment")["spec"]["template"]["spec"]["containers"][0])
+    assert env["MEMORY_DEVICE_CLASS"] in rendered
 
 
 # --- monitoring -------------------------------------------------------------------------------------
@@ -540,3 +569,53 @@ def test_services_and_monitors_reach_the_pods_and_ports_they_name() -> None:
     lease_env = _env(ctrl_tpl["spec"]["containers"][0])["LEADER_ELECTION_LEASE_NAME"]
     role = next(r for r in find(values, "Role") if "leader-election" in r["metadata"]["name"])
     assert any(lease_env in rule.get("resourceNames", []) for rule in role["rules"])
+
+
+# Environment variables the chart sets that the daemon does not read by design (read elsewhere or by
+# libraries), and ones whose reader has not landed yet.
+_NOT_DAEMON_OPTIONS = {"POD_NAME", "POD_NAMESPACE", "GPUREADY_LOG_FORMAT", "NVIDIA_VISIBLE_DEVICES",
+                       "CUDA_CACHE_PATH"}
+_PLUGIN_PENDING = {"PROC_ROOT"}  # VRAM accounting's proc root: the plugin wires VramAccountant next
+
+
+@pytest.mark.parametrize("module_name,kind,pending", [
+    ("kubelet_plugin.command", "DaemonSet", _PLUGIN_PENDING),
+    ("controller.command", "Deployment", set()),
+])
+def test_every_option_the_chart_sets_is_read_by_the_daemon(module_name: str, kind: str, pending: set[str]) -> None:
+    import inspect
+
+    module = pytest.importorskip(module_name)
+    source = inspect.getsource(module)
+    for values_name in ("default", "simulated-evict"):
+        container = one(VALUE_SETS[values_name], kind)["spec"]["template"]["spec"]["containers"][0]
+        unread = {name for name in _env(container)
+                  if name not in _NOT_DAEMON_OPTIONS | pending and f'"{name}"' not in source}
+        assert not unread, f"the chart sets {sorted(unread)} but {module_name} never reads them"
+
+
+@pytest.mark.parametrize("values_name", ["default", "simulated-evict", "custom-driver"])
+def test_the_controller_accepts_the_configuration_the_chart_gives_it(values_name: str,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    command = pytest.importorskip("controller.command")
+    values = VALUE_SETS[values_name]
+    container = one(values, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    downward = {"metadata.name": "gpuready-controller-abc", "metadata.namespace": NAMESPACE}
+    for name, value in _env(container).items():
+        monkeypatch.setenv(name, downward[value[9:]] if value.startswith("fieldRef:") else value)
+    assert container["args"][-1] == "controller"
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    config = command.config_from_args(parser.parse_args([]))  # ValueError names a bad flag
+    driver = values.get("driverName", "gpu.nvidia.com")
+    assert config.driver_name == driver and config.memory_class == f"vram.{driver}"
+    assert (config.lease_namespace, config.lease_name) == (NAMESPACE, "gpuready-controller")
+    assert config.leader_elect is True
+    assert config.on_device_failure == values.get("controller", {}).get("unhealthyClaimPolicy", "none")
+    mount = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "webhook-tls")
+    assert (config.cert_file, config.key_file) == (f"{mount}/tls.crt", f"{mount}/tls.key")
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert (config.webhook_port, config.metrics_port, config.health_port) == (
+        ports["webhook"], ports["metrics"], ports["health"])

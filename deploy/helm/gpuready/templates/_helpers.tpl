@@ -52,6 +52,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- .Values.deviceClasses.migClassName | default (printf "mig.%s" (include "gpuready.driverDomain" .)) -}}
 {{- end -}}
 
+{{- define "gpuready.vramClassName" -}}
+{{- .Values.deviceClasses.vramClassName | default (printf "vram.%s" .Values.driverName) -}}
+{{- end -}}
+
 {{/* The plugin's own directory on the host (and, at the same path, in the container). */}}
 {{- define "gpuready.pluginDir" -}}
 {{- printf "%s/%s" (.Values.kubeletPlugin.pluginsDirectoryPath | trimSuffix "/") .Values.driverName -}}
