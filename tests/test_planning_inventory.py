@@ -99,3 +99,22 @@ def test_adding_and_removing_a_claim_in_place_matches_a_rebuild() -> None:
     inv.remove_claim(held)
     assert plan(want, inv).allocation == first.allocation
     assert not inv.taken_by and inv.node_used_bytes["node-a"] == 0
+
+
+def test_a_slice_cache_reuses_unchanged_slices_and_never_touches_an_older_inventory() -> None:
+    from dra_driver.planning.inventory import SliceCache
+
+    cache = SliceCache()
+    a1 = resource_slice("node-a", [gpu_device(0, node="node-a"), gpu_device(1, node="node-a")])
+    b1 = resource_slice("node-b", [gpu_device(0, node="node-b")], index=1)
+    first = build_inventory([a1, b1], [], [device_class()], cache=cache)
+    # node-a withdraws gpu-1: a new generation of its slice; node-b is unchanged.
+    a2 = resource_slice("node-a", [gpu_device(0, node="node-a")], generation=2)
+    second = build_inventory([a2, b1], [], [device_class()], cache=cache)
+    assert sorted(d.id for d in second.devices.values()) == [
+        "gpu.nvidia.com/node-a/gpu-0", "gpu.nvidia.com/node-b/gpu-0"]
+    assert len(cache) == 2  # generation 1 of node-a is forgotten
+    # The first inventory still answers as before.
+    assert ("gpu.nvidia.com", "node-a", "gpu-1") in first.devices
+    assert first.devices[("gpu.nvidia.com", "node-b", "gpu-0")] is not second.devices[("gpu.nvidia.com", "node-b", "gpu-0")]
+    assert [len(s.devices) for s in first.shapes] == [3] and [len(s.devices) for s in second.shapes] == [2]

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import Any, cast
 
 from dra_driver.logs import get_logger
 from dra_driver.planning.model import DeviceKey, DeviceView
@@ -161,35 +161,83 @@ def _complete_pools(slices: list[dict[str, Any]], problems: list[str], incomplet
     return usable
 
 
+class SliceCache:
+    """Parsed slices kept between builds, so a rebuild re-parses only slices that changed.
+
+    Keyed by the slice's UID and resourceVersion (name and pool generation where those are
+    absent): an object with the same resourceVersion has the same content. Pass the same cache to
+    every :func:`build_inventory` call of one owner; it forgets slices a build did not see.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, str], tuple[dict[str, dict[str, Fraction]], list[DeviceView]]] = {}
+
+    @staticmethod
+    def key(s: dict[str, Any]) -> tuple[str, str]:
+        """The identity of one version of a slice."""
+        meta = s.get("metadata") or {}
+        version = meta.get("resourceVersion") or f"gen-{(s.get('spec') or {}).get('pool', {}).get('generation')}"
+        return (str(meta.get("uid") or meta.get("name", "")), str(version))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _parse_slice(s: dict[str, Any], cache: SliceCache | None,
+                 seen: set[tuple[str, str]]) -> tuple[dict[str, dict[str, Fraction]], list[DeviceView]]:
+    spec, name = s["spec"], s.get("metadata", {}).get("name", "")
+    driver, pool = spec["driver"], spec["pool"]["name"]
+    key = SliceCache.key(s) if cache is not None else ("", "")
+    if cache is not None:
+        seen.add(key)
+        hit = cache._entries.get(key)
+        if hit is not None:
+            # Fresh views (the inventory writes shape/order into them); parsed values are shared.
+            return hit[0], [d.fresh_copy() for d in hit[1]]
+    where = f"ResourceSlice {name}"
+    counters = parse_counter_sets(spec.get("sharedCounters") or [], where)
+    node = spec.get("nodeName") or None
+    parsed = [parse_device(d, driver, pool, node, f"{where} spec.devices[{i}]")
+              for i, d in enumerate(spec.get("devices") or [])]
+    if cache is not None:
+        # The cache keeps these very objects; later builds copy them (with the CEL value and shape
+        # signature this build computes), so this inventory's views are never changed afterwards.
+        cache._entries[key] = (counters, parsed)
+    return counters, parsed
+
+
 def build_inventory(
-    slices: list[dict[str, Any]], claims: list[dict[str, Any]], device_classes: list[dict[str, Any]]
+    slices: list[dict[str, Any]], claims: list[dict[str, Any]], device_classes: list[dict[str, Any]],
+    cache: SliceCache | None = None,
 ) -> Inventory:
-    """Build the inventory from raw API objects (dicts as the API server returns them)."""
+    """Build the inventory from raw API objects (dicts as the API server returns them).
+
+    ``cache`` (a :class:`SliceCache` kept by the caller) makes rebuilds after small changes cheap.
+    """
     problems: list[str] = []
     incomplete: list[str] = []
     devices: dict[DeviceKey, DeviceView] = {}
     counter_totals: dict[CounterSetKey, dict[str, Fraction]] = {}
+    seen: set[tuple[str, str]] = set()
     order = 0
     for s in _complete_pools(slices, problems, incomplete):
         spec, name = s["spec"], s.get("metadata", {}).get("name", "")
         driver, pool = spec["driver"], spec["pool"]["name"]
-        node = spec.get("nodeName") or None
-        where = f"ResourceSlice {name}"
         try:
-            for set_name, counters in parse_counter_sets(spec.get("sharedCounters") or [], where).items():
-                counter_totals[(driver, pool, set_name)] = counters
-            parsed = [
-                parse_device(d, driver, pool, node, f"{where} spec.devices[{i}]")
-                for i, d in enumerate(spec.get("devices") or [])
-            ]
+            counters, parsed = _parse_slice(s, cache, seen)
         except SpecError as exc:
             problems.append(str(exc))
             log.warning("resourceslice_skipped", slice=name, reason=str(exc))
             continue
+        for set_name, amounts in counters.items():
+            counter_totals[(driver, pool, set_name)] = amounts
         for dev in parsed:
             dev.slice_name, dev.order = name, order
             order += 1
             devices.setdefault(dev.key, dev)
+    if cache is not None:
+        for stale in set(cache._entries) - seen:
+            del cache._entries[stale]
 
     inv = Inventory(
         devices=devices,
@@ -333,7 +381,10 @@ def _refresh(inv: Inventory, touched: set[DeviceKey]) -> None:
 def shape_signature(dev: DeviceView, identity: frozenset[str]) -> tuple[Any, ...]:
     """What a device looks like to selectors, tolerations and capacity requests, apart from which
     one it is. Counter costs are left out: they decide availability, which is tracked per device."""
-    return (
+    cached = dev.signature_cache
+    if cached is not None and cached[0] == identity:
+        return cast(tuple[Any, ...], cached[1])
+    signature = (
         dev.driver,
         tuple(sorted((k, v) for k, v in dev.attributes.items() if k not in identity)),
         tuple(sorted(dev.capacity.items())),
@@ -343,6 +394,8 @@ def shape_signature(dev: DeviceView, identity: frozenset[str]) -> tuple[Any, ...
         dev.binding_conditions,
         dev.node is None,
     )
+    dev.signature_cache = (identity, signature)
+    return signature
 
 
 def _build_shapes(inv: Inventory) -> None:

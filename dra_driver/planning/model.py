@@ -74,6 +74,14 @@ class DeviceView:
     order: int = 0  # position in the scheduler's walk (slice name, then list order)
     shape: int = -1  # index into Inventory.shapes, set by the inventory
     cel_cache: Any = field(default=None, repr=False)  # the CEL value of `device`, built once
+    signature_cache: Any = field(default=None, repr=False)  # (identity set, shape signature)
+
+    def fresh_copy(self) -> DeviceView:
+        """A new view sharing the parsed values, with no inventory position (for a new build)."""
+        new = object.__new__(DeviceView)
+        new.__dict__.update(self.__dict__)  # far cheaper than dataclasses.replace at 100k devices
+        new.shape = -1
+        return new
 
     @property
     def key(self) -> DeviceKey:
