@@ -203,6 +203,7 @@ def test_controller_rbac_is_least_privilege(world: dict[str, Any]) -> None:
     for verb, resource in (("create", "resourceslices"), ("delete", "resourceslices"), ("update", "deviceclasses")):
         assert not rbac_allows(objs, ctrl, verb, "resource.k8s.io", resource)
     assert not rbac_allows(objs, ctrl, "get", "", "secrets")
+    assert rbac_allows(objs, ctrl, "watch", "", "pods") and not rbac_allows(objs, ctrl, "patch", "", "pods")
     # Eviction only when the evict policy is chosen.
     assert not rbac_allows(objs, ctrl, "create", "", "pods/eviction")
     evict = helm.Chart.load(str(CHART)).render({"controller": {"unhealthyClaimPolicy": "evict"}},
