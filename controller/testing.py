@@ -114,6 +114,40 @@ def publish_node(api: KubeApi, node: str, nvml: str, mig_mode: str = "static",
     return out
 
 
+def republish_node(api: KubeApi, node: str, nvml: str, unhealthy: Mapping[str, str], generation: int,
+                   mig_mode: str = "static", health_mode: str = "withdraw",
+                   driver: str = "gpu.nvidia.com") -> None:
+    """Publish ``node``'s pool again as its plugin does after a health change: devices in ``unhealthy``
+    withdrawn (or tainted), the pool generation bumped, slices updated in place, stale ones deleted."""
+    node_uid = str(api.request("GET", f"{CORE_V1}/nodes/{node}")["metadata"]["uid"])
+    wanted = {s["metadata"]["name"]: s for s in node_slices(node, nvml, mig_mode, driver, unhealthy, health_mode,
+                                                              generation, node_uid)}
+    existing = api.request("GET", f"{RESOURCE_V1}/resourceslices",
+                           query=[("fieldSelector", f"spec.nodeName={node},spec.driver={driver}")])["items"]
+    for current in existing:
+        name = current["metadata"]["name"]
+        if name in wanted:
+            body = {**wanted.pop(name), "metadata": {**current["metadata"]}}
+            api.request("PUT", f"{RESOURCE_V1}/resourceslices/{name}", body=body)
+        else:
+            api.request("DELETE", f"{RESOURCE_V1}/resourceslices/{name}")
+    for body in wanted.values():
+        api.request("POST", f"{RESOURCE_V1}/resourceslices", body=body)
+
+
+def set_gpu_ready(api: KubeApi, node: str, bad: Mapping[str, str], reason: str = "Xid79") -> None:
+    """Write the Node's ``GPUReady`` condition as the plugin does (False naming ``bad`` devices, or True)."""
+    if bad:
+        parts = "; ".join(f"{d}: unhealthy: {why}" for d, why in bad.items())
+        cond = {"type": "GPUReady", "status": "False", "reason": reason,
+                "message": f"{len(bad)} of 8 GPU devices not ready: {parts}"}
+    else:
+        cond = {"type": "GPUReady", "status": "True", "reason": "AllGPUsReady", "message": "all GPU devices healthy"}
+    cond["lastTransitionTime"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    api.request("PATCH", f"{CORE_V1}/nodes/{node}/status", body={"status": {"conditions": [cond]}},
+                content_type="application/merge-patch+json")
+
+
 def admission_review(obj: dict[str, Any], operation: str = "CREATE", old: dict[str, Any] | None = None
                      ) -> dict[str, Any]:
     """An ``admission.k8s.io/v1`` AdmissionReview request for ``obj`` as the API server sends it."""
