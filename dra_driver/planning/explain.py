@@ -20,7 +20,7 @@ from dra_driver.planning.cel import CelCompileError, compile_selector
 from dra_driver.planning.inventory import Inventory
 from dra_driver.planning.model import DeviceView
 from dra_driver.planning.parse import SpecError, claim_ref
-from dra_driver.planning.planner import PlanResult, Policy, plan
+from dra_driver.planning.planner import PlanResult, Policy, plan, shape_safe
 from dra_driver.planning.quantity import human_bytes
 from dra_driver.planning.requests import Alternative, Constraint, capacity_demand, parse_requests, untolerated
 
@@ -199,6 +199,48 @@ def _verdict(inv: Inventory, alt: Alternative, class_sels: list[Any], req_sels: 
     return Verdict(device, None)
 
 
+def _shape_exclusion(inv: Inventory, alt: Alternative, class_sels: list[Any], req_sels: list[Any],
+                     rep: DeviceView, any_unhealthy: bool) -> tuple[str, str] | None:
+    """The reason every device of a shape is excluded, when it does not depend on which device.
+
+    Walks the same checks in the same order as :func:`_verdict` and gives up (None) at the first
+    check that could differ between devices of the shape.
+    """
+    for source, selectors in (("DeviceClass selector", class_sels), ("request selector", req_sels)):
+        for sel in selectors:
+            if not shape_safe(sel, inv.identity_attributes):
+                return None
+            result = sel.evaluate(rep)
+            if result.error:
+                return f"{source} error: {result.error}", f"[{sel.expression}]"
+            if not result.matched:
+                return f"{source} is false: {sel.expression}", ""
+    if any_unhealthy:
+        return None
+    taint = untolerated(rep, alt)
+    if taint is not None:
+        return f"taint {taint.key}={taint.value}:{taint.effect} not tolerated", ""
+    demand, why = capacity_demand(rep, alt)
+    if demand is None:
+        return ("too little capacity" if "requested" in why else "capacity does not fit"), why
+    return None
+
+
+def _verdicts(inv: Inventory, alt: Alternative, class_sels: list[Any], req_sels: list[Any],
+              lookup: dict[str, str], self_ref: str) -> list[Verdict]:
+    """Every published device's verdict, in the scheduler's order; shape-wide reasons computed once."""
+    out: list[Verdict] = []
+    for shape in inv.shapes:
+        any_unhealthy = bool(lookup) and any(_health(d, lookup) for d in shape.devices)
+        shared = _shape_exclusion(inv, alt, class_sels, req_sels, shape.representative, any_unhealthy)
+        if shared is not None:
+            out.extend(Verdict(d, shared[0], shared[1]) for d in shape.devices)
+        else:
+            out.extend(_verdict(inv, alt, class_sels, req_sels, d, lookup, self_ref) for d in shape.devices)
+    out.sort(key=lambda v: v.device.order)
+    return out
+
+
 def _constraint_problems(constraints: list[Constraint], explained: list[RequestExplanation]) -> list[str]:
     """Constraints that no node can meet with the devices usable now (counting devices, not values)."""
     problems = []
@@ -266,8 +308,7 @@ def explain(claim: dict[str, Any], inventory: Inventory, unhealthy: Mapping[str,
             except CelCompileError as exc:
                 rx.error = str(exc)
                 continue
-            rx.verdicts = [_verdict(inventory, alt, class_sels, req_sels, d, lookup, ref)
-                           for d in sorted(inventory.devices.values(), key=lambda d: d.order)]
+            rx.verdicts = _verdicts(inventory, alt, class_sels, req_sels, lookup, ref)
     withdrawn = sorted((k, v) for k, v in lookup.items() if not _published(inventory, k))
     result = plan(claim, inventory, policy=policy)
     return Explanation(ref, explained, withdrawn, _constraint_problems(constraints, explained), problems,
