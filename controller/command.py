@@ -65,8 +65,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "[UNHEALTHY_CLAIM_POLICY]")
     parser.add_argument("--allocate", action=argparse.BooleanOptionalAction, default=_env_bool("ALLOCATE", False),
                         help="allocate claims and bind pods (local clusters without kube-scheduler) [ALLOCATE]")
-    parser.add_argument("--webhook-port", type=int, default=int(_env("WEBHOOK_PORT", "8443")),
-                        help="HTTPS port of the webhooks; 0 turns them off [WEBHOOK_PORT]")
+    parser.add_argument("--webhook-port", type=int,
+                        default=int(os.environ["WEBHOOK_PORT"]) if os.environ.get("WEBHOOK_PORT") else None,
+                        help="HTTPS port of the webhooks; 0 turns them off (default 8443 when a certificate is "
+                             "given, else off) [WEBHOOK_PORT]")
     parser.add_argument("--webhook-cert-dir", default=_env("WEBHOOK_CERT_DIR", ""),
                         help="directory holding tls.crt and tls.key [WEBHOOK_CERT_DIR]")
     parser.add_argument("--webhook-cert", default=_env("WEBHOOK_CERT", ""), help="certificate file (PEM) [WEBHOOK_CERT]")
@@ -105,9 +107,12 @@ def config_from_args(args: argparse.Namespace) -> Any:
     if args.webhook_cert_dir:
         cert = cert or os.path.join(args.webhook_cert_dir, "tls.crt")
         key = key or os.path.join(args.webhook_cert_dir, "tls.key")
+    webhook_port = args.webhook_port
+    if webhook_port is None:  # the chart sets no port when its webhook is disabled: serve none then
+        webhook_port = 8443 if cert and key else 0
     return ControllerConfig(
         driver_name=args.driver_name, memory_class=args.memory_class, policy=args.policy,
-        webhook_port=args.webhook_port or None, cert_file=cert, key_file=key,
+        webhook_port=webhook_port or None, cert_file=cert, key_file=key,
         metrics_port=args.metrics_port or None, health_port=args.health_port or None,
         webhook_host=args.bind_address, bind_host=args.bind_address,
         leader_elect=args.leader_elect, lease_namespace=args.leader_election_namespace,
