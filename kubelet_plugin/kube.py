@@ -1,7 +1,9 @@
 """The plugin's API server calls besides slice publishing: read claims, write claim status, emit Events.
 
-Claims are read as raw JSON (``_preload_content=False``): prepare only needs a few fields, and the
-client's model deserialisation would cost more than the HTTP round trip.
+All requests are raw JSON through the ``kubernetes`` client's ``ApiClient`` (its configuration, auth
+and connection pool) rather than the generated API classes: prepare needs a handful of fields, and
+merely constructing ``CoreV1Api`` costs a node daemon about 20 MB of resident memory (its method
+validators), ``ResourceV1Api`` about 4 MB.
 """
 
 from __future__ import annotations
@@ -11,32 +13,74 @@ import time
 import uuid
 from typing import Any
 
-import kubernetes
+from kubernetes.client.exceptions import ApiException
 
 from dra_driver.logs import get_logger
 
 log = get_logger(__name__)
 
 COMPONENT = "gpuready-kubelet-plugin"
+REQUEST_TIMEOUT = (5.0, 15.0)  # connect, read: a hung API server must not hang a prepare forever
+CLAIMS = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}"
+
+
+class ApiStatusError(ApiException):
+    """A non-2xx answer; ``status`` is the HTTP code, ``reason`` the Status reason.
+
+    An ``ApiException`` so callers written against the generated client handle it unchanged.
+    """
+
+    def __init__(self, method: str, path: str, status: int, body: Any) -> None:
+        message = body.get("message", "") if isinstance(body, dict) else str(body)[:200]
+        super().__init__(status=status, reason=body.get("reason", "") if isinstance(body, dict) else "")
+        self.body = json.dumps(body) if isinstance(body, dict) else str(body)
+        self.text = f"{method} {path}: HTTP {status}: {message}"
+
+    def __str__(self) -> str:
+        return self.text
+
+
+class RawApi:
+    """JSON requests over a ``kubernetes.client.ApiClient``. Thread-safe (urllib3's pool is)."""
+
+    def __init__(self, api_client: Any) -> None:
+        self.api_client = api_client
+
+    def request(self, method: str, path: str, body: Any = None,
+                content_type: str = "application/json") -> Any:
+        """One request; the decoded JSON answer, or :class:`ApiStatusError`."""
+        _, url, headers, _, _ = self.api_client.param_serialize(
+            method=method, resource_path=path,
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+            auth_settings=["BearerToken"])
+        response = self.api_client.call_api(method, url, header_params=headers, body=body,
+                                            _request_timeout=REQUEST_TIMEOUT)
+        data = response.read()
+        try:
+            decoded = json.loads(data) if data else None
+        except ValueError:
+            decoded = data.decode(errors="replace") if isinstance(data, bytes) else data
+        if not 200 <= response.status < 300:
+            raise ApiStatusError(method, path, response.status, decoded)
+        return decoded
 
 
 class KubeClaims:
-    """:class:`kubelet_plugin.prepare.ClaimSource` over the real ``kubernetes`` client."""
+    """:class:`kubelet_plugin.prepare.ClaimSource` over the API server."""
 
-    def __init__(self, api_client: kubernetes.client.ApiClient, driver_name: str) -> None:
-        self.api = kubernetes.client.ResourceV1Api(api_client)
+    def __init__(self, api_client: Any, driver_name: str) -> None:
+        self.api = RawApi(api_client)
         self.driver_name = driver_name
 
     def get(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The claim as JSON, or None when it does not exist (other API errors raise)."""
         try:
-            resp = self.api.read_namespaced_resource_claim(name, namespace, _preload_content=False)
-        except kubernetes.client.ApiException as exc:
+            claim: dict[str, Any] = self.api.request("GET", CLAIMS.format(ns=namespace, name=name))
+            return claim
+        except ApiStatusError as exc:
             if exc.status == 404:
                 return None
             raise
-        result: dict[str, Any] = json.loads(resp.data)
-        return result
 
     def write_device_status(self, namespace: str, name: str, uid: str, entries: list[dict[str, Any]]) -> None:
         """Replace this driver's entries in ``status.devices`` (other drivers' entries kept)."""
@@ -50,15 +94,32 @@ class KubeClaims:
                     if (e.get("driver"), e.get("pool"), e.get("device"), e.get("shareID")) not in ours]
             status["devices"] = kept + entries
             try:
-                self.api.replace_namespaced_resource_claim_status(name, namespace, claim, _preload_content=False)
+                # PUT with the resourceVersion read: a concurrent writer makes it fail with 409.
+                self.api.request("PUT", CLAIMS.format(ns=namespace, name=name) + "/status", claim)
                 return
-            except kubernetes.client.ApiException as exc:
-                if exc.status != 409:  # 409: somebody else wrote in between; read again
+            except ApiStatusError as exc:
+                if exc.status != 409:
                     raise
         raise RuntimeError(f"status of ResourceClaim {namespace}/{name} kept changing (3 conflicts)")
 
 
-def emit_node_event(api_client: kubernetes.client.ApiClient, node_name: str, reason: str, message: str,
+class NodeStatusApi:
+    """The two calls :class:`dra_driver.health.node_status.NodeStatusReporter` makes, without CoreV1Api."""
+
+    def __init__(self, api_client: Any) -> None:
+        self.api = RawApi(api_client)
+
+    def patch_node_status(self, name: str, body: Any, _content_type: str = "application/strategic-merge-patch+json",
+                          **_: Any) -> Any:
+        """PATCH /api/v1/nodes/<name>/status."""
+        return self.api.request("PATCH", f"/api/v1/nodes/{name}/status", body, content_type=_content_type)
+
+    def create_namespaced_event(self, namespace: str, body: Any, **_: Any) -> Any:
+        """POST an Event."""
+        return self.api.request("POST", f"/api/v1/namespaces/{namespace}/events", body)
+
+
+def emit_node_event(api_client: Any, node_name: str, reason: str, message: str,
                     event_type: str = "Warning") -> None:
     """Record a core/v1 Event on this node (best effort: a failure is logged, never raised)."""
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -72,6 +133,6 @@ def emit_node_event(api_client: kubernetes.client.ApiClient, node_name: str, rea
         "reportingComponent": COMPONENT, "reportingInstance": node_name,
     }
     try:
-        kubernetes.client.CoreV1Api(api_client).create_namespaced_event("default", body, _preload_content=False)
+        NodeStatusApi(api_client).create_namespaced_event("default", body)
     except Exception as exc:
         log.warning("event_emit_failed", node=node_name, reason=reason, error=str(exc))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import grpc
+import kubernetes
 
 from kubelet_plugin.testing import PluginHarness
 from proto import health_v1alpha1_pb2, health_v1alpha1_pb2_grpc
@@ -70,3 +71,8 @@ def test_health_monitor_withdraws_device_and_stream_reports_it() -> None:
         err = kubelet.prepare([("default", "c1", uid)])[uid].error
         assert "gpu-0 is unhealthy" in err
         stream.close()
+        # People see it on the Node too.
+        assert plugin.node_status.flush(10)
+        node = kubernetes.client.CoreV1Api(h.api_client).read_node(NODE)
+        ready = next(c for c in node.status.conditions if c.type == "GPUReady")
+        assert ready.status == "False" and "79" in ready.message
