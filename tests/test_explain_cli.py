@@ -123,3 +123,27 @@ def test_plan_a_template_with_vram_shaping(cluster: tuple[LocalApiServer, str],
     assert ("request gpu shaped to: MIG 3g.40gb (39.2 GiB), MIG 4g.40gb (39.2 GiB), MIG 7g.80gb (78.9 GiB), "
             "NVIDIA H100 80GB HBM3 (79.6 GiB)") in out
     assert "gpu/mig-3g-40gb: gpu-0-mig-3g40gb-9-0 on node-b (MIG 3g.40gb)" in out
+
+
+def test_allocate_and_reserve_patch_is_accepted_by_the_api_server(cluster: tuple[LocalApiServer, str]) -> None:
+    from controller.plan_command import read_cluster
+    from dra_driver.planning import allocate_and_reserve
+
+    srv, _ = cluster
+    client = srv.api_client()
+    custom = kubernetes.client.CustomObjectsApi(client)
+    c = claim("demo-job", [exactly(memory="15Gi")], namespace="ml")
+    custom.create_namespaced_custom_object(GROUP, VERSION, "ml", "resourceclaims", c)
+    stored = custom.get_namespaced_custom_object(GROUP, VERSION, "ml", "resourceclaims", "demo-job")
+    pod = {"metadata": {"name": "demo-0", "uid": "6a0e1c55-1111-4c1e-9a51-000000000001"}}
+    out = allocate_and_reserve(stored, read_cluster(client), pod)
+    assert out.patch is not None, out.reasons
+    custom.patch_namespaced_custom_object_status(GROUP, VERSION, "ml", "resourceclaims", "demo-job", out.patch)
+    back = custom.get_namespaced_custom_object(GROUP, VERSION, "ml", "resourceclaims", "demo-job")
+    assert back["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-0-mig-1g20gb-15-0"
+    assert back["status"]["reservedFor"] == [{"resource": "pods", "name": "demo-0", "uid": pod["metadata"]["uid"]}]
+    # The next claim sees that placement's slices as taken.
+    again = allocate_and_reserve(claim("next", [exactly(memory="15Gi")], namespace="ml"), read_cluster(client), pod)
+    assert again.patch is not None
+    assert again.patch["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-0-mig-1g20gb-15-2"
+    custom.delete_namespaced_custom_object(GROUP, VERSION, "ml", "resourceclaims", "demo-job")
