@@ -29,6 +29,7 @@ from typing import Any
 from controller.kube import COORDINATION_V1, CORE_V1, RESOURCE_V1, WATCH_TIMEOUT_SECONDS, ApiError, KubeApi
 from dra_driver.logs import get_logger
 from dra_driver.planning import Inventory, build_inventory
+from dra_driver.planning.inventory import SliceCache
 
 log = get_logger(__name__)
 
@@ -276,6 +277,8 @@ class ClusterCache:
         self.pods: Informer | None = Informer(api, PODS, resync_s) if with_pods else None
         self.templates: Informer | None = Informer(api, TEMPLATES, resync_s) if with_pods else None
         self._inv_lock = threading.Lock()
+        self._build_lock = threading.Lock()  # one build at a time: the slice cache is not shared
+        self._slice_cache = SliceCache()  # a rebuild re-parses only slices that changed
         self._inventory: Inventory | None = None
         self._dirty = threading.Event()
         self._stop = threading.Event()
@@ -319,9 +322,11 @@ class ClusterCache:
         return all(i.wait_synced(max(0.0, deadline - time.monotonic())) for i in self.informers)
 
     def _build(self) -> Inventory:
-        start = time.perf_counter()
-        inv = build_inventory(self.slices.items(), self.claims.items(), self.classes.items())
-        self.build_seconds = time.perf_counter() - start
+        with self._build_lock:
+            start = time.perf_counter()
+            inv = build_inventory(self.slices.items(), self.claims.items(), self.classes.items(),
+                                  cache=self._slice_cache)
+            self.build_seconds = time.perf_counter() - start
         self.builds += 1
         return inv
 

@@ -187,7 +187,8 @@ def test_shared_claim_keeps_its_allocation_until_its_last_pod_is_gone(world: dic
     assert claim["status"]["allocation"]["devices"]["results"][0]["device"] == device
 
     api.request("DELETE", pod_path(NS, "b"))
-    claim = wait_for("deallocated", lambda: (c := api.get(claim_path(NS, "shared")))
-                     and not c.get("status", {}).get("allocation") and c)
-    assert FINALIZER not in (claim["metadata"].get("finalizers") or [])
+    # Deallocated (status), then released (finalizer): two writes, so wait for the second.
+    claim = wait_for("deallocated and released", lambda: (c := api.get(claim_path(NS, "shared")))
+                     and FINALIZER not in (c["metadata"].get("finalizers") or []) and c)
+    assert not claim.get("status", {}).get("allocation")
     assert not claim.get("status", {}).get("reservedFor")
