@@ -250,7 +250,11 @@ class Preparer:
                                "MIG support; run it with --mig-mode dynamic")
         for device in placements:
             assert device.placement is not None
-            mig = self.mig.create(device.gpu, device.placement)
+            try:
+                mig = self.mig.create(device.gpu, device.placement)
+            except Exception as exc:  # NVML's reason (overlap, no permission, MIG off) for the user
+                raise PrepareError("mig_create_failed", f"ResourceClaim {plan.namespace}/{plan.name}: "
+                                   f"creating MIG device {device.name} failed: {exc}") from exc
             created[device.name] = mig
             log.info("mig_instance_created", claim_uid=plan.uid, device=device.name, uuid=mig.uuid,
                      node=self.settings.pool)

@@ -103,3 +103,20 @@ def test_restart_destroys_an_instance_a_crashed_prepare_left_behind() -> None:
         assert plugin.recovery is not None and plugin.recovery.rolled_back == ["crashed-uid"]
         assert leaked.uuid not in _mig_uuids(nvml)
         assert plugin.checkpoint.records() == {}
+
+
+def test_mig_creation_failure_fails_the_claim_with_nvmls_reason(h: PluginHarness) -> None:
+    plugin = h.plugins[NODE]
+    device = _placement(plugin, "1g.18gb", gpu="gpu-3", start=0)
+    gpu = plugin.devices.gpu_by_name("gpu-3")
+    # Someone else (outside gpuready) took that placement: NVML refuses the overlap.
+    squatter = create_mig_device(plugin.nvml, gpu, plugin.device_index[device].placement)
+    try:
+        uid = h.create_claim("taken", [("gpu", NODE, device)])
+        err = h.kubelet(NODE).prepare([("default", "taken", uid)])[uid].error
+        assert f"creating MIG device {device} failed" in err
+        assert plugin.checkpoint.get(uid) is None and h.cdi_files(NODE) == []
+    finally:
+        from dra_driver.nvml import destroy_mig_device
+
+        destroy_mig_device(plugin.nvml, gpu, squatter)

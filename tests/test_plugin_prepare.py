@@ -67,16 +67,20 @@ def test_bad_claims_fail_alone_while_others_in_the_batch_succeed(h: PluginHarnes
         opaque({"apiVersion": API_VERSION, "kind": "GpuConfig",
                 "sharing": {"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 150}}})])
     replaced = h.create_claim("replaced", [("gpu", NODE, "gpu-3")])
+    not_ours = h.create_claim("notours", [], extra_results=[
+        {"request": "nic", "driver": "nic.example.com", "pool": NODE, "device": "eth0"}])
     missing_uid = "00000000-0000-0000-0000-000000000001"
     results = h.kubelet(NODE).prepare([
         _ref("good", good), _ref("elsewhere", other_node), _ref("badcfg", bad_config),
-        _ref("replaced", "11111111-2222-3333-4444-555555555555"), _ref("nosuchclaim", missing_uid)])
+        _ref("replaced", "11111111-2222-3333-4444-555555555555"), _ref("nosuchclaim", missing_uid),
+        _ref("notours", not_ours)])
     assert results[good].ok
     assert "belongs to pool node-b, not to this node's pool node-a" in results[other_node].error
     err = results[bad_config].error
     assert "sharing.mps.defaultActiveThreadPercentage" in err and "set an integer from 1 to 100" in err
     assert "has UID " + replaced in results["11111111-2222-3333-4444-555555555555"].error
     assert "not found" in results[missing_uid].error
+    assert "has no device of driver gpu.nvidia.com" in results[not_ours].error
     # Nothing was left behind for the failed claims.
     assert h.cdi_files(NODE) == [f"k8s.gpu.nvidia.com-claim_{good}.json"]
     h.kubelet(NODE).unprepare([_ref("good", good)])
