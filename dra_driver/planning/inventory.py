@@ -19,7 +19,7 @@ from fractions import Fraction
 from typing import Any, cast
 
 from dra_driver.logs import get_logger
-from dra_driver.planning.model import DeviceKey, DeviceView
+from dra_driver.planning.model import Amount, DeviceKey, DeviceView
 from dra_driver.planning.parse import SpecError, claim_ref, parse_counter_sets, parse_device, quantity_field
 
 log = get_logger(__name__)
@@ -76,8 +76,8 @@ class Inventory:
 
     devices: dict[DeviceKey, DeviceView]
     classes: dict[str, DeviceClassView]
-    counter_totals: dict[CounterSetKey, dict[str, Fraction]]
-    counter_used: dict[CounterSetKey, dict[str, Fraction]]
+    counter_totals: dict[CounterSetKey, dict[str, Amount]]
+    counter_used: dict[CounterSetKey, dict[str, Amount]]
     counter_users: dict[CounterSetKey, list[tuple[DeviceKey, str]]]  # (device, claim) holding counters
     uses: dict[DeviceKey, list[ClaimUse]]  # every allocation, admin ones included
     taken_by: dict[DeviceKey, str]  # exclusive (non-admin, not shareable) device -> claim
@@ -112,7 +112,7 @@ class Inventory:
         """The physical GPU a device lives on (MIG devices share their parent's)."""
         return parent_key(device)
 
-    def counters_fit(self, device: DeviceView, extra: dict[CounterSetKey, dict[str, Fraction]] | None = None) -> bool:
+    def counters_fit(self, device: DeviceView, extra: dict[CounterSetKey, dict[str, Amount]] | None = None) -> bool:
         """Whether the device's counter costs fit in what is left (plus ``extra`` already planned)."""
         for demand in device.consumes_counters:
             ckey = (device.driver, device.pool, demand.counter_set)
@@ -120,9 +120,14 @@ class Inventory:
             if total is None:
                 return False
             used = self.counter_used.get(ckey, {})
-            planned = (extra or {}).get(ckey, {})
+            if extra and ckey in extra:
+                planned = extra[ckey]
+                for cname, amount in demand.counters:
+                    if used.get(cname, 0) + planned.get(cname, 0) + amount > total.get(cname, -1):
+                        return False
+                continue
             for cname, amount in demand.counters:
-                if used.get(cname, 0) + planned.get(cname, 0) + amount > total.get(cname, Fraction(-1)):
+                if used.get(cname, 0) + amount > total.get(cname, -1):
                     return False
         return True
 
@@ -170,7 +175,7 @@ class SliceCache:
     """
 
     def __init__(self) -> None:
-        self._entries: dict[tuple[str, str], tuple[dict[str, dict[str, Fraction]], list[DeviceView]]] = {}
+        self._entries: dict[tuple[str, str], tuple[dict[str, dict[str, Amount]], list[DeviceView]]] = {}
 
     @staticmethod
     def key(s: dict[str, Any]) -> tuple[str, str]:
@@ -184,7 +189,7 @@ class SliceCache:
 
 
 def _parse_slice(s: dict[str, Any], cache: SliceCache | None,
-                 seen: set[tuple[str, str]]) -> tuple[dict[str, dict[str, Fraction]], list[DeviceView]]:
+                 seen: set[tuple[str, str]]) -> tuple[dict[str, dict[str, Amount]], list[DeviceView]]:
     spec, name = s["spec"], s.get("metadata", {}).get("name", "")
     driver, pool = spec["driver"], spec["pool"]["name"]
     key = SliceCache.key(s) if cache is not None else ("", "")
@@ -217,7 +222,7 @@ def build_inventory(
     problems: list[str] = []
     incomplete: list[str] = []
     devices: dict[DeviceKey, DeviceView] = {}
-    counter_totals: dict[CounterSetKey, dict[str, Fraction]] = {}
+    counter_totals: dict[CounterSetKey, dict[str, Amount]] = {}
     seen: set[tuple[str, str]] = set()
     order = 0
     for s in _complete_pools(slices, problems, incomplete):
@@ -346,8 +351,8 @@ def _account_claim(inv: Inventory, claim: dict[str, Any], sign: int = 1) -> set[
         if not others:  # counters are paid once per device, by its first user
             for demand in dev.consumes_counters:
                 ckey = (dev.driver, dev.pool, demand.counter_set)
-                for cname, amount in demand.counters:
-                    inv.counter_used[ckey][cname] = inv.counter_used[ckey].get(cname, Fraction(0)) + sign * amount
+                for cname, units in demand.counters:
+                    inv.counter_used[ckey][cname] = inv.counter_used[ckey].get(cname, 0) + sign * units
                 if sign > 0:
                     inv.counter_users[ckey].append((key, use.claim))
                 else:

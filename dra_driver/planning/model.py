@@ -17,6 +17,10 @@ from dra_driver.planning.cel_types import CelSemver
 AttrValue = int | bool | str | CelSemver | tuple[Any, ...]
 """An attribute value: ``int``/``bool``/``string``, a ``version`` as semver, or a list as tuple."""
 
+Amount = int | Fraction
+"""A counter amount: an ``int`` whenever it is whole (counters are counted ~1M times per build, and
+int arithmetic is an order of magnitude faster than Fraction arithmetic)."""
+
 DeviceKey = tuple[str, str, str]
 """``(driver, pool, device)``: a device's identity across the cluster."""
 
@@ -51,7 +55,7 @@ class CounterDemand:
     """What a device consumes from one shared counter set when allocated."""
 
     counter_set: str
-    counters: tuple[tuple[str, Fraction], ...]
+    counters: tuple[tuple[str, Amount], ...]
 
 
 @dataclass(eq=False)

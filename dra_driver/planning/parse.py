@@ -11,7 +11,7 @@ from fractions import Fraction
 from typing import Any
 
 from dra_driver.planning.cel_types import CelSemver
-from dra_driver.planning.model import AttrValue, CounterDemand, DeviceView, RequestPolicy, Taint
+from dra_driver.planning.model import Amount, AttrValue, CounterDemand, DeviceView, RequestPolicy, Taint
 from dra_driver.planning.quantity import QuantityError, parse_quantity
 
 
@@ -22,6 +22,11 @@ class SpecError(ValueError):
 def qualify(name: str, driver: str) -> str:
     """Attribute/capacity names without a domain belong to the driver's domain."""
     return name if "/" in name else f"{driver}/{name}"
+
+
+def compact(amount: Fraction) -> Amount:
+    """A whole amount as ``int`` (fast arithmetic), anything else as the exact Fraction."""
+    return amount.numerator if amount.denominator == 1 else amount
 
 
 def quantity_field(value: Any, where: str) -> Fraction:
@@ -89,7 +94,8 @@ def parse_device(raw: dict[str, Any], driver: str, pool: str, node: str | None, 
             counter_set=str(c.get("counterSet", "")),
             counters=tuple(
                 sorted(
-                    (cname, quantity_field((cv or {}).get("value"), f"{where}.consumesCounters[{i}].counters[{cname}]"))
+                    (cname, compact(quantity_field((cv or {}).get("value"),
+                                                   f"{where}.consumesCounters[{i}].counters[{cname}]")))
                     for cname, cv in (c.get("counters") or {}).items()
                 )
             ),
@@ -120,15 +126,15 @@ def parse_device(raw: dict[str, Any], driver: str, pool: str, node: str | None, 
     )
 
 
-def parse_counter_sets(raw_sets: list[dict[str, Any]], where: str) -> dict[str, dict[str, Fraction]]:
+def parse_counter_sets(raw_sets: list[dict[str, Any]], where: str) -> dict[str, dict[str, Amount]]:
     """``spec.sharedCounters`` -> {set name: {counter: amount}}."""
-    result: dict[str, dict[str, Fraction]] = {}
+    result: dict[str, dict[str, Amount]] = {}
     for i, cs in enumerate(raw_sets):
         name = cs.get("name")
         if not name:
             raise SpecError(f"{where}.sharedCounters[{i}].name: required")
         result[str(name)] = {
-            cname: quantity_field((cv or {}).get("value"), f"{where}.sharedCounters[{i}].counters[{cname}]")
+            cname: compact(quantity_field((cv or {}).get("value"), f"{where}.sharedCounters[{i}].counters[{cname}]"))
             for cname, cv in (cs.get("counters") or {}).items()
         }
     return result

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from dra_driver.planning.cel import CelCompileError, CompiledSelector, compile_selector
 from dra_driver.planning.inventory import CounterSetKey, Inventory, Shape
-from dra_driver.planning.model import DeviceKey, DeviceView
+from dra_driver.planning.model import Amount, DeviceKey, DeviceView
 from dra_driver.planning.parse import SpecError, claim_ref
 from dra_driver.planning.quantity import format_quantity
 from dra_driver.planning.requests import (
@@ -118,7 +118,7 @@ class _NodeSearch:
                  node: str | None, policy: Policy) -> None:
         self.inv, self.plans, self.constraints, self.node, self.policy = inv, plans, constraints, node, policy
         self.taken: set[DeviceKey] = set()
-        self.counters: dict[CounterSetKey, dict[str, Fraction]] = {}
+        self.counters: dict[CounterSetKey, dict[str, Amount]] = {}
         self.capacity: dict[DeviceKey, dict[str, Fraction]] = {}
         self.values: dict[int, list[Any]] = {}
         self.chosen: list[Chosen] = []
@@ -218,7 +218,7 @@ class _NodeSearch:
             ckey = (d.driver, d.pool, demand.counter_set)
             bucket = self.counters.setdefault(ckey, {})
             for cname, amount in demand.counters:
-                bucket[cname] = bucket.get(cname, Fraction(0)) + sign * amount
+                bucket[cname] = bucket.get(cname, 0) + sign * amount
 
     def solve(self, ri: int = 0) -> bool:
         """Find the first assignment in preference order; the result is in ``self.chosen``."""
