@@ -75,6 +75,9 @@ class HealthReconciler:
             return stats
         pools = published_pools(self.cache.slices.items(), self.driver)
         node_reasons = unhealthy_from_node_conditions(self.cache.nodes.items())
+        if self.cache.pods is not None:  # forget pods that are gone (bounded memory)
+            live = {str((p.get("metadata") or {}).get("uid", "")) for p in self.cache.pods.items()}
+            self._evicted &= live
         for claim in self.cache.claims.items():
             refs = allocated_devices(claim, self.driver)
             for ref in refs:
