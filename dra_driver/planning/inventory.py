@@ -13,6 +13,7 @@ identity attributes is evaluated once per shape, not once per device.
 
 from __future__ import annotations
 
+import gc
 from collections import defaultdict
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -219,6 +220,20 @@ def build_inventory(
 
     ``cache`` (a :class:`SliceCache` kept by the caller) makes rebuilds after small changes cheap.
     """
+    # A build allocates hundreds of thousands of acyclic objects; the cyclic collector would run
+    # repeatedly over the growing heap for nothing (measured: 2-3x slower at 150k devices). It is
+    # paused for the build only and restored even on error.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _build(slices, claims, device_classes, cache)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _build(slices: list[dict[str, Any]], claims: list[dict[str, Any]], device_classes: list[dict[str, Any]],
+           cache: SliceCache | None) -> Inventory:
     problems: list[str] = []
     incomplete: list[str] = []
     devices: dict[DeviceKey, DeviceView] = {}
