@@ -258,3 +258,15 @@ def test_binpack_puts_a_mig_instance_on_the_gpu_already_in_use_and_spread_on_an_
     (_, _, packed), = _devices(plan(one, inv))
     (_, _, spread), = _devices(plan(one, inv, policy="spread"))
     assert packed.startswith("gpu-1-") and spread.startswith("gpu-0-")
+
+
+def test_request_policy_valid_values_round_up_and_reject_beyond_the_largest() -> None:
+    dev = gpu_device(0, node="node-a", shared=True)
+    dev["capacity"]["memory"]["requestPolicy"] = {"default": "10Gi", "validValues": ["10Gi", "20Gi", "40Gi"]}
+    inv = build_inventory([resource_slice("node-a", [dev])], [], [device_class()])
+    result = plan(claim("c", [exactly(memory="15Gi")]), inv)
+    assert result.allocation and result.allocation["devices"]["results"][0]["consumedCapacity"] == {"memory": "20Gi"}
+    assert plan(claim("c", [exactly(memory="50Gi")]), inv).allocation is None
+    # No memory request: the policy's default is consumed.
+    result = plan(claim("c", [exactly()]), inv)
+    assert result.allocation and result.allocation["devices"]["results"][0]["consumedCapacity"] == {"memory": "10Gi"}
