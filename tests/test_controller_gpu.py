@@ -66,8 +66,8 @@ def test_real_gpu_shaped_allocated_and_prepared() -> None:
             warn = client.post("/mutate", admission_review(vram_template("100Ti")))["response"]
             biggest = max(inv.devices.values(), key=lambda d: d.memory)
             assert "patch" not in warn and "100 TiB" in warn["warnings"][0]
-            product = str(biggest.attr("productName") or biggest.attr("profile"))
-            assert product in warn["warnings"][0]
+            what = biggest.attr("profile") if biggest.attr("type") == "mig" else biggest.attr("productName")
+            assert str(what) in warn["warnings"][0]
             # 1 GiB fits every device: the list starts with the smallest real device.
             template = vram_template("1Gi")
             shaped = apply_patch(template, client.post("/mutate", admission_review(template))["response"])
