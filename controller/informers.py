@@ -298,6 +298,7 @@ class ClusterCache:
         """Start every informer and the inventory rebuild thread."""
         for inf in self.informers:
             inf.start()
+        self._dirty.set()  # build once after the first sync even when the cluster holds no objects yet
         self._thread = threading.Thread(target=self._rebuild_loop, name="inventory", daemon=True)
         self._thread.start()
         return self

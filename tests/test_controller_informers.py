@@ -116,3 +116,12 @@ def test_inventory_follows_slices_and_a_burst_costs_few_builds(srv: LocalApiServ
         assert cache.builds - builds < 8, "every slice caused its own rebuild"
     finally:
         cache.stop()
+
+
+def test_empty_cluster_still_gets_an_inventory(srv: LocalApiServer) -> None:
+    cache = ClusterCache(KubeApi(srv.api_client()), resync_s=60, with_pods=False).start()
+    try:
+        inv = wait_for("inventory of an empty cluster", cache.inventory)
+        assert inv.devices == {}
+    finally:
+        cache.stop()
