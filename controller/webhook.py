@@ -86,11 +86,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(400, f"expected an admission.k8s.io/v1 AdmissionReview with a request: {exc}")
             return
         answer = owner.decide(path, request)
-        self._send(200, review(answer.response))
+        body = review(answer.response)
         seconds = time.perf_counter() - start
         webhook = path.lstrip("/")
-        if owner.metrics is not None:
+        if owner.metrics is not None:  # counted before the answer leaves: a scrape after it sees it
             owner.metrics.observe_webhook(webhook, answer.kind or "unknown", seconds, answer.outcome)
+        self._send(200, body)
         log.debug("admission_review", webhook=webhook, kind=answer.kind, outcome=answer.outcome,
                   ms=round(seconds * 1000, 2), uid=request.get("uid", ""))
 
