@@ -70,7 +70,22 @@ def read_cluster(client: Any) -> Inventory:
     slices = api.list_cluster_custom_object(group, version, "resourceslices").get("items", [])
     claims = api.list_cluster_custom_object(group, version, "resourceclaims").get("items", [])
     classes = api.list_cluster_custom_object(group, version, "deviceclasses").get("items", [])
-    return build_inventory(slices, claims, classes)
+    return build_inventory(slices, claims, classes, taint_rules=_taint_rules(api))
+
+
+def _taint_rules(api: Any) -> list[dict[str, Any]]:
+    """DeviceTaintRules where the cluster serves them (beta in 1.36); none elsewhere."""
+    import kubernetes
+
+    for version in ("v1beta2", "v1alpha3"):
+        try:
+            items: list[dict[str, Any]] = api.list_cluster_custom_object(
+                "resource.k8s.io", version, "devicetaintrules").get("items", [])
+            return items
+        except kubernetes.client.ApiException as exc:
+            if exc.status not in (404, 405):
+                raise
+    return []
 
 
 def load_claim(path: str) -> dict[str, Any]:

@@ -118,3 +118,21 @@ def test_a_slice_cache_reuses_unchanged_slices_and_never_touches_an_older_invent
     assert ("gpu.nvidia.com", "node-a", "gpu-1") in first.devices
     assert first.devices[("gpu.nvidia.com", "node-b", "gpu-0")] is not second.devices[("gpu.nvidia.com", "node-b", "gpu-0")]
     assert [len(s.devices) for s in first.shapes] == [3] and [len(s.devices) for s in second.shapes] == [2]
+
+
+def test_device_taint_rules_taint_the_devices_they_select() -> None:
+    from dra_driver.planning import plan
+
+    rule = {"apiVersion": "resource.k8s.io/v1beta2", "kind": "DeviceTaintRule", "metadata": {"name": "drain-a"},
+            "spec": {"deviceSelector": {"driver": "gpu.nvidia.com", "pool": "node-a"},
+                     "taint": {"key": "maintenance", "value": "drain", "effect": "NoSchedule"}}}
+    slices = [resource_slice("node-a", [gpu_device(0, node="node-a")]),
+              resource_slice("node-b", [gpu_device(0, node="node-b")], index=1)]
+    inv = build_inventory(slices, [], [device_class()], taint_rules=[rule])
+    assert inv.devices[("gpu.nvidia.com", "node-a", "gpu-0")].taints[0].key == "maintenance"
+    assert not inv.devices[("gpu.nvidia.com", "node-b", "gpu-0")].taints
+    busy = claim("busy", [exactly()], allocation=allocated("node-b", "gpu-0"))
+    inv = build_inventory(slices, [busy], [device_class()], taint_rules=[rule])
+    assert plan(claim("c", [exactly()]), inv).allocation is None
+    tolerated = exactly(tolerations=[{"key": "maintenance", "operator": "Exists"}])
+    assert plan(claim("c", [tolerated]), inv).node_name == "node-a"

@@ -20,7 +20,7 @@ from fractions import Fraction
 from typing import Any, cast
 
 from dra_driver.logs import get_logger
-from dra_driver.planning.model import Amount, DeviceKey, DeviceView
+from dra_driver.planning.model import Amount, DeviceKey, DeviceView, Taint
 from dra_driver.planning.parse import SpecError, claim_ref, parse_counter_sets, parse_device, quantity_field
 
 log = get_logger(__name__)
@@ -214,9 +214,12 @@ def _parse_slice(s: dict[str, Any], cache: SliceCache | None,
 
 def build_inventory(
     slices: list[dict[str, Any]], claims: list[dict[str, Any]], device_classes: list[dict[str, Any]],
-    cache: SliceCache | None = None,
+    cache: SliceCache | None = None, taint_rules: list[dict[str, Any]] | None = None,
 ) -> Inventory:
     """Build the inventory from raw API objects (dicts as the API server returns them).
+
+    ``taint_rules`` are DeviceTaintRule objects: their taint applies to the devices their
+    ``spec.deviceSelector`` (driver, pool, device; unset = any) names, as if the slice carried it.
 
     ``cache`` (a :class:`SliceCache` kept by the caller) makes rebuilds after small changes cheap.
     """
@@ -226,14 +229,14 @@ def build_inventory(
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _build(slices, claims, device_classes, cache)
+        return _build(slices, claims, device_classes, cache, taint_rules or [])
     finally:
         if was_enabled:
             gc.enable()
 
 
 def _build(slices: list[dict[str, Any]], claims: list[dict[str, Any]], device_classes: list[dict[str, Any]],
-           cache: SliceCache | None) -> Inventory:
+           cache: SliceCache | None, taint_rules: list[dict[str, Any]]) -> Inventory:
     problems: list[str] = []
     incomplete: list[str] = []
     devices: dict[DeviceKey, DeviceView] = {}
@@ -254,6 +257,8 @@ def _build(slices: list[dict[str, Any]], claims: list[dict[str, Any]], device_cl
         for dev in parsed:
             dev.slice_name, dev.order = name, order
             order += 1
+            if taint_rules:
+                dev = _with_rule_taints(dev, taint_rules)
             devices.setdefault(dev.key, dev)
     if cache is not None:
         for stale in set(cache._entries) - seen:
@@ -282,6 +287,23 @@ def _build(slices: list[dict[str, Any]], claims: list[dict[str, Any]], device_cl
     _build_shapes(inv)
     inv.node_used_bytes = {n: int(v) for n, v in inv.node_used.items()}
     return inv
+
+
+def _with_rule_taints(dev: DeviceView, rules: list[dict[str, Any]]) -> DeviceView:
+    extra = []
+    for rule in rules:
+        spec = rule.get("spec") or {}
+        sel = spec.get("deviceSelector") or {}
+        if all(not sel.get(f) or sel.get(f) == v for f, v in (("driver", dev.driver), ("pool", dev.pool),
+                                                               ("device", dev.name))):
+            t = spec.get("taint") or {}
+            extra.append(Taint(str(t.get("key", "")), str(t.get("value", "") or ""), str(t.get("effect", ""))))
+    if not extra:
+        return dev
+    tainted = dev.fresh_copy()  # never change a view a cache or an older inventory holds
+    tainted.taints = (*dev.taints, *extra)
+    tainted.signature_cache = None
+    return tainted
 
 
 def _classes(raw: list[dict[str, Any]], problems: list[str]) -> dict[str, DeviceClassView]:
