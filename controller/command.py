@@ -51,7 +51,7 @@ def _env_bool(name: str, default: bool) -> bool:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``gpuready controller`` (environment variable fallbacks in brackets)."""
     parser.add_argument("--kubeconfig", default=_env("KUBECONFIG", ""),
-                        help="kubeconfig file; empty: in-cluster service account, then ~/.kube/config [KUBECONFIG]")
+                        help="kubeconfig file; empty: the service account inside a pod, else ~/.kube/config [KUBECONFIG]")
     parser.add_argument("--driver-name", default=_env("DRIVER_NAME", "gpu.nvidia.com"),
                         help="DRA driver name whose devices and configs this controller handles [DRIVER_NAME]")
     parser.add_argument("--memory-class", default=_env("MEMORY_DEVICE_CLASS", ""),
@@ -125,7 +125,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     """Run until SIGTERM/SIGINT; the leader releases its Lease on the way out."""
     from controller.daemon import Controller
-    from controller.plan_command import api_client
+    from controller.kube import make_api_client
 
     try:
         config = config_from_args(args)
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpuready controller: {exc}", file=sys.stderr)
         return 2
     try:
-        client = api_client(args.kubeconfig)
+        client = make_api_client(args.kubeconfig)
     except Exception as exc:
         print(f"gpuready controller: cannot configure the Kubernetes client: {exc} (give --kubeconfig, or run "
               "in a pod with a service account)", file=sys.stderr)
