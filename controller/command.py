@@ -49,7 +49,11 @@ def _env_bool(name: str, default: bool) -> bool:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of ``gpuready controller`` (environment variable fallbacks in brackets)."""
+    """Flags of ``gpuready controller`` (environment variable fallbacks in brackets).
+
+    Numeric defaults stay strings: argparse converts them with the flag's type only when this
+    subcommand runs, so a bad value in the environment is reported against its flag and never
+    breaks the other subcommands' parsers."""
     parser.add_argument("--kubeconfig", default=_env("KUBECONFIG", ""),
                         help="kubeconfig file; empty: the service account inside a pod, else ~/.kube/config [KUBECONFIG]")
     parser.add_argument("--driver-name", default=_env("DRIVER_NAME", "gpu.nvidia.com"),
@@ -66,16 +70,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allocate", action=argparse.BooleanOptionalAction, default=_env_bool("ALLOCATE", False),
                         help="allocate claims and bind pods (local clusters without kube-scheduler) [ALLOCATE]")
     parser.add_argument("--webhook-port", type=int,
-                        default=int(os.environ["WEBHOOK_PORT"]) if os.environ.get("WEBHOOK_PORT") else None,
+                        default=os.environ.get("WEBHOOK_PORT") or None,
                         help="HTTPS port of the webhooks; 0 turns them off (default 8443 when a certificate is "
                              "given, else off) [WEBHOOK_PORT]")
     parser.add_argument("--webhook-cert-dir", default=_env("WEBHOOK_CERT_DIR", ""),
                         help="directory holding tls.crt and tls.key [WEBHOOK_CERT_DIR]")
     parser.add_argument("--webhook-cert", default=_env("WEBHOOK_CERT", ""), help="certificate file (PEM) [WEBHOOK_CERT]")
     parser.add_argument("--webhook-key", default=_env("WEBHOOK_KEY", ""), help="private key file (PEM) [WEBHOOK_KEY]")
-    parser.add_argument("--metrics-port", type=int, default=int(_env("METRICS_PORT", "8080")),
+    parser.add_argument("--metrics-port", type=int, default=_env("METRICS_PORT", "8080"),
                         help="Prometheus /metrics port; 0 turns it off [METRICS_PORT]")
-    parser.add_argument("--health-port", type=int, default=int(_env("HEALTH_PORT", "8081")),
+    parser.add_argument("--health-port", type=int, default=_env("HEALTH_PORT", "8081"),
                         help="/healthz and /readyz port; 0 turns it off [HEALTH_PORT]")
     parser.add_argument("--bind-address", default=_env("BIND_ADDRESS", "0.0.0.0"),
                         help="address the servers listen on [BIND_ADDRESS]")
@@ -89,13 +93,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="name of the Lease [LEADER_ELECTION_LEASE_NAME]")
     parser.add_argument("--leader-election-id", default=_env("POD_NAME", ""),
                         help="this replica's identity in the Lease (default hostname_pid) [POD_NAME]")
-    parser.add_argument("--lease-duration", type=float, default=float(_env("LEASE_DURATION", "15")),
+    parser.add_argument("--lease-duration", type=float, default=_env("LEASE_DURATION", "15"),
                         help="seconds a standby waits after the last renewal before taking over [LEASE_DURATION]")
-    parser.add_argument("--renew-deadline", type=float, default=float(_env("RENEW_DEADLINE", "10")),
+    parser.add_argument("--renew-deadline", type=float, default=_env("RENEW_DEADLINE", "10"),
                         help="seconds the leader keeps trying to renew before stepping down [RENEW_DEADLINE]")
-    parser.add_argument("--retry-period", type=float, default=float(_env("RETRY_PERIOD", "2")),
+    parser.add_argument("--retry-period", type=float, default=_env("RETRY_PERIOD", "2"),
                         help="seconds between Lease attempts [RETRY_PERIOD]")
-    parser.add_argument("--resync", type=float, default=float(_env("RESYNC_SECONDS", "30")),
+    parser.add_argument("--resync", type=float, default=_env("RESYNC_SECONDS", "30"),
                         help="seconds between full reconciler passes without changes [RESYNC_SECONDS]")
 
 
