@@ -114,10 +114,15 @@ class LocalAllocator:
         stats = AllocateStats()
         assert self.cache.pods is not None
         pods = sorted(self.cache.pods.items(), key=lambda p: str(_meta(p).get("creationTimestamp", "")))
+        live = {str(_meta(p).get("uid", "")) for p in pods}
+        self._told = {uid: m for uid, m in self._told.items() if uid in live}  # forget pods that are gone
         for pod in pods:
             meta = _meta(pod)
-            if not (pod.get("spec") or {}).get("resourceClaims") or meta.get("deletionTimestamp") or _terminal(pod):
+            spec = pod.get("spec") or {}
+            if not spec.get("resourceClaims") or meta.get("deletionTimestamp") or _terminal(pod):
                 continue
+            if spec.get("schedulingGates") and not spec.get("nodeName"):
+                continue  # a gated pod is not scheduled, as with kube-scheduler
             try:
                 self._pod(pod, stats)
             except ApiError as exc:
