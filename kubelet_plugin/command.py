@@ -151,8 +151,39 @@ def _trim_heap() -> None:
         pass
 
 
+def _start(config: PluginConfig, kubeconfig: str, stop: threading.Event, delay: float = 2.0) -> Any:
+    """Start the plugin, retrying with back-off while NVML or the API server is not usable yet.
+
+    A node whose driver is still loading (or broken) gets a plugin that says why, every attempt, in
+    its log, instead of a container in CrashLoopBackOff; SIGTERM ends the wait.
+    """
+    from kubernetes.config import ConfigException
+
+    from dra_driver.nvml import open_nvml
+    from kubelet_plugin.daemon import KubeletPlugin
+
+    while not stop.is_set():
+        plugin = None
+        try:
+            nvml = open_nvml(config.nvml)
+            plugin = KubeletPlugin(config, _api_client(kubeconfig), nvml)
+            plugin.start()
+            return plugin
+        except (ValueError, ConfigException) as exc:
+            # A setting that can never work (an unknown simulated profile, no kubeconfig): no retry.
+            raise ValueError(str(exc)) from exc
+        except Exception as exc:
+            log.error("plugin_start_failed", exc_info=True, node=config.node_name, error=str(exc),
+                      retry_in_s=delay)
+            if plugin is not None:
+                plugin.stop()
+        stop.wait(delay)
+        delay = min(delay * 2, 60.0)
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run until SIGTERM/SIGINT; exit 2 for bad configuration, 1 when start-up fails."""
+    """Run until SIGTERM/SIGINT; exit 2 for bad configuration."""
     try:
         config = config_from_args(args)
         config.health_policy()
@@ -160,20 +191,18 @@ def run(args: argparse.Namespace) -> int:
         log.error("invalid_configuration", error=str(exc))
         print(f"gpuready kubelet-plugin: {exc}", file=sys.stderr)
         return 2
-    from dra_driver.nvml import open_nvml
-    from kubelet_plugin.daemon import KubeletPlugin
-
     _limit_malloc_arenas()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        api_client = _api_client(args.kubeconfig)
-        plugin = KubeletPlugin(config, api_client, open_nvml(config.nvml))
-        plugin.start()
-    except Exception as exc:
-        log.error("plugin_start_failed", exc_info=True, node=config.node_name, error=str(exc))
-        return 1
+        plugin = _start(config, args.kubeconfig, stop)
+    except ValueError as exc:
+        log.error("invalid_configuration", error=str(exc))
+        print(f"gpuready kubelet-plugin: {exc}", file=sys.stderr)
+        return 2
+    if plugin is None:
+        return 0  # stopped before it could start
     _trim_heap()
     stop.wait()
     log.info("plugin_stopping", node=config.node_name)

@@ -41,6 +41,7 @@ def test_environment_variables_fill_every_setting(monkeypatch: pytest.MonkeyPatc
         (["--node-name", "n", "--nvml", "fake"], "sim:<profile>"),
         (["--node-name", "n", "--xid-ignore", "13,x"], "--xid-ignore"),
         (["--node-name", "n", "--xid-ignore", "79", "--xid-fatal", "79"], "79"),
+        (["--node-name", "n", "--nvml", "sim:no-such-profile", "--kubeconfig", "/nonexistent"], "no-such-profile"),
     ],
 )
 def test_bad_settings_exit_2_with_the_flag_named(argv: list[str], fragment: str,
@@ -49,3 +50,32 @@ def test_bad_settings_exit_2_with_the_flag_named(argv: list[str], fragment: str,
     monkeypatch.delenv("NODE_NAME", raising=False)
     assert command.run(_args(argv)) == 2
     assert fragment in capsys.readouterr().err
+
+
+def test_nvml_not_ready_at_start_is_retried_instead_of_crash_looping(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import threading
+
+    import dra_driver.nvml
+    from dra_driver.nvml import NvmlUnavailableError
+    from kubelet_plugin.testing import PluginHarness
+
+    real_open = dra_driver.nvml.open_nvml
+    attempts = []
+
+    def flaky_open(spec: str) -> object:
+        attempts.append(spec)
+        if len(attempts) < 3:
+            raise NvmlUnavailableError("NVML_ERROR_DRIVER_NOT_LOADED (the driver is still loading)")
+        return real_open(spec)
+
+    monkeypatch.setattr(dra_driver.nvml, "open_nvml", flaky_open)
+    with PluginHarness() as h:
+        config = h.config("n1", nvml="sim:h100-80gb")
+        kubeconfig = h.server.write_kubeconfig(os.path.join(h.root, "kubeconfig"))
+        plugin = command._start(config, kubeconfig, threading.Event(), delay=0.05)
+        try:
+            assert len(attempts) == 3
+            assert h.kubelet("n1").prepare([]) == {}
+        finally:
+            plugin.stop()
