@@ -3,7 +3,7 @@
 A threading HTTP/1.1 server (one thread per connection, keep-alive, so the API server's connection
 pool pays the TLS handshake once) wrapped in TLS with the certificate and key given by flags (the
 chart mounts its generated or cert-manager certificate). The certificate files are re-read when they
-change (cert-manager rotates them in place), checked at most every few seconds.
+change (cert-manager rotates them in place), checked at a handshake at most every few seconds.
 
 Each request is decoded, decided by :mod:`controller.admission` against the inventory the informers
 keep current (no API call on the request path), timed and counted in the metrics. A body that is not
@@ -108,37 +108,56 @@ class WebhookServer:
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"{flag} {path!r} does not exist: mount the webhook's TLS secret "
                                         "there or point the flag at the certificate/key files")
-        self._context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        self._context.minimum_version = ssl.TLSVersion.TLSv1_2
-        self._cert_stamp = self._load_cert()
+        self._cert_stamp = self._stamp()
+        self._current = self._new_context()  # what new handshakes use; replaced when the files change
         self._cert_checked = time.monotonic()
+        self.cert_check_s = CERT_CHECK_S
         self._cert_lock = threading.Lock()
+        # The listening socket's context only picks the current one during each handshake (SNI
+        # callback, called with or without a server name): a rotated certificate is served to the
+        # next connection without a restart, while open connections keep theirs.
+        listener = self._new_context()
+        listener.sni_callback = self._on_handshake
         try:
             self._httpd = _TlsServer((host, port), _Handler, bind_and_activate=True)
         except OSError as exc:
             raise OSError(exc.errno, f"cannot serve the webhook on {host}:{port} ({exc.strerror}); "
                                      "choose another port with --webhook-port") from exc
         self._httpd.owner = self
-        self._httpd.socket = self._context.wrap_socket(self._httpd.socket, server_side=True,
-                                                       do_handshake_on_connect=False)
+        self._httpd.socket = listener.wrap_socket(self._httpd.socket, server_side=True,
+                                                  do_handshake_on_connect=False)
         self._thread: threading.Thread | None = None
 
-    def _load_cert(self) -> tuple[float, float]:
-        self._context.load_cert_chain(self.cert_file, self.key_file)
-        return (os.stat(self.cert_file).st_mtime, os.stat(self.key_file).st_mtime)
+    def _new_context(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(self.cert_file, self.key_file)
+        return context
+
+    def _stamp(self) -> tuple[int, ...]:
+        c, k = os.stat(self.cert_file), os.stat(self.key_file)
+        return (c.st_mtime_ns, c.st_size, k.st_mtime_ns, k.st_size)
+
+    def _on_handshake(self, sock: ssl.SSLObject | ssl.SSLSocket, _server_name: str | None,
+                      context: ssl.SSLContext) -> None:
+        self._maybe_reload()
+        current = self._current
+        if current is not context:
+            sock.context = current
 
     def _maybe_reload(self) -> None:
         now = time.monotonic()
-        if now - self._cert_checked < CERT_CHECK_S:
+        if now - self._cert_checked < self.cert_check_s:
             return
         with self._cert_lock:
             self._cert_checked = now
             try:
-                stamp = (os.stat(self.cert_file).st_mtime, os.stat(self.key_file).st_mtime)
+                stamp = self._stamp()
                 if stamp != self._cert_stamp:
-                    self._cert_stamp = self._load_cert()  # new handshakes use the rotated certificate
+                    self._current = self._new_context()
+                    self._cert_stamp = stamp
                     log.info("webhook_certificate_reloaded", cert=self.cert_file)
-            except (OSError, ssl.SSLError) as exc:
+            except (OSError, ssl.SSLError) as exc:  # a half-written pair: keep serving the old one
                 log.warning("webhook_certificate_reload_failed", cert=self.cert_file, error=str(exc))
 
     @property
@@ -154,7 +173,6 @@ class WebhookServer:
 
     def decide(self, path: str, request: dict[str, Any]) -> Answer:
         """Answer one review (``path`` /mutate or /validate)."""
-        self._maybe_reload()
         if path == "/mutate":
             try:
                 inventory = self.inventory()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import shutil
 import tempfile
 import urllib.request
 from collections.abc import Iterator
@@ -193,3 +194,31 @@ def test_not_an_admission_review_gets_400_and_tls_is_required(world: dict[str, A
     with pytest.raises((OSError, http.client.HTTPException)):
         urllib.request.urlopen(url, timeout=5)  # plain HTTP to a TLS port fails
 
+
+
+def test_rotated_certificate_is_served_without_a_restart(world: dict[str, Any]) -> None:
+    ctrl: Controller = world["ctrl"]
+    webhook = ctrl.webhook
+    assert webhook is not None
+    originals = {}
+    for path in (webhook.cert_file, webhook.key_file):
+        with open(path, "rb") as f:
+            originals[path] = f.read()
+    new_cert, new_key = self_signed_cert(tempfile.mkdtemp(prefix="gr-wh2-", dir="/tmp"))
+    webhook.cert_check_s = 0.0
+    try:
+        # cert-manager rewrites the mounted files in place.
+        shutil.copyfile(new_key, webhook.key_file)
+        shutil.copyfile(new_cert, webhook.cert_file)
+        client = ReviewClient(webhook.url, new_cert)  # trusts only the new certificate
+        answer = client.post("/validate", admission_review(vram_claim("1Gi")))
+        client.close()
+        assert answer["response"]["allowed"] is True
+    finally:
+        for path, data in originals.items():
+            with open(path, "wb") as f:
+                f.write(data)
+        restored = ReviewClient(webhook.url, world["cert"])  # the original is served again
+        restored.post("/validate", admission_review(vram_claim("1Gi")))
+        restored.close()
+        webhook.cert_check_s = 5.0
