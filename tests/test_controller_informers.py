@@ -125,3 +125,15 @@ def test_empty_cluster_still_gets_an_inventory(srv: LocalApiServer) -> None:
         assert inv.devices == {}
     finally:
         cache.stop()
+
+
+def test_informer_rides_out_a_failing_api_server(srv: LocalApiServer) -> None:
+    api = KubeApi(srv.api_client())
+    make_slice(api, "s1")
+    srv.faults.fail_next(3, code=503, verb="list", resource="resourceslices")
+    inf = Informer(api, SLICES, resync_s=60).start()
+    try:
+        assert inf.wait_synced(20), "never listed after the server recovered"
+        assert names(inf) == {"s1"}
+    finally:
+        inf.stop()
