@@ -214,13 +214,18 @@ class CheckpointStore:
                 self._write()
 
     def get(self, uid: str) -> ClaimRecord | None:
-        """The record of a claim (a copy is not needed: records are replaced, not mutated, by callers)."""
+        """The record of a claim, as on disk now (another instance may have changed it).
+
+        No copy is needed: records are replaced, never mutated.
+        """
         with self._lock:
+            self._refresh()
             return self._claims.get(uid)
 
     def records(self) -> dict[str, ClaimRecord]:
-        """A shallow copy of all records."""
+        """A shallow copy of all records, as on disk now."""
         with self._lock:
+            self._refresh()
             return dict(self._claims)
 
     @contextlib.contextmanager
@@ -258,13 +263,17 @@ class CheckpointStore:
         return (st.st_ino, st.st_mtime_ns, st.st_size)
 
     def _refresh(self) -> None:
-        if self._stat() == self._signature:
+        # Readers need no flock: writers replace the file by rename, so a read sees a whole file.
+        signature = self._stat()
+        if signature == self._signature:
             return
         try:
             with open(self.path, "rb") as f:
                 _, self._claims = decode(f.read())
+            self._signature = signature
         except FileNotFoundError:
             self._claims = {}
+            self._signature = None
         except CheckpointCorrupt as exc:
             # Another writer left a bad file while we run: keep our in-memory view and overwrite it.
             log.error("checkpoint_reload_failed", path=self.path, reason=str(exc))

@@ -17,10 +17,12 @@ record, so the kubelet's retry starts clean; a crash after phase 1 is undone at 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -43,6 +45,7 @@ log = get_logger(__name__)
 # Test-only: after phase 1 and the side effects, write this marker file and stop (until killed), so a
 # test can SIGKILL the plugin between the two checkpoint phases.
 PAUSE_HOOK_ENV = "GPUREADY_TEST_PAUSE_BEFORE_PHASE2"
+LOCK_STRIPES = 64
 
 
 class ClaimSource(Protocol):
@@ -111,18 +114,31 @@ class Preparer:
         self.mig = mig
         self.on_change = on_change or (lambda: None)
         self._locks: dict[str, list[Any]] = {}  # uid -> [Lock, users]
+        self._lock_dir = os.path.join(os.path.dirname(checkpoint.path) or ".", "locks")
         self._locks_mutex = threading.Lock()
 
     # --- locks ------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def claim_lock(self, uid: str) -> Iterator[None]:
-        """Serialize all work on one claim; the entry is dropped once nobody uses it."""
+        """Serialize all work on one claim, in this process and across plugin instances.
+
+        In-process: one lock per claim (dropped once nobody uses it). Across instances (a rolling
+        update runs two, and the kubelet may call either): an exclusive ``flock`` on one of
+        ``LOCK_STRIPES`` files chosen by the claim UID, so different claims rarely wait for each other.
+        """
         with self._locks_mutex:
             entry = self._locks.setdefault(uid, [threading.Lock(), 0])
             entry[1] += 1
         try:
             with entry[0]:
-                yield
+                stripe = zlib.crc32(uid.encode()) % LOCK_STRIPES
+                os.makedirs(self._lock_dir, exist_ok=True)
+                fd = os.open(os.path.join(self._lock_dir, f"claims-{stripe}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                    yield
+                finally:
+                    os.close(fd)  # releases the flock
         finally:
             with self._locks_mutex:
                 entry[1] -= 1

@@ -108,3 +108,55 @@ def test_two_claims_racing_for_one_device_only_one_wins(h: PluginHarness) -> Non
     assert len(winners) == 1
     assert all("already prepared for ResourceClaim" in r.error for r in results if not r.ok)
     assert len(h.cdi_files(NODE)) == 1
+
+
+def test_two_instances_of_a_rolling_update_never_interleave_one_claim() -> None:
+    from dra_driver.nvml import open_nvml
+    from kubelet_plugin.daemon import KubeletPlugin
+
+    with PluginHarness() as h:
+        old = KubeletPlugin(h.config(NODE, pod_uid="pod-old"), h.api_client, open_nvml(f"sim:8xh100@{NODE}"))
+        new = KubeletPlugin(h.config(NODE, pod_uid="pod-new"), h.api_client, open_nvml(f"sim:8xh100@{NODE}"))
+        old.start()
+        new.start()
+        try:
+            h.kubelet(NODE)  # starts the node's emulated kubelet
+            emu = h.emulators[NODE]
+            k_old = emu.wait_for_plugin("gpu.nvidia.com", endpoint=old.paths.dra)
+            k_new = emu.wait_for_plugin("gpu.nvidia.com", endpoint=new.paths.dra)
+            uid = h.create_claim("shared-claim", [("gpu", NODE, "gpu-0")])
+            active, overlaps, lock = [0], [0], threading.Lock()
+
+            def guarded(fn: Any) -> Any:
+                def run(*args: Any) -> Any:
+                    with lock:
+                        active[0] += 1
+                        overlaps[0] += active[0] > 1
+                    time.sleep(0.005)
+                    try:
+                        return fn(*args)
+                    finally:
+                        with lock:
+                            active[0] -= 1
+                return run
+
+            for plugin in (old, new):
+                plugin.preparer.write_spec = guarded(plugin.preparer.write_spec)  # type: ignore[method-assign]
+                plugin.preparer.undo = guarded(plugin.preparer.undo)  # type: ignore[method-assign]
+
+            def hammer(i: int) -> str:
+                kubelet = k_old if i % 3 else k_new
+                if i % 2:
+                    return kubelet.unprepare([("default", "shared-claim", uid)])[uid]
+                return kubelet.prepare([("default", "shared-claim", uid)])[uid].error
+
+            with ThreadPoolExecutor(8) as pool:
+                errors = list(pool.map(hammer, range(40)))
+            assert errors == [""] * 40
+            assert overlaps[0] == 0
+            assert k_old.unprepare([("default", "shared-claim", uid)]) == {uid: ""}
+            assert h.cdi_files(NODE) == []
+            assert old.checkpoint.get(uid) is None and new.checkpoint.get(uid) is None
+        finally:
+            old.stop()
+            new.stop()
