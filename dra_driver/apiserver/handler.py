@@ -1,5 +1,8 @@
 """The HTTP side: one handler thread per connection (HTTP/1.1 keep-alive), routing to discovery or the
-store, JSON bodies in and out, and chunked watch streams of one JSON event per line."""
+store, JSON bodies in and out, and chunked watch streams of one JSON event per line.
+
+Objects are never copied or re-encoded here: the store hands out its (read-only) stored objects with the
+JSON it encoded at write time, and each response goes out in one write (status line, headers and body)."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 import yaml
 
 from dra_driver.apiserver import discovery, errors, openapi, tables
+from dra_driver.apiserver.jsoncopy import encode
 from dra_driver.apiserver.routes import Route, parse_resource_path
 from dra_driver.apiserver.watch import BOOKMARK, ERROR, Watcher, bookmark_object
 from dra_driver.logs import get_logger
@@ -32,7 +36,7 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     server_version = "gpuready-local-apiserver"
-    # Headers and body go out in separate writes: without TCP_NODELAY, Nagle + delayed ACK add ~40 ms.
+    # Watch chunks are small writes: without TCP_NODELAY, Nagle + delayed ACK would add ~40 ms.
     disable_nagle_algorithm = True
 
     @property
@@ -59,12 +63,17 @@ class ApiHandler(BaseHTTPRequestHandler):
     # ---- responses -----------------------------------------------------------------------------
 
     def _send_json(self, code: int, body: Any) -> None:
-        data = json.dumps(body, separators=(",", ":")).encode()
+        """Answer ``body``: a JSON value, or bytes already encoded as compact JSON."""
+        self._send_bytes(code, "application/json", body if isinstance(body, bytes) else encode(body))
+
+    def _send_bytes(self, code: int, content_type: str, data: bytes) -> None:
+        # Status line, headers and body in one write (one syscall): end_headers() would send the headers
+        # alone first. send_header() collects them in _headers_buffer, which flush_headers() writes.
         self.send_response(code)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self._headers_buffer.extend((b"\r\n", data))  # type: ignore[attr-defined]
+        self.flush_headers()
 
     def _send_error(self, err: errors.ApiError) -> None:
         self._send_json(err.code, err.status())
@@ -169,12 +178,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         elif path == "/version":
             body = discovery.VERSION_INFO
         elif path in ("/healthz", "/readyz", "/livez"):
-            data = b"ok"
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; charset=utf-8")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self._send_bytes(200, "text/plain; charset=utf-8", b"ok")
             return True
         elif path.startswith("/apis/"):
             parts = path.split("/")[2:]
@@ -207,7 +211,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         if route.sub == "eviction":
             if method != "POST" or route.name is None:
                 raise errors.method_not_allowed("eviction accepts only POST on a named pod")
-            store.delete(rt.key, route.namespace, route.name, dry_run=dry_run)
+            store.delete(rt.key, route.namespace, route.name, dry_run=dry_run, shared=True)
             return 201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
         if route.sub == "binding":
             if method != "POST" or route.name is None:
@@ -222,41 +226,47 @@ class ApiHandler(BaseHTTPRequestHandler):
             raise errors.method_not_allowed(f"the server does not allow this method on {rt.plural}/status")
         if verb == "get":
             assert route.name is not None
-            obj = store.get(rt.key, route.namespace, route.name)
-            return 200, tables.table(rt.kind, [obj]) if self._table else obj
+            obj, raw = store.get_shared(rt.key, route.namespace, route.name)
+            return 200, tables.table(rt.kind, [obj]) if self._table else raw
         if verb == "list":
-            items, rv, token = store.list_with_rv(
+            entries, rv, token = store.list_shared(
                 rt.key, route.namespace, query.get("labelSelector"), query.get("fieldSelector"),
-                _int_param(query, "limit"), query.get("continue"), copy_items=False)
+                _int_param(query, "limit"), query.get("continue"))
             meta: dict[str, Any] = {"resourceVersion": str(rv)}
             if token:
                 meta["continue"] = token
             if self._table:
-                return 200, tables.table(rt.kind, items, meta)
-            return 200, {"kind": f"{rt.kind}List", "apiVersion": rt.group_version, "metadata": meta,
-                         "items": items}
+                return 200, tables.table(rt.kind, [o for o, _ in entries], meta)
+            head = encode({"kind": f"{rt.kind}List", "apiVersion": rt.group_version, "metadata": meta})
+            # The stored objects' bytes spliced in: exactly what encoding the whole list would give.
+            return 200, head[:-1] + b',"items":[' + b",".join(raw for _, raw in entries) + b"]}"
+        # Writes hand the parsed body to the store (shared=True) and answer the stored object's bytes.
         if verb == "create":
             if route.name is not None:
                 raise errors.method_not_allowed("POST is not allowed on a named object")
             if rt.namespaced and route.namespace is None:
                 raise errors.ApiError(404, "NotFound", "the server could not find the requested resource")
             body = self._object_body()
-            return 201, store.create(rt.key, route.namespace, body, dry_run=dry_run)
+            return 201, store.encoded(rt.key, store.create(rt.key, route.namespace, body, dry_run=dry_run,
+                                                           shared=True))
         if verb == "update":
             assert route.name is not None
             body = self._object_body()
-            return 200, store.update(rt.key, route.namespace, route.name, body, route.sub, dry_run=dry_run)
+            return 200, store.encoded(rt.key, store.update(rt.key, route.namespace, route.name, body, route.sub,
+                                                           dry_run=dry_run, shared=True))
         if verb == "patch":
             assert route.name is not None
             patch = self._read_body()
             ct = self.headers.get("Content-Type") or ""
-            return 200, store.patch(rt.key, route.namespace, route.name, ct, patch, route.sub, dry_run=dry_run)
+            return 200, store.encoded(rt.key, store.patch(rt.key, route.namespace, route.name, ct, patch,
+                                                          route.sub, dry_run=dry_run, shared=True))
         if verb == "delete":
             assert route.name is not None
             opts = self._read_body() or {}
             propagation = query.get("propagationPolicy") or opts.get("propagationPolicy")
-            return 200, store.delete(rt.key, route.namespace, route.name, propagation,
-                                     opts.get("preconditions"), dry_run=dry_run)
+            return 200, store.encoded(rt.key, store.delete(rt.key, route.namespace, route.name, propagation,
+                                                           opts.get("preconditions"), dry_run=dry_run,
+                                                           shared=True))
         items = store.delete_collection(rt.key, route.namespace, query.get("labelSelector"),
                                         query.get("fieldSelector"))
         return 200, {"kind": f"{rt.kind}List", "apiVersion": rt.group_version,
@@ -322,8 +332,11 @@ class ApiHandler(BaseHTTPRequestHandler):
                 continue
             if item is None:
                 return
-            obj = tables.table(w.rt.kind, [item[1]]) if self._table else item[1]
-            self._chunk({"type": item[0], "object": obj})
+            typ, obj, ev = item
+            if self._table:
+                self._chunk({"type": typ, "object": tables.table(w.rt.kind, [obj])})
+            else:
+                self._chunk(ev.frame(typ) if ev is not None else {"type": typ, "object": obj})
 
     def _peer_closed(self) -> bool:
         """Whether the client hung up (an idle stream would otherwise only notice on its next write)."""
@@ -342,9 +355,10 @@ class ApiHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.flush()
 
-    def _chunk(self, event: dict[str, Any]) -> None:
-        data = json.dumps(event, separators=(",", ":")).encode() + b"\n"
-        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+    def _chunk(self, event: dict[str, Any] | bytes) -> None:
+        """One watch line: an event, or its frame already encoded (shared by every watcher)."""
+        data = event if isinstance(event, bytes) else encode(event) + b"\n"
+        self.wfile.write(b"%x\r\n%b\r\n" % (len(data), data))
         self.wfile.flush()
 
     def _end_stream(self) -> None:

@@ -4,10 +4,10 @@
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from dra_driver.apiserver.errors import ApiError, bad_request, unsupported_media_type
+from dra_driver.apiserver.jsoncopy import copy_json
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -38,8 +38,8 @@ _MERGE_KEYS: dict[str, str] = {
 def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386: objects merge recursively, null deletes, anything else replaces."""
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+        return copy_json(patch)
+    result = copy_json(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
         if value is None:
             result.pop(key, None)
@@ -54,12 +54,12 @@ def strategic_merge_patch(target: Any, patch: Any, field: str = "") -> Any:
     if not isinstance(patch, dict):
         if isinstance(patch, list) and isinstance(target, list) and field in _MERGE_KEYS:
             return _merge_list(target, patch, _MERGE_KEYS[field])
-        return copy.deepcopy(patch)
+        return copy_json(patch)
     if patch.get("$patch") == "replace":
-        return {k: copy.deepcopy(v) for k, v in patch.items() if k != "$patch"}
+        return {k: copy_json(v) for k, v in patch.items() if k != "$patch"}
     if patch.get("$patch") == "delete":
         return None
-    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    result = copy_json(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
         if key.startswith("$deleteFromPrimitiveList/"):
             name = key.split("/", 1)[1]
@@ -89,8 +89,8 @@ def _merge_list(target: list[Any], patch: list[Any], key: str) -> list[Any]:
     if not all(isinstance(x, dict) and key in x for x in patch):
         if any(isinstance(x, dict) and x.get("$patch") == "replace" for x in patch):
             return [x for x in patch if not (isinstance(x, dict) and x.get("$patch") == "replace")]
-        return copy.deepcopy(patch)
-    out = copy.deepcopy(target)
+        return copy_json(patch)
+    out = copy_json(target)
     for item in patch:
         idx = next((i for i, t in enumerate(out) if isinstance(t, dict) and t.get(key) == item[key]), None)
         if item.get("$patch") == "delete":
@@ -98,7 +98,7 @@ def _merge_list(target: list[Any], patch: list[Any], key: str) -> list[Any]:
                 out.pop(idx)
             continue
         if idx is None:
-            out.append({k: v for k, v in copy.deepcopy(item).items() if k != "$patch"})
+            out.append({k: v for k, v in copy_json(item).items() if k != "$patch"})
         else:
             out[idx] = strategic_merge_patch(out[idx], item)
     return out
@@ -161,23 +161,23 @@ def json_patch(target: Any, ops: Any) -> Any:
     """RFC 6902 add/remove/replace/move/copy/test; a failing op is a 422-free error like the server's."""
     if not isinstance(ops, list):
         raise bad_request("json: cannot unmarshal object into Go value of type jsonpatch.Patch")
-    doc = copy.deepcopy(target)
+    doc = copy_json(target)
     for i, op in enumerate(ops):
         if not isinstance(op, dict) or "op" not in op or "path" not in op:
             raise bad_request(f"JSON patch operation {i} needs 'op' and 'path'")
         kind, parts = op["op"], _pointer(op["path"])
         try:
             if kind == "add":
-                doc = _add(doc, parts, copy.deepcopy(op.get("value")), replace=False)
+                doc = _add(doc, parts, copy_json(op.get("value")), replace=False)
             elif kind == "replace":
-                doc = _add(doc, parts, copy.deepcopy(op.get("value")), replace=True)
+                doc = _add(doc, parts, copy_json(op.get("value")), replace=True)
             elif kind == "remove":
                 _remove(doc, parts)
             elif kind == "move":
                 value = _remove(doc, _pointer(op["from"]))
                 doc = _add(doc, parts, value, replace=False)
             elif kind == "copy":
-                value = copy.deepcopy(_resolve(doc, _pointer(op["from"])))
+                value = copy_json(_resolve(doc, _pointer(op["from"])))
                 doc = _add(doc, parts, value, replace=False)
             elif kind == "test":
                 if _resolve(doc, parts) != op.get("value"):

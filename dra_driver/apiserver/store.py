@@ -2,17 +2,21 @@
 event history and watch fan-out, and owner-reference garbage collection.
 
 Thread model: one re-entrant lock guards objects, the counter, history and the watcher set; HTTP handler
-threads call in concurrently. Garbage collection runs on its own daemon thread so a delete answers at once
-and dependents follow promptly ("background" propagation).
+threads call in concurrently.
+
+Stored objects are immutable: every write stores a new dict and nothing mutates a stored one, so the
+history, watchers and HTTP answers share them. Each stored object's JSON is encoded once, when it is
+written, and those bytes serve every GET, LIST and watch event until the next write. Methods for direct
+callers (tests, the demo) copy what goes in and what comes out; the HTTP handler passes ``shared=True``:
+it hands its freshly parsed body over and gets the stored object itself, which it only serialises.
+Garbage collection runs on its own thread (gc.py), so a delete answers at once.
 """
 
 from __future__ import annotations
 
 import base64
-import copy
 import datetime
 import json
-import queue
 import random
 import threading
 import uuid
@@ -20,6 +24,8 @@ from collections.abc import Callable
 from typing import Any
 
 from dra_driver.apiserver import errors
+from dra_driver.apiserver.gc import GcQueue
+from dra_driver.apiserver.jsoncopy import copy_json, encode
 from dra_driver.apiserver.patches import APPLY_PATCH, apply_patch
 from dra_driver.apiserver.resources import RESOURCES, ResourceType, resource_for_key
 from dra_driver.apiserver.selectors import (
@@ -41,6 +47,8 @@ from dra_driver.apiserver.watch import (
 
 Obj = dict[str, Any]
 ObjList = list[Obj]  # alias: the Store.list method shadows the builtin inside the class
+Key = tuple[str, str]  # (namespace or "", name)
+Entries = list[tuple[Obj, bytes]]  # stored objects with their JSON
 # Admission: (resource, new object, old object or None) -> None; raises ApiError (422) when invalid.
 Admit = Callable[[ResourceType, Obj, Obj | None], None]
 
@@ -67,16 +75,16 @@ class Store:
                  strict_namespaces: bool = False) -> None:
         self._lock = threading.RLock()
         self._rv = _START_RV
-        self._objects: dict[str, dict[tuple[str, str], Obj]] = {r.key: {} for r in RESOURCES}
+        self._objects: dict[str, dict[Key, Obj]] = {r.key: {} for r in RESOURCES}
+        # The JSON of every stored object, encoded when it was stored (same keys as _objects).
+        self._wire: dict[str, dict[Key, bytes]] = {r.key: {} for r in RESOURCES}
         self._history = History(history_limit, _START_RV)
         self._watchers: set[Watcher] = set()
         self._admit = admit
         # The real server refuses objects in a namespace that does not exist; off by default so tests
         # need not create namespaces first.
         self.strict_namespaces = strict_namespaces
-        self._gc_queue: queue.Queue[tuple[str, str, str] | threading.Event | None] = queue.Queue()
-        self._gc_thread = threading.Thread(target=self._gc_loop, name="apiserver-gc", daemon=True)
-        self._gc_thread.start()
+        self._gc = GcQueue(self._collect)
         for ns in ("default", "kube-system", "kube-public", "kube-node-lease"):
             self.create("namespaces", None, {"metadata": {"name": ns}})
 
@@ -92,16 +100,39 @@ class Store:
         self._rv += 1
         return self._rv
 
-    def _emit(self, key: str, typ: str, obj: Obj, old: Obj | None = None) -> None:
+    def _emit(self, key: str, typ: str, obj: Obj, old: Obj | None = None, raw: bytes | None = None) -> None:
         # Stored objects are never mutated in place (every write stores a new dict), so events and
-        # watchers can share them without copying.
-        ev = Event(int(obj["metadata"]["resourceVersion"]), key, typ, obj, old)
+        # watchers can share them without copying; ``raw`` is the object's JSON when already encoded.
+        ev = Event(int(obj["metadata"]["resourceVersion"]), key, typ, obj, old, raw)
         self._history.append(ev)
         for w in list(self._watchers):
             w.offer(ev)
 
-    def _bucket(self, rt: ResourceType) -> dict[tuple[str, str], Obj]:
+    def _bucket(self, rt: ResourceType) -> dict[Key, Obj]:
         return self._objects[rt.key]
+
+    def _store(self, rt: ResourceType, k: Key, obj: Obj) -> bytes:
+        """Store ``obj`` (which nobody may mutate from now on) and encode its JSON once."""
+        raw = encode(obj)
+        self._objects[rt.key][k] = obj
+        self._wire[rt.key][k] = raw
+        return raw
+
+    def _unstore(self, rt: ResourceType, k: Key) -> None:
+        self._objects[rt.key].pop(k, None)
+        self._wire[rt.key].pop(k, None)
+
+    def encoded(self, key: str, obj: Obj) -> bytes:
+        """The JSON bytes of ``obj``: the bytes encoded at write time when ``obj`` is the stored object
+        (as ``shared=True`` answers are), else a fresh encoding."""
+        rt = resource_for_key(key)
+        meta = obj.get("metadata")
+        if isinstance(meta, dict) and isinstance(meta.get("name"), str):
+            k = ((meta.get("namespace") or "") if rt.namespaced else "", meta["name"])
+            with self._lock:
+                if self._bucket(rt).get(k) is obj:
+                    return self._wire[rt.key][k]
+        return encode(obj)
 
     @staticmethod
     def _ns(rt: ResourceType, namespace: str | None) -> str:
@@ -118,12 +149,17 @@ class Store:
 
     def get(self, key: str, namespace: str | None, name: str) -> Obj:
         """A copy of one object; ApiError 404 when absent."""
+        return copy_json(self.get_shared(key, namespace, name)[0])
+
+    def get_shared(self, key: str, namespace: str | None, name: str) -> tuple[Obj, bytes]:
+        """The stored object itself (read-only: never mutate it) and its JSON; ApiError 404 when absent."""
         rt = resource_for_key(key)
+        k = (self._ns(rt, namespace), name)
         with self._lock:
-            obj = self._bucket(rt).get((self._ns(rt, namespace), name))
+            obj = self._bucket(rt).get(k)
             if obj is None:
                 raise errors.not_found(rt, name)
-            return copy.deepcopy(obj)
+            return obj, self._wire[rt.key][k]
 
     def list(self, key: str, namespace: str | None = None, label_selector: str | None = None,
              field_selector: str | None = None) -> ObjList:
@@ -136,6 +172,14 @@ class Store:
         """Matching objects, the list resourceVersion and a continue token when ``limit`` cut it short.
         ``copy_items=False`` returns the stored dicts themselves (never mutated in place: every write
         stores a new dict) for callers that only serialise them."""
+        entries, rv, token = self.list_shared(key, namespace, label_selector, field_selector, limit,
+                                              continue_token)
+        return [copy_json(o) if copy_items else o for o, _ in entries], rv, token
+
+    def list_shared(self, key: str, namespace: str | None = None, label_selector: str | None = None,
+                    field_selector: str | None = None, limit: int = 0,
+                    continue_token: str | None = None) -> tuple[Entries, int, str | None]:
+        """Like ``list_with_rv`` but each match is the stored object itself (read-only) with its JSON."""
         rt = resource_for_key(key)
         labels = parse_label_selector(label_selector)
         fields = parse_field_selector(field_selector, rt)
@@ -146,7 +190,8 @@ class Store:
             except (ValueError, TypeError):
                 raise errors.bad_request("continue key is not valid") from None
         with self._lock:
-            out: ObjList = []
+            out: Entries = []
+            wire = self._wire[rt.key]
             token = None
             for k in sorted(self._bucket(rt)):
                 if start is not None and k <= start:
@@ -157,20 +202,24 @@ class Store:
                 if not (labels_match(labels, obj) and fields_match(fields, obj)):
                     continue
                 if limit and len(out) >= limit:
-                    last = out[-1]["metadata"]
+                    last = out[-1][0]["metadata"]
                     token = base64.urlsafe_b64encode(
                         json.dumps([last.get("namespace", "") if rt.namespaced else "", last["name"]]).encode()
                     ).decode()
                     break
-                out.append(copy.deepcopy(obj) if copy_items else obj)
+                out.append((obj, wire[k]))
             return out, self._rv, token
 
     # ---- writes --------------------------------------------------------------------------------
+    # ``shared=True`` (the HTTP handler): the body is handed over (the store may keep it) and the answer
+    # is the stored object itself, read-only; otherwise both are copied, so the caller's dicts and the
+    # store's never alias.
 
-    def create(self, key: str, namespace: str | None, body: Obj, dry_run: bool = False) -> Obj:
+    def create(self, key: str, namespace: str | None, body: Obj, dry_run: bool = False,
+               shared: bool = False) -> Obj:
         """Create an object (fills uid, creationTimestamp, resourceVersion, generation, generateName)."""
         rt = resource_for_key(key)
-        obj = copy.deepcopy(body)
+        obj = body if shared else copy_json(body)
         meta = obj.setdefault("metadata", {})
         if not isinstance(meta, dict):
             raise errors.bad_request("metadata must be an object")
@@ -205,12 +254,12 @@ class Store:
             if dry_run:
                 return obj
             meta["resourceVersion"] = str(self._bump())
-            self._bucket(rt)[(ns, name)] = obj
-            self._emit(rt.key, ADDED, obj)
-            return copy.deepcopy(obj)
+            raw = self._store(rt, (ns, name), obj)
+            self._emit(rt.key, ADDED, obj, raw=raw)
+            return obj if shared else copy_json(obj)
 
     def update(self, key: str, namespace: str | None, name: str, body: Obj, subresource: str = "",
-               dry_run: bool = False) -> Obj:
+               dry_run: bool = False, shared: bool = False) -> Obj:
         """Replace an object (PUT). A body resourceVersion that is not current is a 409 Conflict."""
         rt = resource_for_key(key)
         meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else None
@@ -226,10 +275,10 @@ class Store:
             rv = meta.get("resourceVersion")
             if rv and rv != current["metadata"]["resourceVersion"]:
                 raise errors.conflict(rt, name)
-            return self._commit(rt, current, body, subresource, dry_run)
+            return self._commit(rt, current, body, subresource, dry_run, shared)
 
     def patch(self, key: str, namespace: str | None, name: str, content_type: str, patch: Any,
-              subresource: str = "", dry_run: bool = False) -> Obj:
+              subresource: str = "", dry_run: bool = False, shared: bool = False) -> Obj:
         """Apply a merge/JSON/strategic patch under the lock (read-modify-write cannot interleave)."""
         rt = resource_for_key(key)
         with self._lock:
@@ -238,9 +287,9 @@ class Store:
                 if content_type.split(";")[0].strip().lower() == APPLY_PATCH and isinstance(patch, dict) \
                         and not subresource:
                     # Server-side apply creates what does not exist yet.
-                    body = copy.deepcopy(patch)
+                    body = patch if shared else copy_json(patch)
                     body.setdefault("metadata", {})["name"] = name
-                    return self.create(key, namespace, body, dry_run=dry_run)
+                    return self.create(key, namespace, body, dry_run=dry_run, shared=shared)
                 raise errors.not_found(rt, name)
             patched = apply_patch(content_type, current, patch)
             if not isinstance(patched, dict) or not isinstance(patched.get("metadata"), dict):
@@ -249,22 +298,24 @@ class Store:
                 raise errors.conflict(rt, name)
             if patched["metadata"].get("name") != name:
                 raise errors.bad_request("the patch may not change metadata.name")
-            return self._commit(rt, current, patched, subresource, dry_run)
+            # ``patched`` is a fresh tree, but may share parts of ``patch``: owned only when that was handed over.
+            return self._commit(rt, current, patched, subresource, dry_run, shared)
 
-    def _commit(self, rt: ResourceType, current: Obj, body: Obj, subresource: str, dry_run: bool) -> Obj:
+    def _commit(self, rt: ResourceType, current: Obj, body: Obj, subresource: str, dry_run: bool,
+                shared: bool) -> Obj:
         """Build the new object from ``body`` and ``current``, admit it and store it (lock held)."""
-        new = copy.deepcopy(body)
+        new = body if shared else copy_json(body)
         old_meta = current["metadata"]
         if subresource == "status":
             # A status write changes only status (and nothing else), like the real status strategies.
-            new = {**copy.deepcopy(current), "status": copy.deepcopy(body.get("status"))}
+            new = {**copy_json(current), "status": new.get("status")}
             if new["status"] is None:
                 new.pop("status")
         elif rt.has_status:
             # A main-resource write cannot change status.
             new.pop("status", None)
             if "status" in current:
-                new["status"] = copy.deepcopy(current["status"])
+                new["status"] = copy_json(current["status"])
         new["apiVersion"], new["kind"] = rt.group_version, rt.kind
         meta = new.setdefault("metadata", {})
         for f in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp",
@@ -280,15 +331,16 @@ class Store:
         if self._admit is not None:
             self._admit(rt, new, current)
         if new == current:
-            return copy.deepcopy(current)  # a no-op write does not bump the resourceVersion
+            # A no-op write does not bump the resourceVersion.
+            return current if shared else copy_json(current)
         if dry_run:
             return new
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
-            return self._remove(rt, new, "Background")
+            return self._remove(rt, new, "Background", shared)
         meta["resourceVersion"] = str(self._bump())
-        self._bucket(rt)[(meta.get("namespace", ""), meta["name"])] = new
-        self._emit(rt.key, MODIFIED, new, current)
-        return copy.deepcopy(new)
+        raw = self._store(rt, (meta.get("namespace", ""), meta["name"]), new)
+        self._emit(rt.key, MODIFIED, new, current, raw)
+        return new if shared else copy_json(new)
 
     def bind_pod(self, namespace: str | None, name: str, node: str) -> Obj:
         """pods/binding: set spec.nodeName once (409 if already bound) and mark the pod scheduled."""
@@ -301,7 +353,7 @@ class Store:
             if bound:
                 raise errors.ApiError(409, "Conflict", f'pod {name} is already assigned to node "{bound}"',
                                       {"name": name, "kind": "pods"})
-            new = copy.deepcopy(current)
+            new = copy_json(current)
             new.setdefault("spec", {})["nodeName"] = node
             conds = [c for c in (new.setdefault("status", {}).get("conditions") or [])
                      if c.get("type") != "PodScheduled"]
@@ -310,14 +362,18 @@ class Store:
             new["status"]["conditions"] = conds
             meta = new["metadata"]
             meta["resourceVersion"] = str(self._bump())
-            self._bucket(rt)[(meta.get("namespace", ""), name)] = new
-            self._emit(rt.key, MODIFIED, new, current)
-            return copy.deepcopy(new)
+            raw = self._store(rt, (meta.get("namespace", ""), name), new)
+            self._emit(rt.key, MODIFIED, new, current, raw)
+            return copy_json(new)
 
     def delete(self, key: str, namespace: str | None, name: str, propagation: str | None = None,
-               preconditions: dict[str, Any] | None = None, dry_run: bool = False) -> Obj:
+               preconditions: dict[str, Any] | None = None, dry_run: bool = False, shared: bool = False) -> Obj:
         """Delete an object (or mark it deleting while it has finalizers); returns its last state."""
         rt = resource_for_key(key)
+
+        def out(obj: Obj) -> Obj:
+            return obj if shared else copy_json(obj)
+
         with self._lock:
             current = self._bucket(rt).get((self._ns(rt, namespace), name))
             if current is None:
@@ -330,28 +386,28 @@ class Store:
             if pre.get("resourceVersion") and pre["resourceVersion"] != current["metadata"]["resourceVersion"]:
                 raise errors.conflict(rt, name)
             if dry_run:
-                return copy.deepcopy(current)
+                return out(current)
             if current["metadata"].get("finalizers"):
                 if current["metadata"].get("deletionTimestamp"):
-                    return copy.deepcopy(current)
-                new = copy.deepcopy(current)
+                    return out(current)
+                new = copy_json(current)
                 new["metadata"]["deletionTimestamp"] = now_rfc3339()
                 new["metadata"]["deletionGracePeriodSeconds"] = 0
                 new["metadata"]["resourceVersion"] = str(self._bump())
-                self._bucket(rt)[(self._ns(rt, namespace), name)] = new
-                self._emit(rt.key, MODIFIED, new, current)
-                return copy.deepcopy(new)
-            return self._remove(rt, current, propagation or "Background")
+                raw = self._store(rt, (self._ns(rt, namespace), name), new)
+                self._emit(rt.key, MODIFIED, new, current, raw)
+                return out(new)
+            return self._remove(rt, current, propagation or "Background", shared)
 
-    def _remove(self, rt: ResourceType, obj: Obj, propagation: str) -> Obj:
+    def _remove(self, rt: ResourceType, obj: Obj, propagation: str, shared: bool = False) -> Obj:
         meta = obj["metadata"]
-        self._bucket(rt).pop((meta.get("namespace", ""), meta["name"]), None)
-        gone = copy.deepcopy(obj)
+        self._unstore(rt, (meta.get("namespace", ""), meta["name"]))
+        gone = copy_json(obj)
         gone["metadata"]["resourceVersion"] = str(self._bump())
         self._emit(rt.key, DELETED, gone)
         if propagation != "Orphan":
-            self._gc_queue.put((rt.kind, meta["uid"], meta["name"]))
-        return gone
+            self._gc.put(rt.kind, meta["uid"], meta["name"])
+        return gone if shared else copy_json(gone)
 
     def delete_collection(self, key: str, namespace: str | None, label_selector: str | None,
                           field_selector: str | None) -> ObjList:
@@ -373,13 +429,14 @@ class Store:
                     parse_field_selector(field_selector, rt))
         with self._lock:
             if send_initial_events or not resource_version or resource_version == "0":
+                wire = self._wire[rt.key]
                 for k in sorted(self._bucket(rt)):
                     obj = self._bucket(rt)[k]
-                    w.offer(Event(int(obj["metadata"]["resourceVersion"]), rt.key, ADDED, obj))
+                    w.offer(Event(int(obj["metadata"]["resourceVersion"]), rt.key, ADDED, obj, None, wire[k]))
                 if send_initial_events:
                     end = bookmark_object(rt, self._rv)
                     end["metadata"]["annotations"] = {"k8s.io/initial-events-end": "true"}
-                    w.queue.put((BOOKMARK, end))
+                    w.queue.put((BOOKMARK, end, None))
             else:
                 try:
                     rv = int(resource_version)
@@ -421,20 +478,6 @@ class Store:
 
     # ---- garbage collection --------------------------------------------------------------------
 
-    def _gc_loop(self) -> None:
-        while True:
-            item = self._gc_queue.get()
-            if item is None:
-                return
-            if isinstance(item, threading.Event):
-                item.set()
-                continue
-            kind, uid, name = item
-            try:
-                self._collect(kind, uid, name)
-            except Exception:  # GC must never die; a failed collection is retried on the next delete
-                continue
-
     def _collect(self, kind: str, uid: str, name: str) -> None:
         with self._lock:
             live_uids = {o["metadata"]["uid"] for b in self._objects.values() for o in b.values()}
@@ -448,27 +491,18 @@ class Store:
                     if not any(r.get("uid") == uid for r in refs):
                         continue
                     if any(r.get("uid") in live_uids for r in refs if r.get("uid") != uid):
-                        body = copy.deepcopy(obj)
+                        body = copy_json(obj)
                         body["metadata"]["ownerReferences"] = [r for r in refs if r.get("uid") != uid]
-                        self._commit(rt, obj, body, "", False)
+                        self._commit(rt, obj, body, "", False, True)
                     else:
                         self.delete(rt.key, meta.get("namespace"), meta["name"])
 
     def wait_gc_idle(self, timeout: float = 5.0) -> bool:
         """Block until garbage collection has nothing left to do, cascades included (tests use it
         instead of sleeping); False on timeout."""
-        import time
-
-        deadline = time.monotonic() + timeout
-        while True:
-            marker = threading.Event()
-            self._gc_queue.put(marker)
-            if not marker.wait(max(0.0, deadline - time.monotonic())):
-                return False
-            if self._gc_queue.empty():
-                return True
+        return self._gc.wait_idle(timeout)
 
     def close(self) -> None:
         """Stop the GC thread and close every watch."""
         self.drop_watches()
-        self._gc_queue.put(None)
+        self._gc.close()

@@ -1,7 +1,8 @@
 """Watch plumbing: the bounded event history and one queue per open watch.
 
 Events are appended and fanned out while the store lock is held, so a watcher registered under the same
-lock sees every event after its starting resourceVersion exactly once and in order.
+lock sees every event after its starting resourceVersion exactly once and in order. An event's wire frame
+is encoded once and shared by every watcher that receives it.
 """
 
 from __future__ import annotations
@@ -9,9 +10,10 @@ from __future__ import annotations
 import queue
 import threading
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from dra_driver.apiserver.jsoncopy import encode
 from dra_driver.apiserver.resources import ResourceType
 from dra_driver.apiserver.selectors import Requirement, fields_match, labels_match
 
@@ -20,13 +22,32 @@ ADDED, MODIFIED, DELETED, BOOKMARK, ERROR = "ADDED", "MODIFIED", "DELETED", "BOO
 
 @dataclass(frozen=True)
 class Event:
-    """One change in the store: its resourceVersion, resource key, type, new object and old object."""
+    """One change in the store: its resourceVersion, resource key, type, new object and old object;
+    ``raw`` is the new object's JSON when the store already encoded it."""
 
     rv: int
     key: str
     type: str
     obj: dict[str, Any]
     old: dict[str, Any] | None = None
+    raw: bytes | None = field(default=None, compare=False, repr=False)
+    # Wire frames by event type, filled on first use (a watcher may see ADDED/DELETED for a MODIFIED).
+    _frames: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False)
+
+    def frame(self, typ: str) -> bytes:
+        """``{"type":typ,"object":obj}`` plus newline, as compact JSON: what one watch stream line carries.
+        Computed once per type; concurrent first calls may both compute it, with the same result."""
+        data = self._frames.get(typ)
+        if data is None:
+            raw = self.raw if self.raw is not None else encode(self.obj)
+            data = b'{"type":' + encode(typ) + b',"object":' + raw + b"}\n"
+            self._frames[typ] = data
+        return data
+
+
+# What a watcher's queue holds: (type, object, the store event it came from, None for synthetic ones),
+# or None meaning "close".
+QueueItem = tuple[str, dict[str, Any], Event | None]
 
 
 class Watcher:
@@ -38,7 +59,7 @@ class Watcher:
         self.namespace = namespace
         self.labels = labels
         self.fields = fields
-        self.queue: queue.Queue[tuple[str, dict[str, Any]] | None] = queue.Queue()
+        self.queue: queue.Queue[QueueItem | None] = queue.Queue()
         self.closed = threading.Event()
 
     def _matches(self, obj: dict[str, Any] | None) -> bool:
@@ -69,7 +90,7 @@ class Watcher:
         out = self.translate(ev)
         if out is not None:
             # Event objects are private copies nobody mutates: watchers share them.
-            self.queue.put(out)
+            self.queue.put((out[0], out[1], ev))
 
     def close(self) -> None:
         """Ask the streaming handler to end the response now."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -18,6 +19,12 @@ def is_quantity(value: Any) -> bool:
     if isinstance(value, int | float):
         return True
     return isinstance(value, str) and bool(_QUANTITY.fullmatch(value))
+
+
+@functools.lru_cache(maxsize=4096)
+def quantity_string_ok(value: str) -> bool:
+    """``is_quantity`` for a string, remembered: a node sends the same few quantities on every device."""
+    return bool(_QUANTITY.fullmatch(value))
 
 
 def validate_quantity(field: str, value: Any, required_value: bool = False) -> list[Cause]:

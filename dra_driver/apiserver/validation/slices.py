@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -22,7 +23,7 @@ from dra_driver.apiserver.validation.common import (
     too_long,
     too_many,
 )
-from dra_driver.apiserver.validation.quantity import validate_quantity
+from dra_driver.apiserver.validation.quantity import quantity_string_ok, validate_quantity
 
 MAX_DEVICES = 128
 MAX_DEVICES_WITH_TAINTS_OR_COUNTERS = 64
@@ -59,6 +60,24 @@ def _is_set(spec: dict[str, Any], field: str) -> bool:
 
 def validate_attribute_name(field: str, name: str) -> list[Cause]:
     """A QualifiedName: C identifier ≤32, optionally prefixed by ``<DNS subdomain ≤63>/``."""
+    if type(name) is str and _attribute_name_ok(name):
+        return []
+    return _attribute_name_causes(field, name)
+
+
+# A node publishes the same few dozen attribute names and values on every device of every write: whether
+# one is valid is decided once, and only an invalid one is checked again to name the field.
+@functools.lru_cache(maxsize=4096)
+def _attribute_name_ok(name: str) -> bool:
+    return not _attribute_name_causes("", name)
+
+
+@functools.lru_cache(maxsize=4096)
+def _semver_ok(value: str) -> bool:
+    return SEMVER.fullmatch(value) is not None
+
+
+def _attribute_name_causes(field: str, name: str) -> list[Cause]:
     domain, sep, ident = name.partition("/")
     if not sep:
         domain, ident = "", name
@@ -77,8 +96,42 @@ def validate_attribute_name(field: str, name: str) -> list[Cause]:
     return out
 
 
+def _dns_label_ok(value: Any) -> bool:
+    return type(value) is str and _dns_label_str_ok(value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _dns_label_str_ok(value: str) -> bool:
+    return not dns_label("", value)
+
+
+def _quantity_ok(value: Any) -> bool:
+    """Whether ``value`` is certainly a valid, present Quantity string."""
+    return type(value) is str and value != "" and quantity_string_ok(value)
+
+
+def _valid_single_value(attr: Any) -> bool:
+    """Whether ``attr`` is certainly valid with one scalar value (the common case, decided without
+    building field paths); False means 'check it fully'."""
+    if type(attr) is not dict or len(attr) != 1:
+        return False
+    kind, v = next(iter(attr.items()))
+    t = type(v)
+    if kind == "string":
+        return t is str and len(v) <= MAX_STRING_LENGTH and (v.isascii() or len(v.encode()) <= MAX_STRING_LENGTH)
+    if kind == "int":
+        return t is int
+    if kind == "bool":
+        return t is bool
+    if kind == "version":
+        return t is str and len(v.encode()) <= MAX_STRING_LENGTH and _semver_ok(v)
+    return False
+
+
 def _validate_attribute(field: str, attr: Any) -> tuple[list[Cause], int]:
     """Causes and the number of values an attribute holds (lists count each element)."""
+    if _valid_single_value(attr):
+        return [], 1
     if not isinstance(attr, dict):
         return [invalid(field, attr, "must be an object")], 0
     members = [k for k in ("int", "bool", "string", "version", "ints", "bools", "strings", "versions")
@@ -101,7 +154,7 @@ def _validate_attribute(field: str, attr: Any) -> tuple[list[Cause], int]:
                 continue
             if len(v.encode()) > MAX_STRING_LENGTH:
                 out.append(too_long(vfield, MAX_STRING_LENGTH))
-            if kind.startswith("version") and not SEMVER.fullmatch(v):
+            if kind.startswith("version") and not _semver_ok(v):
                 out.append(invalid(vfield, v, "must be a string compatible with semver.org spec 2.0.0"))
         elif kind.startswith("int") and (isinstance(v, bool) or not isinstance(v, int)):
             out.append(invalid(vfield, v, "must be an integer"))
@@ -146,9 +199,11 @@ def _validate_counters(field: str, counters: Any) -> list[Cause]:
     if len(counters) > MAX_COUNTERS_PER_SET:
         out.append(too_many(field, len(counters), MAX_COUNTERS_PER_SET))
     for name in sorted(counters):
+        c = counters[name]
+        if _dns_label_ok(name) and type(c) is dict and _quantity_ok(c.get("value")):
+            continue  # valid: skip building the field paths
         # Counter names are map keys: errors name the map, like the real server (fixtures).
         out += dns_label(field, name)
-        c = counters[name]
         out += validate_quantity(f"{field}[{name}].value", c.get("value") if isinstance(c, dict) else None,
                                  required_value=True)
     return out
@@ -189,8 +244,12 @@ def _validate_device(field: str, dev: Any, per_device_nodes: bool) -> list[Cause
                                          f"{MAX_ATTRIBUTES_AND_CAPACITIES}"))
     n_values = 0
     for key in sorted(attrs):
+        attr = attrs[key]
+        if type(key) is str and _attribute_name_ok(key) and _valid_single_value(attr):
+            n_values += 1  # valid: skip building the field paths
+            continue
         out += validate_attribute_name(f"{field}.attributes", key)
-        causes, n = _validate_attribute(f"{field}.attributes[{key}]", attrs[key])
+        causes, n = _validate_attribute(f"{field}.attributes[{key}]", attr)
         out += causes
         n_values += n
     if n_values > MAX_ATTRIBUTE_VALUES:
@@ -198,6 +257,10 @@ def _validate_device(field: str, dev: Any, per_device_nodes: bool) -> list[Cause
                                                               f"exceed {MAX_ATTRIBUTE_VALUES}"))
     multi = dev.get("allowMultipleAllocations") is True
     for key in sorted(caps):
+        cap = caps[key]
+        if type(key) is str and _attribute_name_ok(key) and type(cap) is dict \
+                and cap.get("requestPolicy") is None and _quantity_ok(cap.get("value")):
+            continue  # valid: skip building the field paths
         out += validate_attribute_name(f"{field}.capacity", key)
         out += _validate_capacity(f"{field}.capacity[{key}]", caps[key], multi)
     consumes = dev.get("consumesCounters") or []
