@@ -42,17 +42,23 @@ def recover(preparer: Preparer, boot_id: str) -> RecoveryReport:
     report = RecoveryReport()
     store = preparer.checkpoint
     previous_boot = store.file_boot_id is not None and store.file_boot_id != boot_id
-    for uid, record in store.records().items():
+    for uid in store.records():
         try:
-            if previous_boot:
-                preparer.undo(record)
-                report.previous_boot_dropped.append(uid)
-            elif record.state is ClaimState.PREPARE_STARTED:
-                preparer.undo(record)
-                report.rolled_back.append(uid)
-            elif record.cdi_spec is not None and not os.path.exists(record.cdi_spec_file):
-                preparer.write_spec(record.cdi_spec_file, record.cdi_spec)
-                report.specs_rebuilt.append(uid)
+            # The claim lock: during a rolling update the other instance may be preparing this claim
+            # right now (its record is in PrepareStarted for a moment); wait for it, then look again.
+            with preparer.claim_lock(uid):
+                record = store.get(uid)
+                if record is None:
+                    continue
+                if previous_boot:
+                    preparer.undo(record)
+                    report.previous_boot_dropped.append(uid)
+                elif record.state is ClaimState.PREPARE_STARTED:
+                    preparer.undo(record)
+                    report.rolled_back.append(uid)
+                elif record.cdi_spec is not None and not os.path.exists(record.cdi_spec_file):
+                    preparer.write_spec(record.cdi_spec_file, record.cdi_spec)
+                    report.specs_rebuilt.append(uid)
         except Exception as exc:
             report.failures.append(f"{uid}: {exc}")
             log.error("checkpoint_recovery_failed", exc_info=True, claim_uid=uid)

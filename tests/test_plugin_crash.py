@@ -146,3 +146,43 @@ def test_new_boot_drops_old_records_and_lost_specs_are_rebuilt() -> None:
         assert json.loads(Path(plugin.config.checkpoint_path).read_text())["bootId"] == "boot-2"
         kubelet = h.kubelet(NODE, previous=kubelet)
         assert kubelet.prepare([("default", "c1", uid)])[uid].ok  # the kubelet re-prepares after reboot
+
+
+def test_new_instance_waits_for_the_old_ones_prepare_in_flight_before_recovering() -> None:
+    with PluginHarness() as h:
+        marker = os.path.join(h.root, "paused")
+        old = _spawn(h, {PAUSE_HOOK_ENV: marker}, pod_uid="pod-old")
+        try:
+            kubelet = h.kubelet(NODE, timeout=60)
+            uid = h.create_claim("c1", [("gpu", NODE, "gpu-0")])
+            caller = threading.Thread(target=lambda: _quietly(kubelet.prepare, [("default", "c1", uid)]))
+            caller.start()
+            _wait_for(marker, old)  # the old instance is between phase 1 and phase 2 of c1
+            started = threading.Event()
+            new_plugin: list[object] = []
+
+            def start_new() -> None:
+                new_plugin.append(h.start_plugin(NODE, pod_uid="pod-new"))
+                started.set()
+
+            threading.Thread(target=start_new, daemon=True).start()
+            # Recovery must not roll back a prepare another live instance is still doing.
+            assert not started.wait(1.5)
+            assert os.path.exists(os.path.join(h.node_dirs(NODE).cdi, f"k8s.gpu.nvidia.com-claim_{uid}.json"))
+            old.send_signal(signal.SIGKILL)  # ...but once that instance is dead, it is rolled back
+            old.wait(10)
+            assert started.wait(30)
+            caller.join(30)
+        finally:
+            if old.poll() is None:
+                old.kill()
+        plugin = h.plugins[NODE]
+        assert plugin.recovery is not None and plugin.recovery.rolled_back == [uid]
+        assert h.cdi_files(NODE) == []
+
+
+def _quietly(fn: object, *args: object) -> None:
+    try:
+        fn(*args)  # type: ignore[operator]
+    except Exception:
+        pass
