@@ -36,6 +36,8 @@ Every flag can also be set by the environment variable shown in its help."""
 
 
 def _env(name: str, default: str) -> str:
+    # Numbers stay strings here: argparse converts a string default with the flag's type at parse
+    # time, so a bad value is reported against its flag instead of breaking every subcommand.
     return os.environ.get(name, default)
 
 
@@ -65,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="unhealthy devices: withdraw from slices, taint them, or off (no monitor) (env HEALTH_MODE)")
     a("--pod-uid", default=_env("POD_UID", ""),
       help="this pod's UID: per-instance socket names for rolling updates (env POD_UID)")
-    a("--health-interval", type=float, default=float(_env("HEALTH_INTERVAL", "20")),
+    a("--health-interval", type=float, default=_env("HEALTH_INTERVAL", "20"),
       help="resend the kubelet health snapshot at least this often, seconds (env HEALTH_INTERVAL)")
     a("--health-stream", default=_env("HEALTH_STREAM", "true"), choices=["true", "false"],
       help="serve the kubelet device health stream (env HEALTH_STREAM)")
@@ -73,16 +75,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="comma list of XIDs that never withdraw a GPU, beyond the catalogue (env XID_IGNORE)")
     a("--xid-fatal", default=_env("XID_FATAL", ""),
       help="comma list of XIDs that always withdraw a GPU, beyond the catalogue (env XID_FATAL)")
-    a("--revalidate-interval", type=float, default=float(_env("HEALTH_REVALIDATE_INTERVAL", "0") or 0),
+    a("--revalidate-interval", type=float, default=_env("HEALTH_REVALIDATE_INTERVAL", "0") or "0",
       help="re-run the CUDA validation on healthy GPUs this often, seconds; 0 = only at start and "
            "recovery (env HEALTH_REVALIDATE_INTERVAL)")
-    a("--probe-timeout", type=float, default=float(_env("HEALTH_PROBE_TIMEOUT", "30") or 30),
+    a("--probe-timeout", type=float, default=_env("HEALTH_PROBE_TIMEOUT", "30") or "30",
       help="a validation probe running longer fails the GPU, seconds (env HEALTH_PROBE_TIMEOUT)")
-    a("--recovery-passes", type=int, default=int(_env("HEALTH_RECOVERY_PASSES", "3") or 3),
+    a("--recovery-passes", type=int, default=_env("HEALTH_RECOVERY_PASSES", "3") or "3",
       help="validations a GPU must pass before it is published again (env HEALTH_RECOVERY_PASSES)")
-    a("--hold-down", type=float, default=float(_env("HEALTH_HOLD_DOWN", "60") or 60),
+    a("--hold-down", type=float, default=_env("HEALTH_HOLD_DOWN", "60") or "60",
       help="minimum seconds between a fault and re-publishing the GPU (env HEALTH_HOLD_DOWN)")
-    a("--metrics-port", type=int, default=int(_env("METRICS_PORT", "0")),
+    a("--metrics-port", type=int, default=_env("METRICS_PORT", "0") or "0",
       help="serve Prometheus /metrics on this port; 0 = off (env METRICS_PORT)")
 
 

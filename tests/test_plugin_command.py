@@ -79,3 +79,13 @@ def test_nvml_not_ready_at_start_is_retried_instead_of_crash_looping(monkeypatch
             assert h.kubelet("n1").prepare([]) == {}
         finally:
             plugin.stop()
+
+
+def test_a_bad_number_in_the_environment_names_its_flag(monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("HEALTH_PROBE_TIMEOUT", "soon")
+    with pytest.raises(SystemExit):
+        _args([])
+    assert "--probe-timeout: invalid float value: 'soon'" in capsys.readouterr().err
+    monkeypatch.setenv("HEALTH_PROBE_TIMEOUT", "12.5")
+    assert _args([]).probe_timeout == 12.5
