@@ -1,0 +1,414 @@
+"""The demo's local cluster: API server, simulated nodes with real kubelet plugins, kubelets, controller.
+
+Everything talks the real protocols: the ``kubernetes`` client over HTTP to the local API server,
+the kubelet emulator over the plugins' gRPC Unix sockets, CDI spec files and checkpoints on disk.
+Only NVML is simulated. Component logs go to ``<workdir>/components.log``; the story stays clean.
+
+Two additions make health visible at demo speed, both product pieces configured, not mocked:
+the Node's ``GPUReady`` condition and Events come from the health package's
+:class:`~dra_driver.health.node_status.NodeStatusReporter` fed by the plugin's health snapshots,
+and the health policy polls every quarter second (lost GPUs and row remaps are found by polling;
+a production node polls every 10 s).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TextIO, TypeVar
+
+import kubernetes
+import yaml
+
+from dra_driver.demo.output import DemoFailure
+from dra_driver.health.node_status import NodeStatusReporter
+from dra_driver.logs import configure
+from kubelet_plugin.config import PluginConfig
+from kubelet_plugin.daemon import KubeletPlugin
+from kubelet_plugin.testing import NodeDirs
+
+DRIVER = "gpu.nvidia.com"
+NAMESPACE = "default"
+T = TypeVar("T")
+
+# The DeviceClasses of deploy/deviceclasses/ (a test keeps the two identical): the demo must work
+# from an installed package too, where the repository's deploy/ folder is not there.
+DEVICE_CLASSES = """\
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata:
+  name: gpu.nvidia.com
+spec:
+  selectors:
+  - cel:
+      expression: device.driver == "gpu.nvidia.com" && device.attributes["gpu.nvidia.com"].type == "gpu"
+---
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata:
+  name: mig.nvidia.com
+spec:
+  selectors:
+  - cel:
+      expression: device.driver == "gpu.nvidia.com" && device.attributes["gpu.nvidia.com"].type == "mig"
+---
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata:
+  name: vram.gpu.nvidia.com
+spec:
+  selectors:
+  - cel:
+      expression: >-
+        device.driver == "gpu.nvidia.com" &&
+        device.attributes["gpu.nvidia.com"].type in ["gpu", "mig"] &&
+        has(device.capacity["gpu.nvidia.com"].memory)
+"""
+
+
+def device_classes() -> list[dict[str, Any]]:
+    """The DeviceClass objects the demo installs."""
+    return [d for d in yaml.safe_load_all(DEVICE_CLASSES) if d]
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One simulated node of the demo cluster."""
+
+    name: str
+    profile: str  # simulated NVML profile (dra_driver/nvml/profiles)
+    mig_mode: str = "static"
+    shared_gpus: frozenset[str] = frozenset()
+    summary: str = ""
+
+
+NODES = (
+    NodeSpec("node-a", "8xh100", "static", summary="8 x H100 80GB; static MIG on gpu-6 (3g+2g+2x1g) and gpu-7 (7x1g)"),
+    NodeSpec("node-b", "4xh200", "dynamic", frozenset({"gpu-3"}),
+             summary="4 x H200 141GB; dynamic MIG on gpu-0..2 (instances made at prepare), gpu-3 shared by VRAM"),
+)
+
+
+@dataclass(frozen=True)
+class DemoPluginConfig(PluginConfig):
+    """The plugin's settings plus the health poll interval (not a plugin flag: 10 s in production)."""
+
+    poll_interval: float = 0.25
+
+    def health_policy(self) -> Any:
+        """The plugin's policy, polling faster so lost GPUs and row remaps show within a second."""
+        return dataclasses.replace(super().health_policy(), poll_interval_s=self.poll_interval, event_wait_ms=50)
+
+
+class DemoPlugin(KubeletPlugin):
+    """The kubelet plugin, with each health snapshot also written to the Node (GPUReady, Events).
+
+    Only while the plugin does not write the Node itself: when it has its own reporter, ours stays
+    off, so nothing is written twice.
+    """
+
+    def __init__(self, config: PluginConfig, api_client: Any, nvml: Any) -> None:
+        super().__init__(config, api_client, nvml)
+        self.node_status: NodeStatusReporter | None = None
+        if not self._has_own_reporter():
+            self.node_status = NodeStatusReporter(api_client, config.node_name, retry_s=0.2)
+
+    def _has_own_reporter(self) -> bool:
+        return any(isinstance(v, NodeStatusReporter) for k, v in vars(self).items() if k != "node_status")
+
+    def start(self) -> None:
+        """Start the Node status writer, then the plugin."""
+        if self.node_status is not None:
+            self.node_status.start()
+        super().start()
+        if self.node_status is not None and self._has_own_reporter():
+            self.node_status.stop()
+            self.node_status = None
+
+    def apply_health(self, snapshot: Any) -> None:
+        """Republish slices (the plugin) and update GPUReady and Events."""
+        super().apply_health(snapshot)
+        if self.node_status is not None:
+            self.node_status.update(snapshot)
+
+    def stop(self) -> None:
+        """Stop the plugin, then the Node status writer."""
+        super().stop()
+        if self.node_status is not None:
+            self.node_status.stop()
+
+
+class HealthWatch:
+    """The kubelet's side of the plugin's health stream: the last report for each device.
+
+    A real kubelet keeps this stream open and shows each device's health in the Pod status; the
+    demo reads the same stream over the same socket.
+    """
+
+    def __init__(self, registered: Any) -> None:
+        self._registered = registered
+        self._lock = threading.Lock()
+        self.latest: dict[str, Any] = {}  # device -> DeviceHealthReport
+        self.error = ""
+        self._thread = threading.Thread(target=self._run, name="demo-health-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for reports in self._registered.watch_health():
+                with self._lock:
+                    for r in reports:
+                        self.latest[r.device] = r
+        except Exception as exc:  # the stream ends with the kubelet; anything else is shown if asked
+            self.error = str(exc)
+
+    def report(self, device: str) -> Any:
+        """The last report for ``device`` (None before the first)."""
+        with self._lock:
+            return self.latest.get(device)
+
+
+@dataclass
+class DemoNode:
+    """A running simulated node: its plugin, its kubelet and the kubelet's handle on the plugin."""
+
+    spec: NodeSpec
+    dirs: NodeDirs
+    plugin: DemoPlugin
+    kubelet: Any  # KubeletEmulator
+    registered: Any  # RegisteredPlugin
+    health: HealthWatch
+
+    @property
+    def name(self) -> str:
+        """The node name (also the pool name)."""
+        return self.spec.name
+
+    def gpu_index(self, device: str) -> int:
+        """The NVML index of the GPU a published device lives on (``gpu-3``, ``gpu-3-mig-...``)."""
+        assert self.plugin.devices is not None
+        for gpu in self.plugin.devices.gpus:
+            if device == gpu.name or device.startswith(gpu.name + "-mig-"):
+                return int(gpu.index)
+        raise DemoFailure(f"device {device} is not on node {self.name}")
+
+
+def wait_for(check: Callable[[], T | None], what: str, timeout: float, interval: float = 0.02) -> T:
+    """Poll ``check`` until it returns something other than None/False; DemoFailure after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value is not None and value is not False:
+            return value
+        if time.monotonic() > deadline:
+            raise DemoFailure(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+@dataclass
+class DemoCluster:
+    """Start with :meth:`start`, read with the helpers, stop with :meth:`stop`."""
+
+    hold_down: float = 1.0
+    recovery_passes: int = 2
+    workdir: str = ""
+    log_path: str = ""
+    kubeconfig: str = ""
+    server: Any = None
+    api_client: Any = None
+    controller: Any = None
+    nodes: dict[str, DemoNode] = field(default_factory=dict)
+    metrics_servers: list[tuple[str, Any]] = field(default_factory=list)
+    _log_file: TextIO | None = None
+    _stderr: TextIO | None = None
+
+    # --- lifecycle --------------------------------------------------------------------------------
+    def start_api(self) -> None:
+        """Make the work directory and the log file; start the API server; install DeviceClasses."""
+        from dra_driver.apiserver import LocalApiServer
+
+        # Short path: Unix socket paths are limited to 108 bytes.
+        self.workdir = tempfile.mkdtemp(prefix="grdemo-", dir="/tmp")
+        self.log_path = os.path.join(self.workdir, "components.log")
+        self._log_file = open(self.log_path, "a", buffering=1)  # noqa: SIM115 - closed in stop()
+        configure("info", stream=self._log_file)
+        # Stray stderr output of components (socketserver prints a traceback when a client resets a
+        # connection) belongs in the log too, not in the story.
+        self._stderr = sys.stderr
+        sys.stderr = self._log_file
+        logging.getLogger("kubernetes").setLevel(logging.WARNING)
+        self.server = LocalApiServer().start()
+        self.kubeconfig = self.server.write_kubeconfig(os.path.join(self.workdir, "kubeconfig"))
+        self.api_client = self.new_client()
+        try:
+            self.core.create_namespace({"metadata": {"name": NAMESPACE}})
+        except kubernetes.client.ApiException as exc:
+            if exc.status != 409:  # the server may already serve "default"
+                raise
+        for dc in device_classes():
+            self.resource.create_device_class(dc, _preload_content=False)
+
+    def new_client(self) -> Any:
+        """A client of its own for one component, as separate processes would have.
+
+        The pool is larger than the default 10: a plugin's publisher writes slices concurrently and
+        a too-small pool makes urllib3 drop connections mid-use.
+        """
+        cfg = kubernetes.client.Configuration()
+        cfg.host = self.server.url
+        cfg.connection_pool_maxsize = 32
+        return kubernetes.client.ApiClient(cfg)
+
+    def start_node(self, spec: NodeSpec) -> DemoNode:
+        """Create the Node, start its plugin (real sockets) and its kubelet, wait for registration."""
+        from dra_driver.kubelet_emulator import KubeletEmulator
+        from dra_driver.nvml import open_nvml
+
+        self.core.create_node({"metadata": {"name": spec.name, "labels": {"kubernetes.io/hostname": spec.name}}})
+        dirs = NodeDirs.make(os.path.join(self.workdir, spec.name))
+        config = DemoPluginConfig(
+            node_name=spec.name, driver_name=DRIVER, registrar_dir=dirs.registry, plugin_dir=dirs.plugin,
+            cdi_root=dirs.cdi, nvml=f"sim:{spec.profile}", mig_mode=spec.mig_mode,
+            shared_gpus=spec.shared_gpus or False, health_mode="withdraw", registration_retry=0.2,
+            hold_down=self.hold_down, recovery_passes=self.recovery_passes, health_interval=5.0)
+        # "@node" seeds the simulated UUIDs, so the two nodes' GPUs differ as real ones do.
+        plugin = DemoPlugin(config, self.new_client(), open_nvml(f"sim:{spec.profile}@{spec.name}"))
+        plugin.start()
+        kubelet = KubeletEmulator(dirs.registry, retry_initial=0.2).start()
+        try:
+            registered = kubelet.wait_for_plugin(DRIVER, timeout=20.0)
+        except Exception as exc:
+            raise DemoFailure(f"the kubelet on {spec.name} did not register the plugin: {exc}") from exc
+        node = DemoNode(spec, dirs, plugin, kubelet, registered, HealthWatch(registered))
+        self.nodes[spec.name] = node
+        return node
+
+    def start_controller(self, metrics: bool = False) -> Any:
+        """Start the controller with its local allocator (this cluster has no kube-scheduler)."""
+        from controller.daemon import Controller, ControllerConfig
+
+        config = ControllerConfig(driver_name=DRIVER, allocate=True, leader_elect=False, bind_host="127.0.0.1",
+                                  metrics_port=0 if metrics else None, resync_s=2.0, debounce_s=0.05)
+        self.controller = Controller(config, self.new_client()).start()
+        if not self.controller.wait_ready(20.0):
+            raise DemoFailure("the controller did not become ready within 20 s: see " + self.log_path)
+        return self.controller
+
+    def serve_metrics(self) -> list[tuple[str, str]]:
+        """Serve each plugin's /metrics on a free local port; returns (component, URL) pairs."""
+        from dra_driver.metrics import serve_metrics
+        from dra_driver.metrics.server import metrics_url
+
+        urls: list[tuple[str, str]] = []
+        for name, node in self.nodes.items():
+            server, _ = serve_metrics(node.plugin.metrics.registry, "127.0.0.1", 0)
+            self.metrics_servers.append((name, server))
+            urls.append((f"kubelet plugin {name}", metrics_url(server)))
+        if self.controller is not None and self.controller.metrics_port:
+            urls.append(("controller", f"http://127.0.0.1:{self.controller.metrics_port}/metrics"))
+        return urls
+
+    def stop(self, keep_workdir: bool = False) -> None:
+        """Stop every part (reverse order); delete the work directory unless asked to keep it."""
+        for _, server in self.metrics_servers:
+            server.shutdown()
+        if self.controller is not None:
+            self.controller.stop()
+        for node in self.nodes.values():
+            node.kubelet.stop()
+            node.plugin.stop()
+        if self.server is not None:
+            self.server.stop()
+        if self._log_file is not None:
+            logging.getLogger().handlers[:] = []
+            if self._stderr is not None:
+                sys.stderr = self._stderr
+            self._log_file.close()
+        if self.workdir and not keep_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # --- reading and writing the cluster ----------------------------------------------------------
+    @property
+    def core(self) -> Any:
+        """CoreV1Api on the local API server."""
+        return kubernetes.client.CoreV1Api(self.api_client)
+
+    @property
+    def resource(self) -> Any:
+        """ResourceV1Api on the local API server."""
+        return kubernetes.client.ResourceV1Api(self.api_client)
+
+    @staticmethod
+    def _json(response: Any) -> Any:
+        return json.loads(response.data)
+
+    def published(self, node: str) -> dict[str, dict[str, Any]]:
+        """Device name -> device (JSON) of everything ``node`` publishes now."""
+        items = self._json(self.resource.list_resource_slice(field_selector=f"spec.nodeName={node}",
+                                                             _preload_content=False))["items"]
+        return {d["name"]: d for s in items for d in (s["spec"].get("devices") or [])}
+
+    def node(self, name: str) -> dict[str, Any]:
+        """A Node as JSON."""
+        result: dict[str, Any] = self._json(self.core.read_node(name, _preload_content=False))
+        return result
+
+    def gpu_ready(self, node: str) -> dict[str, Any] | None:
+        """The Node's GPUReady condition, if set."""
+        for c in (self.node(node).get("status") or {}).get("conditions") or []:
+            if c.get("type") == "GPUReady":
+                return dict(c)
+        return None
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        """Events about the object ``name`` (in the default namespace), oldest first."""
+        items = self._json(self.core.list_namespaced_event(
+            NAMESPACE, field_selector=f"involvedObject.name={name}", _preload_content=False))["items"]
+        return sorted(items, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+
+    def pod(self, name: str) -> dict[str, Any]:
+        """A Pod as JSON."""
+        result: dict[str, Any] = self._json(self.core.read_namespaced_pod(name, NAMESPACE, _preload_content=False))
+        return result
+
+    def claim(self, name: str) -> dict[str, Any]:
+        """A ResourceClaim as JSON."""
+        result: dict[str, Any] = self._json(
+            self.resource.read_namespaced_resource_claim(name, NAMESPACE, _preload_content=False))
+        return result
+
+    def pod_claims(self, pod: dict[str, Any]) -> list[dict[str, Any]]:
+        """The ResourceClaims of a pod (named ones and those made from templates), once they exist."""
+        recorded = {s.get("name"): s.get("resourceClaimName")
+                    for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []}
+        out = []
+        for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
+            name = ref.get("resourceClaimName") or recorded.get(ref.get("name"))
+            if name:
+                out.append(self.claim(name))
+        return out
+
+    def create(self, obj: dict[str, Any]) -> None:
+        """Create a Pod, ResourceClaim or ResourceClaimTemplate (what ``kubectl create`` would send)."""
+        kind = obj["kind"]
+        if kind == "Pod":
+            self.core.create_namespaced_pod(NAMESPACE, obj, _preload_content=False)
+        elif kind == "ResourceClaim":
+            self.resource.create_namespaced_resource_claim(NAMESPACE, obj, _preload_content=False)
+        elif kind == "ResourceClaimTemplate":
+            self.resource.create_namespaced_resource_claim_template(NAMESPACE, obj, _preload_content=False)
+        else:
+            raise ValueError(f"the demo does not create {kind} objects")
+
+    def delete_pod(self, name: str) -> None:
+        """Delete a Pod (its template claims go with it, by owner reference)."""
+        self.core.delete_namespaced_pod(name, NAMESPACE, _preload_content=False)

@@ -1,0 +1,76 @@
+"""Each ``gpuready demo --scenario`` runs to exit status 0 and shows its fault's behaviour: faults that
+need a reset withdraw the device (timed) and it comes back; an application XID leaves it published.
+``--serve`` keeps the cluster up for kubectl and a browser until Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from kubernetes import client, config
+
+
+def run_demo(*flags: str) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m dra_driver demo`` like a user would; return the finished process."""
+    return subprocess.run([sys.executable, "-m", "dra_driver", "demo", *flags], capture_output=True, text=True,
+                          timeout=150, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+@pytest.mark.parametrize("scenario, detection", [("gpu-lost", "NVML poll"), ("row-remap", "NVML poll")])
+def test_withdrawing_scenarios(scenario: str, detection: str) -> None:
+    proc = run_demo("--scenario", scenario)
+    out = proc.stdout
+    assert proc.returncode == 0, f"demo failed:\n{out}\n{proc.stderr}"
+    assert f"(found by: {detection})" in out
+    withdrawn = re.search(r"withdrawn in (\d+) ms", out)
+    assert withdrawn and int(withdrawn.group(1)) < 5000, out
+    assert "GPUReady: status=False" in out and "Warning DeviceUnhealthy" in out
+    assert "Normal GPURecovered" in out and "All 8 steps passed" in out
+
+
+def test_application_xid_leaves_the_device_published() -> None:
+    proc = run_demo("--scenario", "xid13")
+    out = proc.stdout
+    assert proc.returncode == 0, f"demo failed:\n{out}\n{proc.stderr}"
+    assert "XID catalogue: XID 13" in out
+    assert re.search(r"gpu-\d stayed published; GPUReady stayed True", out), out
+    assert "was never withdrawn" in out
+    assert "GPUUnhealthy" not in out and "withdrawn in" not in out
+
+
+def test_serve_keeps_the_cluster_up_for_kubectl_and_metrics() -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "dra_driver", "demo", "--serve", "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        lines: list[str] = []
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if line.startswith("Component logs:"):
+                break
+        text = "".join(lines)
+        assert "Ctrl-C" in text, text
+        kubeconfig = re.search(r"export KUBECONFIG=(\S+)", text)
+        assert kubeconfig, text
+        api = config.new_client_from_config(config_file=kubeconfig.group(1))
+        slices = client.ResourceV1Api(api).list_resource_slice().items
+        assert {s.spec.node_name for s in slices} == {"node-a", "node-b"}
+        urls = dict(re.findall(r"^\s+(kubelet plugin node-a|controller)\s+(http://\S+)", text, re.M))
+        assert set(urls) == {"kubelet plugin node-a", "controller"}, text
+        body = urllib.request.urlopen(urls["kubelet plugin node-a"], timeout=10).read().decode()
+        assert "gpuready_published_devices" in body
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert "stopping" in out
