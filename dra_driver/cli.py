@@ -2,13 +2,13 @@
 
 Each subcommand lives in its own module, which provides::
 
-    HELP: str                                  # one line for ``gpuready --help``
+    HELP: str                                  # its one-line summary
     DESCRIPTION: str                           # what it does and what it needs
     def add_arguments(parser: argparse.ArgumentParser) -> None
     def run(args: argparse.Namespace) -> int   # exit status
 
-Modules are imported only when their subcommand runs, so ``gpuready --help`` stays fast and a
-missing optional dependency of one subcommand does not break the others.
+Modules are imported only when their subcommand runs (or shows its help), so ``gpuready --help``
+stays fast, a daemon carries only its own imports, and a broken subcommand cannot break the others.
 """
 
 from __future__ import annotations
@@ -21,21 +21,28 @@ from collections.abc import Sequence
 from dra_driver import __version__
 from dra_driver.logs import configure
 
-# name -> module implementing it. Order is the order shown in --help.
-SUBCOMMANDS: dict[str, str] = {
-    "demo": "dra_driver.demo.command",
-    "kubelet-plugin": "kubelet_plugin.command",
-    "controller": "controller.command",
-    "devices": "dra_driver.nvml.command",
-    "validate": "dra_driver.health.validate_command",
-    "local-apiserver": "dra_driver.apiserver.command",
-    "explain": "controller.explain_command",
-    "plan": "controller.plan_command",
+# name -> (module implementing it, one line for ``gpuready --help``). Order is the order shown.
+# The one-line help lives here so that ``gpuready --help`` imports no subcommand, and running one
+# subcommand imports only its own module (the node daemon should not carry the planner's CEL).
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("dra_driver.demo.command", "run the whole driver on simulated GPUs, end to end"),
+    "kubelet-plugin": ("kubelet_plugin.command", "run the node daemon (registration, prepare, CDI, slices, health)"),
+    "controller": ("controller.command", "run the cluster daemon (VRAM-aware placement, webhooks, claim health)"),
+    "devices": ("dra_driver.nvml.command", "show the GPUs, MIG devices and placements NVML reports on this node"),
+    "validate": ("dra_driver.health.validate_command", "check that every GPU on this node is ready (driver, container side, CUDA)"),
+    "local-apiserver": ("dra_driver.apiserver.command", "run the local Kubernetes API server used by the tests and the demo"),
+    "explain": ("controller.explain_command", "say why a claim or pod's claim does or does not fit"),
+    "plan": ("controller.plan_command", "show what the planner would allocate for a claim right now"),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Build the top-level parser with every subcommand's arguments."""
+def _chosen(argv: Sequence[str]) -> str | None:
+    """The subcommand named on the command line, if any."""
+    return next((a for a in argv if a in SUBCOMMANDS), None)
+
+
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """Build the top-level parser; only the chosen subcommand's module is imported."""
     parser = argparse.ArgumentParser(
         prog="gpuready",
         description=(
@@ -47,17 +54,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpuready {__version__}")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module_name in SUBCOMMANDS.items():
+    chosen = _chosen(argv)
+    for name, (module_name, help_line) in SUBCOMMANDS.items():
+        if name != chosen:
+            sub.add_parser(name, help=help_line)
+            continue
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
-            # A subcommand whose module cannot be imported is shown, with the reason, not hidden.
+            # A subcommand whose module cannot be imported says why instead of vanishing.
             p = sub.add_parser(name, help=f"(unavailable: {exc})")
             p.set_defaults(_unavailable=str(exc))
             continue
         p = sub.add_parser(
             name,
-            help=module.HELP,
+            help=help_line,
             description=module.DESCRIPTION,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
@@ -68,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``gpuready`` console script."""
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     if not args.command:
         parser.print_help()

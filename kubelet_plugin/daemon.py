@@ -18,7 +18,6 @@ Several plugins can run in one process (one per simulated node): nothing here is
 
 from __future__ import annotations
 
-import inspect
 import os
 import threading
 from collections.abc import Mapping
@@ -173,10 +172,8 @@ class KubeletPlugin:
         from dra_driver.health.node_status import NodeStatusReporter
 
         assert self.devices is not None
-        if "core" in inspect.signature(NodeStatusReporter).parameters:
-            self.node_status = NodeStatusReporter(self.api_client, cfg.node_name, core=NodeStatusApi(self.api_client))
-        else:  # an older reporter without the raw-JSON hook: works, at ~20 MB more memory
-            self.node_status = NodeStatusReporter(self.api_client, cfg.node_name)
+        # A raw-JSON client for the two calls it makes: CoreV1Api would cost ~20 MB resident.
+        self.node_status = NodeStatusReporter(self.api_client, cfg.node_name, core=NodeStatusApi(self.api_client))
         self.node_status.start()
         self.health_monitor = HealthMonitor(self.nvml, self.devices, cfg.health_policy(), prober=None,
                                             on_change=self.apply_health, dynamic_mig=cfg.dynamic_mig,

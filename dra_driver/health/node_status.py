@@ -135,8 +135,10 @@ class NodeStatusReporter:
 
     def __init__(self, api_client: Any, node_name: str, *, component: str = COMPONENT,
                  clock: Callable[[], float] = time.time, retry_s: float = 2.0, max_retry_s: float = 60.0,
-                 event_namespace: str = "default") -> None:
-        self._core = kubernetes.client.CoreV1Api(api_client)
+                 event_namespace: str = "default", core: Any = None) -> None:
+        # ``core``: anything with CoreV1Api's patch_node_status/create_namespaced_event (the plugin
+        # passes a raw-JSON one: constructing CoreV1Api costs a daemon ~20 MB of resident memory).
+        self._core = core if core is not None else kubernetes.client.CoreV1Api(api_client)
         self._node = node_name
         self._component = component
         self._clock = clock
