@@ -230,16 +230,20 @@ class DemoCluster:
     metrics_servers: list[tuple[str, Any]] = field(default_factory=list)
     _log_file: TextIO | None = None
     _stderr: TextIO | None = None
+    _log_setup: tuple[list[logging.Handler], int] | None = None
 
     # --- lifecycle --------------------------------------------------------------------------------
-    def start_api(self) -> None:
-        """Make the work directory and the log file; start the API server; install DeviceClasses."""
+    def start_api(self, classes: list[dict[str, Any]] | None = None) -> None:
+        """Make the work directory and the log file; start the API server; install DeviceClasses
+        (``classes``, default the demo's copy of deploy/deviceclasses)."""
         from dra_driver.apiserver import LocalApiServer
 
         # Short path: Unix socket paths are limited to 108 bytes.
         self.workdir = tempfile.mkdtemp(prefix="grdemo-", dir="/tmp")
         self.log_path = os.path.join(self.workdir, "components.log")
         self._log_file = open(self.log_path, "a", buffering=1)  # noqa: SIM115 - closed in stop()
+        root = logging.getLogger()
+        self._log_setup = (list(root.handlers), root.level)
         configure("info", stream=self._log_file)
         # Stray stderr output of components (socketserver prints a traceback when a client resets a
         # connection) belongs in the log too, not in the story.
@@ -254,7 +258,7 @@ class DemoCluster:
         except kubernetes.client.ApiException as exc:
             if exc.status != 409:  # the server may already serve "default"
                 raise
-        for dc in device_classes():
+        for dc in device_classes() if classes is None else classes:
             self.resource.create_device_class(dc, _preload_content=False)
 
     def new_client(self) -> Any:
@@ -329,7 +333,9 @@ class DemoCluster:
         if self.server is not None:
             self.server.stop()
         if self._log_file is not None:
-            logging.getLogger().handlers[:] = []
+            handlers, level = self._log_setup or ([], logging.WARNING)
+            logging.getLogger().handlers[:] = handlers
+            logging.getLogger().setLevel(level)
             if self._stderr is not None:
                 sys.stderr = self._stderr
             self._log_file.close()
