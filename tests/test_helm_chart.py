@@ -39,6 +39,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "simulated-evict": {"nvml": {"source": "simulated", "simulatedProfile": "8xh100"},
                         "controller": {"unhealthyClaimPolicy": "evict", "replicas": 1},
                         "kubeletPlugin": {"vramAccounting": False}, "logLevel": "debug"},
+    "health-off": {"healthMode": "off", "webhook": {"enabled": False}, "controller": {"healthPort": 8443}},
 }
 
 
@@ -461,6 +462,8 @@ def test_schema_rejects_wrong_values_naming_the_field(bad: dict[str, Any], field
     ({"controller": {"leaderElection": {"enabled": False}}}, "enable leader election or set replicas to 1"),
     ({"controller": {"leaderElection": {"leaseDurationSeconds": 5, "renewDeadlineSeconds": 10}}},
      "leaseDurationSeconds (5) must be greater than renewDeadlineSeconds (10)"),
+    ({"controller": {"healthPort": 8080}}, "controller.healthPort and controller.metrics.port are both 8080"),
+    ({"webhook": {"port": 8081}}, "controller.healthPort and webhook.port are both 8081"),
 ])
 def test_contradictory_values_fail_with_a_message_naming_them(bad: dict[str, Any], message: str) -> None:
     with pytest.raises(helm.HelmRenderError) as info:

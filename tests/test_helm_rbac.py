@@ -135,8 +135,7 @@ def write_slice(world: dict[str, Any], user: str, node_of_token: str | None, ver
 
 def test_plugin_writes_its_own_nodes_slices_of_its_driver(world: dict[str, Any]) -> None:
     mine = slice_of("node-a")
-    for verb, obj, old in (("create", mine, None), ("update", mine, mine), ("patch", mine, mine),
-                           ("delete", None, mine)):
+    for verb, obj, old in (("create", mine, None), ("update", mine, mine), ("delete", None, mine)):
         allowed, message = write_slice(world, world["plugin"], "node-a", verb, obj, old)
         assert allowed, f"{verb} of its own slice refused: {message}"
 
@@ -178,46 +177,86 @@ def test_policy_leaves_other_writers_alone(world: dict[str, Any]) -> None:
     assert policy.admit(other_sa, {}, "CREATE", slice_of("node-b"), None) == (True, "not matched")
 
 
+def _render_objs(values: dict[str, Any]) -> list[dict[str, Any]]:
+    out = helm.Chart.load(str(CHART)).render(values, name="gpuready", namespace=NAMESPACE)
+    return [d for p, t in out.items() if not p.endswith("NOTES.txt") for d in yaml.safe_load_all(t) if d]
+
+
 def test_plugin_rbac_is_least_privilege(world: dict[str, Any]) -> None:
     objs, plugin = world["objs"], world["plugin"]
     assert rbac_allows(objs, plugin, "get", "resource.k8s.io", "resourceclaims")
     assert rbac_allows(objs, plugin, "get", "", "nodes")
-    assert rbac_allows(objs, plugin, "associated-node:patch", "resource.k8s.io", "resourceclaims/driver", DRIVER)
+    assert rbac_allows(objs, plugin, "patch", "", "nodes/status")
+    assert rbac_allows(objs, plugin, "create", "", "events", namespace="default")
     forbidden = [("update", "resource.k8s.io", "resourceclaims"), ("create", "resource.k8s.io", "deviceclasses"),
-                 ("get", "", "secrets"), ("update", "", "nodes"), ("delete", "", "pods"),
+                 ("list", "resource.k8s.io", "resourceclaims"), ("get", "resource.k8s.io", "deviceclasses"),
+                 ("patch", "resource.k8s.io", "resourceslices"), ("patch", "", "events"),
+                 ("get", "", "secrets"), ("update", "", "nodes"), ("delete", "", "pods"), ("list", "", "pods"),
                  ("create", "", "pods/eviction"), ("update", "coordination.k8s.io", "leases"),
-                 ("associated-node:patch", "resource.k8s.io", "resourceclaims/driver")]
+                 # Static MIG (the default) never writes claim status.
+                 ("update", "resource.k8s.io", "resourceclaims/status"),
+                 ("associated-node:update", "resource.k8s.io", "resourceclaims/driver")]
     for verb, group, resource in forbidden:
-        name = "other.example.com" if resource == "resourceclaims/driver" else ""
+        name = DRIVER if resource == "resourceclaims/driver" else ""
         assert not rbac_allows(objs, plugin, verb, group, resource, name), f"plugin may {verb} {resource}"
+
+
+def test_plugin_writes_claim_status_only_with_dynamic_mig_and_only_for_its_driver() -> None:
+    objs = _render_objs({"migMode": "dynamic"})
+    plugin = _service_account_user(objs, "kubelet-plugin")
+    assert rbac_allows(objs, plugin, "update", "resource.k8s.io", "resourceclaims/status")
+    # 1.36+: the synthetic per-driver check, node-bound (the API server matches the token's node).
+    assert rbac_allows(objs, plugin, "associated-node:update", "resource.k8s.io", "resourceclaims/driver", DRIVER)
+    for verb, name in (("associated-node:update", "other.example.com"), ("arbitrary-node:update", DRIVER)):
+        assert not rbac_allows(objs, plugin, verb, "resource.k8s.io", "resourceclaims/driver", name)
+
+
+def test_plugin_drops_what_a_turned_off_feature_would_use() -> None:
+    objs = _render_objs({"healthMode": "off", "kubeletPlugin": {"vramAccounting": False}})
+    plugin = _service_account_user(objs, "kubelet-plugin")
+    assert not rbac_allows(objs, plugin, "patch", "", "nodes/status")  # no GPUReady condition without a monitor
+    assert not rbac_allows(objs, plugin, "get", "", "pods")  # pods are read for VRAM accounting only
+    assert rbac_allows(objs, plugin, "create", "resource.k8s.io", "resourceslices")
 
 
 def test_controller_rbac_is_least_privilege(world: dict[str, Any]) -> None:
     objs, ctrl = world["objs"], world["controller"]
-    assert rbac_allows(objs, ctrl, "list", "resource.k8s.io", "resourceslices")
-    assert rbac_allows(objs, ctrl, "patch", "resource.k8s.io", "resourceclaims/status")
+    for resource in ("resourceslices", "deviceclasses", "resourceclaims", "resourceclaimtemplates"):
+        assert rbac_allows(objs, ctrl, "watch", "resource.k8s.io", resource)
+    assert rbac_allows(objs, ctrl, "update", "resource.k8s.io", "resourceclaims/status")
+    # 1.36+: the controller runs on any node, so its status.devices writes need arbitrary-node.
+    assert rbac_allows(objs, ctrl, "arbitrary-node:update", "resource.k8s.io", "resourceclaims/driver", DRIVER)
+    assert not rbac_allows(objs, ctrl, "arbitrary-node:update", "resource.k8s.io", "resourceclaims/driver",
+                           "other.example.com")
     lease = _get(objs, "Deployment", "controller")["metadata"]["name"]
     assert rbac_allows(objs, ctrl, "update", "coordination.k8s.io", "leases", lease, NAMESPACE)
     assert not rbac_allows(objs, ctrl, "update", "coordination.k8s.io", "leases", "kube-scheduler", NAMESPACE)
     assert not rbac_allows(objs, ctrl, "update", "coordination.k8s.io", "leases", lease, "kube-system")
-    for verb, resource in (("create", "resourceslices"), ("delete", "resourceslices"), ("update", "deviceclasses")):
-        assert not rbac_allows(objs, ctrl, verb, "resource.k8s.io", resource)
+    for verb, resource in (("create", "resourceslices"), ("delete", "resourceslices"), ("update", "deviceclasses"),
+                           ("create", "resourceclaims"), ("patch", "resourceclaims"),
+                           ("update", "resourceclaims/binding"), ("patch", "resourceclaims/binding")):
+        assert not rbac_allows(objs, ctrl, verb, "resource.k8s.io", resource), f"controller may {verb} {resource}"
     assert not rbac_allows(objs, ctrl, "get", "", "secrets")
     assert rbac_allows(objs, ctrl, "watch", "", "pods") and not rbac_allows(objs, ctrl, "patch", "", "pods")
+    assert not rbac_allows(objs, ctrl, "patch", "", "pods/status") and not rbac_allows(objs, ctrl, "create", "", "pods/binding")
     # Eviction only when the evict policy is chosen.
     assert not rbac_allows(objs, ctrl, "create", "", "pods/eviction")
-    evict = helm.Chart.load(str(CHART)).render({"controller": {"unhealthyClaimPolicy": "evict"}},
-                                               name="gpuready", namespace=NAMESPACE)
-    evict_objs = [d for p, t in evict.items() if not p.endswith("NOTES.txt") for d in yaml.safe_load_all(t) if d]
-    assert rbac_allows(evict_objs, ctrl, "create", "", "pods/eviction")
+    assert rbac_allows(_render_objs({"controller": {"unhealthyClaimPolicy": "evict"}}), ctrl, "create", "",
+                       "pods/eviction")
 
 
 def test_policy_follows_a_custom_driver_name() -> None:
-    out = helm.Chart.load(str(CHART)).render({"driverName": "gpu.example.com"}, name="gpuready", namespace=NAMESPACE)
-    objs = [d for p, t in out.items() if not p.endswith("NOTES.txt") for d in yaml.safe_load_all(t) if d]
+    objs = _render_objs({"driverName": "gpu.example.com", "migMode": "dynamic"})
     policy = Policy(_get(objs, "ValidatingAdmissionPolicy", "resourceslices"))
     user = _service_account_user(objs, "kubelet-plugin")
     extra = {NODE_NAME_KEY: ["node-a"]}
     assert policy.admit(user, extra, "CREATE", slice_of("node-a", "gpu.example.com"), None)[0]
     assert not policy.admit(user, extra, "CREATE", slice_of("node-a", DRIVER), None)[0]
     assert json.dumps(policy.spec).count("gpu.example.com") >= 2
+    # The 1.36+ status permissions name the custom driver too.
+    plugin, ctrl = user, _service_account_user(objs, "controller")
+    assert rbac_allows(objs, plugin, "associated-node:update", "resource.k8s.io", "resourceclaims/driver",
+                       "gpu.example.com")
+    assert rbac_allows(objs, ctrl, "arbitrary-node:update", "resource.k8s.io", "resourceclaims/driver",
+                       "gpu.example.com")
+    assert not rbac_allows(objs, ctrl, "arbitrary-node:update", "resource.k8s.io", "resourceclaims/driver", DRIVER)
