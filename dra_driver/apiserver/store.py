@@ -404,7 +404,7 @@ class Store:
         self._unstore(rt, (meta.get("namespace", ""), meta["name"]))
         gone = copy_json(obj)
         gone["metadata"]["resourceVersion"] = str(self._bump())
-        self._emit(rt.key, DELETED, gone)
+        self._emit(rt.key, DELETED, gone, raw=encode(gone))
         if propagation != "Orphan":
             self._gc.put(rt.kind, meta["uid"], meta["name"])
         return gone if shared else copy_json(gone)

@@ -1,8 +1,8 @@
 """Watch plumbing: the bounded event history and one queue per open watch.
 
 Events are appended and fanned out while the store lock is held, so a watcher registered under the same
-lock sees every event after its starting resourceVersion exactly once and in order. An event's wire frame
-is encoded once and shared by every watcher that receives it.
+lock sees every event after its starting resourceVersion exactly once and in order. An event's object is
+encoded once, by the store, and every watcher that receives it sends those bytes.
 """
 
 from __future__ import annotations
@@ -31,18 +31,13 @@ class Event:
     obj: dict[str, Any]
     old: dict[str, Any] | None = None
     raw: bytes | None = field(default=None, compare=False, repr=False)
-    # Wire frames by event type, filled on first use (a watcher may see ADDED/DELETED for a MODIFIED).
-    _frames: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False)
 
     def frame(self, typ: str) -> bytes:
-        """``{"type":typ,"object":obj}`` plus newline, as compact JSON: what one watch stream line carries.
-        Computed once per type; concurrent first calls may both compute it, with the same result."""
-        data = self._frames.get(typ)
-        if data is None:
-            raw = self.raw if self.raw is not None else encode(self.obj)
-            data = b'{"type":' + encode(typ) + b',"object":' + raw + b"}\n"
-            self._frames[typ] = data
-        return data
+        """``{"type":typ,"object":obj}`` plus newline, as compact JSON: what one watch stream line carries
+        (``typ`` is the event's type as this watcher sees it: a selector can turn MODIFIED into ADDED or
+        DELETED). Only the object's bytes are spliced in, so nothing is encoded per watcher."""
+        raw = self.raw if self.raw is not None else encode(self.obj)
+        return b'{"type":"%b","object":%b}\n' % (typ.encode(), raw)
 
 
 # What a watcher's queue holds: (type, object, the store event it came from, None for synthetic ones),
