@@ -178,3 +178,22 @@ def test_disabled_feature_gate_drops_fields_silently() -> None:
         assert stored.spec.devices[0].taints is None  # accepted, but the taint is gone
     with pytest.raises(ValueError, match="DRADeviceTaint"):
         LocalApiServer(feature_gates={"DRADeviceTaint": False})
+
+
+def test_a_bad_value_is_named_on_every_device_even_after_the_same_good_values(r: client.ResourceV1Api) -> None:
+    # Validation remembers which names and values are valid (a node repeats them on every device): the
+    # same bad value on two devices must still be reported twice, each with its own field path.
+    r.create_resource_slice(slice_body("remembered", devices=2))
+    body = slice_body("repeats-bad", devices=3)
+    for i in (0, 2):
+        body["spec"]["devices"][i]["attributes"]["bad name"] = {"string": "x" * 65}
+        body["spec"]["devices"][i]["capacity"]["memory"] = {"value": "80 GiB"}
+    assert rejected(r.create_resource_slice, body) == [
+        ("spec.devices[0].attributes", "FieldValueInvalid"),
+        ("spec.devices[0].attributes[bad name].string", "FieldValueTooLong"),
+        ("spec.devices[0].capacity[memory].value", "FieldValueInvalid"),
+        ("spec.devices[2].attributes", "FieldValueInvalid"),
+        ("spec.devices[2].attributes[bad name].string", "FieldValueTooLong"),
+        ("spec.devices[2].capacity[memory].value", "FieldValueInvalid"),
+    ]
+    r.delete_resource_slice("remembered")
