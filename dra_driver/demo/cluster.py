@@ -4,11 +4,9 @@ Everything talks the real protocols: the ``kubernetes`` client over HTTP to the 
 the kubelet emulator over the plugins' gRPC Unix sockets, CDI spec files and checkpoints on disk.
 Only NVML is simulated. Component logs go to ``<workdir>/components.log``; the story stays clean.
 
-Two additions make health visible at demo speed, both product pieces configured, not mocked:
-the Node's ``GPUReady`` condition and Events come from the health package's
-:class:`~dra_driver.health.node_status.NodeStatusReporter` fed by the plugin's health snapshots,
-and the health policy polls every quarter second (lost GPUs and row remaps are found by polling;
-a production node polls every 10 s).
+One setting differs from a production node, for demo speed: the health monitor polls every quarter
+second (lost GPUs and row remaps are found by polling; a production node polls every 10 s), and the
+recovery hold-down is short (``--hold-down``).
 """
 
 from __future__ import annotations
@@ -30,7 +28,6 @@ import kubernetes
 import yaml
 
 from dra_driver.demo.output import DemoFailure
-from dra_driver.health.node_status import NodeStatusReporter
 from dra_driver.logs import configure
 from kubelet_plugin.config import PluginConfig
 from kubelet_plugin.daemon import KubeletPlugin
@@ -109,44 +106,6 @@ class DemoPluginConfig(PluginConfig):
         return dataclasses.replace(super().health_policy(), poll_interval_s=self.poll_interval, event_wait_ms=50)
 
 
-class DemoPlugin(KubeletPlugin):
-    """The kubelet plugin, with each health snapshot also written to the Node (GPUReady, Events).
-
-    Only while the plugin does not write the Node itself: when it has its own reporter, ours stays
-    off, so nothing is written twice.
-    """
-
-    def __init__(self, config: PluginConfig, api_client: Any, nvml: Any) -> None:
-        super().__init__(config, api_client, nvml)
-        self.node_status: NodeStatusReporter | None = None
-        if not self._has_own_reporter():
-            self.node_status = NodeStatusReporter(api_client, config.node_name, retry_s=0.2)
-
-    def _has_own_reporter(self) -> bool:
-        return any(isinstance(v, NodeStatusReporter) for k, v in vars(self).items() if k != "node_status")
-
-    def start(self) -> None:
-        """Start the Node status writer, then the plugin."""
-        if self.node_status is not None:
-            self.node_status.start()
-        super().start()
-        if self.node_status is not None and self._has_own_reporter():
-            self.node_status.stop()
-            self.node_status = None
-
-    def apply_health(self, snapshot: Any) -> None:
-        """Republish slices (the plugin) and update GPUReady and Events."""
-        super().apply_health(snapshot)
-        if self.node_status is not None:
-            self.node_status.update(snapshot)
-
-    def stop(self) -> None:
-        """Stop the plugin, then the Node status writer."""
-        super().stop()
-        if self.node_status is not None:
-            self.node_status.stop()
-
-
 class HealthWatch:
     """The kubelet's side of the plugin's health stream: the last report for each device.
 
@@ -183,7 +142,7 @@ class DemoNode:
 
     spec: NodeSpec
     dirs: NodeDirs
-    plugin: DemoPlugin
+    plugin: KubeletPlugin
     kubelet: Any  # KubeletEmulator
     registered: Any  # RegisteredPlugin
     health: HealthWatch
@@ -285,7 +244,7 @@ class DemoCluster:
             shared_gpus=spec.shared_gpus or False, health_mode="withdraw", registration_retry=0.2,
             hold_down=self.hold_down, recovery_passes=self.recovery_passes, health_interval=5.0)
         # "@node" seeds the simulated UUIDs, so the two nodes' GPUs differ as real ones do.
-        plugin = DemoPlugin(config, self.new_client(), open_nvml(f"sim:{spec.profile}@{spec.name}"))
+        plugin = KubeletPlugin(config, self.new_client(), open_nvml(f"sim:{spec.profile}@{spec.name}"))
         plugin.start()
         kubelet = KubeletEmulator(dirs.registry, retry_initial=0.2).start()
         try:

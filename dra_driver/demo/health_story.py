@@ -17,6 +17,7 @@ from dra_driver.demo.scenarios import Scenario
 from dra_driver.demo.story import Placement, StoryState, _spec_path, _wrap
 
 FAULT_POD = "llm-70gi"
+_DEVICE_FAMILIES = ("gpuready_device_health_state", "gpuready_device_unhealthy_reason", "gpuready_xid_errors_total")
 STAYS_FOR = 1.5  # seconds an ignored XID must leave the device published (XID 79 takes ~10 ms)
 
 
@@ -77,8 +78,8 @@ def fault(p: Printer, c: DemoCluster, state: StoryState, scenario: Scenario) -> 
              f"{result.device} to leave {pool}'s ResourceSlices", timeout=10, interval=0.002)
     result.withdrawn_ms = (time.monotonic() - started) * 1000
     p.blank()
-    p.lines([f"  {result.device} left {pool}'s ResourceSlices {result.withdrawn_ms:.0f} ms after the fault "
-             f"(found by: {scenario.detection}). No new claim can be allocated on it."])
+    p.wrapped([f"{result.device} left {pool}'s ResourceSlices {result.withdrawn_ms:.0f} ms after the fault "
+               f"(found by: {scenario.detection}). No new claim can be allocated on it."], indent=2)
 
     def not_ready() -> dict[str, Any] | None:
         cond = c.gpu_ready(pool)
@@ -101,8 +102,31 @@ def fault(p: Printer, c: DemoCluster, state: StoryState, scenario: Scenario) -> 
     p.lines(_event_lines(f"pod/{FAULT_POD}", pod_event))
     p.lines([f"  kubelet health stream ({node.registered.health_service}): {result.device} {report.health}: "
              f"{report.message}"])
+    _show_metrics(p, c, pool, result.device, 'state="Unhealthy"} 1.0')
     p.done(f"{result.device} withdrawn in {result.withdrawn_ms:.0f} ms; GPUReady=False, claim and pod told")
     return result
+
+
+def _metrics(c: DemoCluster, node: str, device: str) -> list[str]:
+    """The lines of the node plugin's /metrics text that say what happened to ``device``."""
+    from prometheus_client import generate_latest
+
+    text = generate_latest(c.nodes[node].plugin.metrics.registry).decode()
+    keep = []
+    for line in text.splitlines():
+        if line.startswith(("gpuready_published_devices", "gpuready_withdrawn_devices")):
+            keep.append(line)
+        elif f'device="{device}"' in line and line.startswith(_DEVICE_FAMILIES) and not (
+                line.startswith("gpuready_device_health_state") and line.endswith(" 0.0")):
+            keep.append(line)  # of the per-state gauges, only the state the device is in
+    return keep
+
+
+def _show_metrics(p: Printer, c: DemoCluster, node: str, device: str, must: str) -> None:
+    lines = _metrics(c, node, device)
+    expect(any(must in line for line in lines), f"{node}'s /metrics should have {must} for {device}; "
+                                                f"it has: {' | '.join(lines)}")
+    p.lines([f"  {node} plugin /metrics (excerpt):"] + [f"    {line}" for line in lines])
 
 
 def _unhealthy_report(report: Any) -> Any:
@@ -121,9 +145,10 @@ def _device_stays(p: Printer, c: DemoCluster, result: FaultResult, scenario: Sce
     expect(cond.get("status") == "True", f"GPUReady on {result.node} should stay True; it is {cond}")
     decision = classify_xid(13)
     p.blank()
-    p.lines([f"  XID catalogue: {decision.reason} -> {decision.action.value}",
-             f"  {result.device} is still published {STAYS_FOR:.1f} s later (a withdrawing XID takes milliseconds); "
-             f"GPUReady on {result.node} is still True: {cond.get('message')}"])
+    p.wrapped([f"XID catalogue: {decision.reason} -> {decision.action.value}",
+               f"{result.device} is still published {STAYS_FOR:.1f} s later (a withdrawing XID takes "
+               f"milliseconds); GPUReady on {result.node} is still True: {cond.get('message')}"], indent=2)
+    _show_metrics(p, c, result.node, result.device, 'action="ignore"')
     p.done(f"{result.device} stayed published; GPUReady stayed True")
 
 
