@@ -9,7 +9,8 @@ write with fsync, the answer).
 - prepare latency, one whole-GPU claim (each sample a new claim, unprepared after);
 - unprepare latency for the same claims;
 - 50 claims prepared concurrently (50 client threads; shares of the node's GPUs): per-claim latency;
-- resident memory of the plugin process (8 GPUs, 20 claims prepared).
+- resident memory of the plugin process (8 GPUs, 20 claims prepared, after one /metrics scrape: the
+  DCGM readings and per-claim VRAM accounting, which reads every prepared claim from the API server).
 
 Run: ``python -m benchmarks.bench_prepare [--quick]``.
 """
@@ -17,6 +18,7 @@ Run: ``python -m benchmarks.bench_prepare [--quick]``.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +29,7 @@ from typing import Any
 
 import grpc
 import kubernetes
+import urllib3
 
 from benchmarks.common import BenchResult, machine_description, report, summarize
 from dra_driver.kubelet_emulator import KubeletEmulator
@@ -81,6 +84,13 @@ def _claim(api: Any, name: str, device: str, share: bool = False) -> str:
     return uid
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
 def _request(pb: Any, name: str, uid: str) -> Any:
     return pb(claims=[dra_v1_pb2.Claim(namespace=NS, name=name, uid=uid)])
 
@@ -103,9 +113,11 @@ def run(quick: bool = False) -> list[BenchResult]:
     try:
         api = kubernetes.config.new_client_from_config(config_file=kubeconfig)
         kubernetes.client.CoreV1Api(api).create_node({"metadata": {"name": NODE}})
+        metrics_port = _free_port()
         plugin = _Proc(["--log-level", "warning", "kubelet-plugin", "--node-name", NODE, "--nvml", "sim:8xh100",
                         "--kubeconfig", kubeconfig, "--registrar-dir", reg, "--plugin-dir", plug,
-                        "--cdi-root", cdi, "--shared-gpus", "all", "--health-mode", "withdraw"])
+                        "--cdi-root", cdi, "--shared-gpus", "all", "--health-mode", "withdraw",
+                        "--metrics-port", str(metrics_port)])
         registered = emu.wait_for_plugin(DRIVER, timeout=60)
         stub = dra_v1_pb2_grpc.DRAPluginStub(grpc.insecure_channel(f"unix://{registered.endpoint}"))
         prep, unprep = dra_v1_pb2.NodePrepareResourcesRequest, dra_v1_pb2.NodeUnprepareResourcesRequest
@@ -142,6 +154,9 @@ def run(quick: bool = False) -> list[BenchResult]:
         wall = (time.perf_counter() - start) * 1000
         for name, uid in shared[20:]:
             stub.NodeUnprepareResources(_request(unprep, name, uid))
+        # One scrape, as Prometheus would: DCGM readings plus per-claim VRAM (reads the 20 claims).
+        scrape = urllib3.PoolManager().request("GET", f"http://127.0.0.1:{metrics_port}/metrics")
+        assert scrape.status == 200 and b"gpuready_claim_vram_used_bytes" in scrape.data
         rss = plugin.rss_mb()  # 8 GPUs, 20 claims prepared
         machine = machine_description()
         return [

@@ -36,9 +36,33 @@ Every flag can also be set by the environment variable shown in its help."""
 
 
 def _env(name: str, default: str) -> str:
-    # Numbers stay strings here: argparse converts a string default with the flag's type at parse
-    # time, so a bad value is reported against its flag instead of breaking every subcommand.
+    # Numbers stay strings here and are converted by config_from_args (:func:`_number`), so a bad
+    # value (flag or environment) is reported at run time naming both, never while parsers are built.
     return os.environ.get(name, default)
+
+
+# flag -> (environment variable, type): the numeric settings, converted after parsing.
+_NUMBERS: dict[str, tuple[str, type]] = {
+    "--health-interval": ("HEALTH_INTERVAL", float),
+    "--revalidate-interval": ("HEALTH_REVALIDATE_INTERVAL", float),
+    "--probe-timeout": ("HEALTH_PROBE_TIMEOUT", float),
+    "--recovery-passes": ("HEALTH_RECOVERY_PASSES", int),
+    "--hold-down": ("HEALTH_HOLD_DOWN", float),
+    "--metrics-port": ("METRICS_PORT", int),
+    "--vram-interval": ("VRAM_CHECK_INTERVAL", float),
+}
+
+
+def _number(args: argparse.Namespace, flag: str) -> Any:
+    """The numeric value of ``flag``; ValueError naming the flag and its environment variable."""
+    env, kind = _NUMBERS[flag]
+    raw = str(getattr(args, flag[2:].replace("-", "_"))).strip()
+    try:
+        return kind(raw)
+    except ValueError:
+        what = "a whole number" if kind is int else "a number"
+        raise ValueError(f"{flag} (env {env}) is {raw!r}: it must be {what}; fix the flag or the "
+                         f"{env} environment variable") from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,7 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="unhealthy devices: withdraw from slices, taint them, or off (no monitor) (env HEALTH_MODE)")
     a("--pod-uid", default=_env("POD_UID", ""),
       help="this pod's UID: per-instance socket names for rolling updates (env POD_UID)")
-    a("--health-interval", type=float, default=_env("HEALTH_INTERVAL", "20"),
+    a("--health-interval", default=_env("HEALTH_INTERVAL", "20"),
       help="resend the kubelet health snapshot at least this often, seconds (env HEALTH_INTERVAL)")
     a("--health-stream", default=_env("HEALTH_STREAM", "true"), choices=["true", "false"],
       help="serve the kubelet device health stream (env HEALTH_STREAM)")
@@ -75,17 +99,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="comma list of XIDs that never withdraw a GPU, beyond the catalogue (env XID_IGNORE)")
     a("--xid-fatal", default=_env("XID_FATAL", ""),
       help="comma list of XIDs that always withdraw a GPU, beyond the catalogue (env XID_FATAL)")
-    a("--revalidate-interval", type=float, default=_env("HEALTH_REVALIDATE_INTERVAL", "0") or "0",
+    a("--revalidate-interval", default=_env("HEALTH_REVALIDATE_INTERVAL", "0") or "0",
       help="re-run the CUDA validation on healthy GPUs this often, seconds; 0 = only at start and "
            "recovery (env HEALTH_REVALIDATE_INTERVAL)")
-    a("--probe-timeout", type=float, default=_env("HEALTH_PROBE_TIMEOUT", "30") or "30",
+    a("--probe-timeout", default=_env("HEALTH_PROBE_TIMEOUT", "30") or "30",
       help="a validation probe running longer fails the GPU, seconds (env HEALTH_PROBE_TIMEOUT)")
-    a("--recovery-passes", type=int, default=_env("HEALTH_RECOVERY_PASSES", "3") or "3",
+    a("--recovery-passes", default=_env("HEALTH_RECOVERY_PASSES", "3") or "3",
       help="validations a GPU must pass before it is published again (env HEALTH_RECOVERY_PASSES)")
-    a("--hold-down", type=float, default=_env("HEALTH_HOLD_DOWN", "60") or "60",
+    a("--hold-down", default=_env("HEALTH_HOLD_DOWN", "60") or "60",
       help="minimum seconds between a fault and re-publishing the GPU (env HEALTH_HOLD_DOWN)")
-    a("--metrics-port", type=int, default=_env("METRICS_PORT", "0") or "0",
+    a("--metrics-port", default=_env("METRICS_PORT", "0") or "0",
       help="serve Prometheus /metrics on this port; 0 = off (env METRICS_PORT)")
+    a("--proc-root", default=_env("PROC_ROOT", "/proc") or "/proc",
+      help="where the host's /proc is visible, to map GPU processes to pods for VRAM accounting "
+           "(env PROC_ROOT; the chart mounts it at /host/proc)")
+    a("--vram-interval", default=_env("VRAM_CHECK_INTERVAL", "15") or "15",
+      help="check per-claim VRAM use against requests this often, seconds; 0 = only at scrape time "
+           "(env VRAM_CHECK_INTERVAL)")
 
 
 def _shared(value: str) -> bool | frozenset[str]:
@@ -111,10 +141,18 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         plugin_dir=args.plugin_dir, cdi_root=args.cdi_root, driver_root=args.driver_root,
         host_driver_root=args.host_driver_root, nvml=args.nvml, mig_mode=args.mig_mode,
         shared_gpus=_shared(args.shared_gpus), health_mode=args.health_mode, pod_uid=args.pod_uid,
-        health_interval=args.health_interval, metrics_port=args.metrics_port,
+        health_interval=_number(args, "--health-interval"), metrics_port=_port(_number(args, "--metrics-port")),
         health_stream=args.health_stream == "true", xid_ignore=_xids("--xid-ignore", args.xid_ignore),
-        xid_fatal=_xids("--xid-fatal", args.xid_fatal), revalidate_interval=args.revalidate_interval,
-        probe_timeout=args.probe_timeout, recovery_passes=args.recovery_passes, hold_down=args.hold_down)
+        xid_fatal=_xids("--xid-fatal", args.xid_fatal), revalidate_interval=_number(args, "--revalidate-interval"),
+        probe_timeout=_number(args, "--probe-timeout"), recovery_passes=_number(args, "--recovery-passes"),
+        hold_down=_number(args, "--hold-down"), proc_root=args.proc_root,
+        vram_interval=_number(args, "--vram-interval"))
+
+
+def _port(port: int) -> int:
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--metrics-port (env METRICS_PORT) is {port}: use 1-65535, or 0 for no /metrics server")
+    return port
 
 
 def _api_client(kubeconfig: str) -> Any:

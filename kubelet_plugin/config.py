@@ -44,6 +44,8 @@ class PluginConfig:
     probe_timeout: float = 30.0
     recovery_passes: int = 3
     hold_down: float = 60.0
+    proc_root: str = "/proc"  # where the host's /proc is visible (VRAM accounting: PID -> pod)
+    vram_interval: float = 15.0  # VRAM-over-request check period, seconds (0 = no periodic check)
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -64,6 +66,11 @@ class PluginConfig:
         if self.probe_timeout <= 0 or self.hold_down < 0 or self.revalidate_interval < 0:
             raise ValueError("HEALTH_PROBE_TIMEOUT must be positive; HEALTH_HOLD_DOWN and "
                              "HEALTH_REVALIDATE_INTERVAL must not be negative (seconds)")
+        if self.vram_interval < 0:
+            raise ValueError(f"VRAM_CHECK_INTERVAL={self.vram_interval}: must not be negative (seconds; 0 = off)")
+        if not self.proc_root:
+            raise ValueError("--proc-root is empty: set it (env PROC_ROOT) to /proc or, in a container, "
+                             "to where the host's /proc is mounted (e.g. /host/proc)")
         if self.health_interval <= 0:
             raise ValueError(f"health interval {self.health_interval} must be positive")
 

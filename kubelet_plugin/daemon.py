@@ -30,7 +30,14 @@ from dra_driver.cdi import driver_mounts
 from dra_driver.devices import NodeDevices
 from dra_driver.health.kubelet_health import health_stream_entries
 from dra_driver.logs import get_logger
-from dra_driver.metrics import DeviceAllocation, GpuCollector, PluginMetrics, serve_metrics
+from dra_driver.metrics import (
+    DeviceAllocation,
+    GpuCollector,
+    PluginMetrics,
+    VramAccountant,
+    allocations_from_claims,
+    serve_metrics,
+)
 from dra_driver.slices import SliceOptions, build_pool
 from kubelet_plugin.allocation import NodeDevice, index_devices
 from kubelet_plugin.checkpoint import CheckpointStore, read_boot_id
@@ -38,7 +45,7 @@ from kubelet_plugin.config import PluginConfig
 from kubelet_plugin.dra_service import DraServicer
 from kubelet_plugin.driver_files import find_driver_files
 from kubelet_plugin.health_stream import HealthBroadcaster, HealthServicer, entries_from_map
-from kubelet_plugin.kube import KubeClaims, NodeStatusApi, emit_node_event
+from kubelet_plugin.kube import KubeClaims, NodeStatusApi, PodEventsApi, PreparedClaims, emit_node_event
 from kubelet_plugin.mig import NvmlMigOps
 from kubelet_plugin.prepare import Preparer, PrepareSettings
 from kubelet_plugin.publisher import SlicePublisher
@@ -89,7 +96,12 @@ class KubeletPlugin:
         self._server: grpc.Server | None = None
         self._metrics_server: Any = None
         self._state_lock = threading.Lock()
+        self._devices_lock = threading.Lock()  # serializes re-reading the node after a MIG change
         self._unhealthy: dict[str, str] = {}
+        # The prepared claims with their pods and memory requests (API reads, cached): pod labels on
+        # the DCGM series and per-claim VRAM accounting.
+        self.claims = PreparedClaims(api_client, config.driver_name, config.node_name, self._claim_refs)
+        self.vram: VramAccountant | None = None
         self._started = False
 
     # --- lifecycle --------------------------------------------------------------------------------
@@ -107,25 +119,34 @@ class KubeletPlugin:
         self.preparer = Preparer(
             PrepareSettings(driver_name=cfg.driver_name, pool=cfg.node_name, cdi_root=cfg.cdi_root,
                             control_device_nodes=tuple(self.devices.control_device_nodes),
-                            driver_mounts=tuple(mounts), write_mig_status=cfg.write_mig_status),
+                            driver_mounts=tuple(mounts), write_mig_status=cfg.write_mig_status,
+                            taint_mode=cfg.health_mode == "taint"),
             self.checkpoint, KubeClaims(self.api_client, cfg.driver_name),
             devices=lambda: self.device_index, unhealthy=self._unhealthy_for_prepare,
-            mig=NvmlMigOps(self.nvml) if cfg.dynamic_mig else None)
+            mig=NvmlMigOps(self.nvml, on_change=self.refresh_devices) if cfg.dynamic_mig else None)
         self.recovery = recover(self.preparer, self.boot_id)
         self.metrics.set_prepared_claims(len(self.checkpoint.records()))
-        self.publisher = SlicePublisher(self.api_client, cfg.node_name, cfg.driver_name)
+        self.publisher = SlicePublisher(self.api_client, cfg.node_name, cfg.driver_name,
+                                        on_pass=self.metrics.observe_publish)
         self.publisher.start()
         self._start_health()
         self._serve_dra()
         self.registration = RegistrationServer(self.paths.registration, cfg.driver_name, self.paths.dra,
                                                health=cfg.health_stream, retry_initial=cfg.registration_retry)
         self.registration.start()
+        # Per-claim VRAM: Events on pods over their request (every vram_interval s) and, below, the
+        # per-claim series at scrape time. Raw-JSON pod/event calls: CoreV1Api costs ~20 MB.
+        self.vram = VramAccountant(self.nvml, self._node_devices, self.claims, core_api=PodEventsApi(self.api_client),
+                                   proc_root=cfg.proc_root, node=cfg.node_name)
+        if cfg.vram_interval > 0:
+            self.vram.start(cfg.vram_interval)
         if self._own_metrics:
             # Per-GPU readings under dcgm-exporter's names, read at scrape time only. Not when the
             # registry is shared by several plugins (the demo): the families would collide.
             self.metrics.registry.register(GpuCollector(
                 self.nvml, self._node_devices, self._allocations, xid_provider=self.metrics.last_xids,
                 node=cfg.node_name, driver_name=cfg.driver_name))
+            self.metrics.registry.register(self.vram.collector())
         if cfg.metrics_port:
             self._metrics_server, _ = serve_metrics(self.metrics.registry, cfg.metrics_host, cfg.metrics_port)
         self._started = True
@@ -141,6 +162,8 @@ class KubeletPlugin:
             self._server.stop(grace=1.0).wait(2.0)
             self._server = None
         remove_stale_socket(self.paths.dra)
+        if self.vram is not None:
+            self.vram.stop()
         if self.health_monitor is not None:
             self.health_monitor.stop()
         if self.node_status is not None:
@@ -175,9 +198,12 @@ class KubeletPlugin:
         # A raw-JSON client for the two calls it makes: CoreV1Api would cost ~20 MB resident.
         self.node_status = NodeStatusReporter(self.api_client, cfg.node_name, core=NodeStatusApi(self.api_client))
         self.node_status.start()
-        self.health_monitor = HealthMonitor(self.nvml, self.devices, cfg.health_policy(), prober=None,
+        from dra_driver.health.probe import prober_for
+
+        self.health_monitor = HealthMonitor(self.nvml, self.devices, cfg.health_policy(),
+                                            prober=MeteredProber(prober_for(self.nvml), self.metrics),
                                             on_change=self.apply_health, dynamic_mig=cfg.dynamic_mig,
-                                            node_name=cfg.node_name)
+                                            node_name=cfg.node_name, on_xid=self.metrics.record_xid)
         self.health_monitor.start()
         self.apply_health(self.health_monitor.snapshot())
 
@@ -191,15 +217,36 @@ class KubeletPlugin:
             state = _METRIC_STATE.get(dev.state.name, "Unhealthy")
             self.metrics.set_device_health(name, state, dev.reason)
 
+    def refresh_devices(self) -> None:
+        """Re-read the node after a MIG instance was created or destroyed (dynamic MIG).
+
+        The health monitor then attributes an XID on the new GPU/compute instance to that instance
+        alone (not the whole GPU) and probes it; the DCGM and VRAM collectors see it. Slices and the
+        prepare index are unchanged: in dynamic MIG they list placements, whatever exists.
+        """
+        from dra_driver.nvml import discover
+
+        with self._devices_lock:
+            devices = discover(self.nvml)
+            self.devices = devices
+            if self.health_monitor is not None:
+                self.health_monitor.set_devices(devices)
+
     def _node_devices(self) -> NodeDevices:
         assert self.devices is not None
         return self.devices
 
+    def _claim_refs(self) -> list[tuple[str, str, str]]:
+        return [(r.namespace, r.name, r.uid) for r in self.checkpoint.records().values()]
+
     def _allocations(self) -> dict[str, list[DeviceAllocation]]:
-        out: dict[str, list[DeviceAllocation]] = {}
+        """Prepared devices with their claim and pod (API), else claim only (checkpoint, API down)."""
+        out = allocations_from_claims(self.claims())
+        known = {a.claim_uid for allocs in out.values() for a in allocs}
         for rec in self.checkpoint.records().values():
-            for device in rec.devices:
-                out.setdefault(device, []).append(DeviceAllocation(device, rec.uid, rec.name, rec.namespace))
+            if rec.uid not in known:
+                for device in rec.devices:
+                    out.setdefault(device, []).append(DeviceAllocation(device, rec.uid, rec.name, rec.namespace))
         return out
 
     def set_unhealthy(self, unhealthy: Mapping[str, str]) -> None:
@@ -219,9 +266,7 @@ class KubeletPlugin:
         self.metrics.set_published(sum(len(s.devices) for s in slices), len(unhealthy))
 
     def _unhealthy_for_prepare(self) -> Mapping[str, str]:
-        # In taint mode an unhealthy device stays allocatable for pods that tolerate the taint.
-        if self.config.health_mode == "taint":
-            return {}
+        # In taint mode the preparer only warns about these (the scheduler chose a tolerating claim).
         with self._state_lock:
             return self._unhealthy
 
@@ -245,3 +290,22 @@ class KubeletPlugin:
         server.start()
         self._server = server
         log.info("dra_socket_serving", socket=self.paths.dra, node=self.config.node_name)
+
+
+class MeteredProber:
+    """A validation prober that reports each probe's duration and result to the plugin's metrics.
+
+    Recorded per probed device (``target.label``: the GPU, or the MIG device probed), not per name
+    the result decides, so a dynamic-MIG GPU's dozens of placements do not multiply the series.
+    """
+
+    def __init__(self, inner: Any, metrics: PluginMetrics) -> None:
+        self.inner = inner
+        self.metrics = metrics
+
+    def probe(self, target: Any, timeout_s: float) -> Any:
+        """Probe through the wrapped prober, then record the result."""
+        result = self.inner.probe(target, timeout_s)
+        step = "" if result.ok else ("timeout" if result.code == "ProbeTimedOut" else "cuda")
+        self.metrics.observe_validation(target.label, result.seconds, result.ok, step)
+        return result

@@ -9,6 +9,7 @@ create takes tens of milliseconds on real hardware, small next to a pod start.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from dra_driver.devices import Gpu, MigDevice, MigPlacement
@@ -21,8 +22,11 @@ log = get_logger(__name__)
 class NvmlMigOps:
     """Creates and destroys MIG instances through NVML."""
 
-    def __init__(self, nvml: Any) -> None:
+    def __init__(self, nvml: Any, on_change: Callable[[], None] | None = None) -> None:
+        """``on_change`` runs after an instance was created or destroyed (outside the MIG lock), so
+        the plugin re-reads the node: health attributes XIDs to the new instance, metrics see it."""
         self.nvml = nvml
+        self._on_change = on_change or (lambda: None)
         self._lock = threading.Lock()
         self._created: dict[str, tuple[Gpu, MigDevice]] = {}  # MIG UUID -> (parent, device)
 
@@ -33,7 +37,14 @@ class NvmlMigOps:
         with self._lock:
             mig: MigDevice = create_mig_device(self.nvml, gpu, placement)
             self._created[mig.uuid] = (gpu, mig)
-            return mig
+        self._changed()
+        return mig
+
+    def _changed(self) -> None:
+        try:
+            self._on_change()
+        except Exception:  # the instance exists either way: a failed refresh must not fail the claim
+            log.error("mig_device_refresh_failed", exc_info=True)
 
     def _find(self, record: MigRecord) -> tuple[Gpu, MigDevice] | None:
         if record.uuid and record.uuid in self._created:
@@ -66,4 +77,5 @@ class NvmlMigOps:
             gpu, mig = found
             destroy_mig_device(self.nvml, gpu, mig)
             self._created.pop(mig.uuid, None)
-            return True
+        self._changed()
+        return True

@@ -57,6 +57,9 @@ class ClaimSource(Protocol):
     def write_device_status(self, namespace: str, name: str, uid: str, entries: list[dict[str, Any]]) -> None:
         """Set this driver's ``status.devices`` entries of a claim (best effort)."""
 
+    def remove_device_status(self, namespace: str, name: str, uid: str, pool: str, devices: list[str]) -> bool:
+        """Drop this driver's ``status.devices`` entries for ``devices`` (a deleted claim is fine)."""
+
 
 class MigOps(Protocol):
     """Creating and destroying MIG instances (dynamic MIG)."""
@@ -78,6 +81,10 @@ class PrepareSettings:
     control_device_nodes: tuple[str, ...]
     driver_mounts: tuple[Mapping[str, Any], ...] = ()
     write_mig_status: bool = True
+    # Taint mode: an unhealthy device is published with a NoSchedule taint and the scheduler gives it
+    # only to claims that tolerate it, so an allocation naming it is the scheduler's decision: prepare
+    # it (with a warning) instead of refusing as withdraw mode does.
+    taint_mode: bool = False
 
 
 @dataclass(frozen=True)
@@ -159,8 +166,11 @@ class Preparer:
             claim = self.claims.get(namespace, name)
             if claim is None:
                 raise PrepareError("claim_not_found", f"ResourceClaim {namespace}/{name} not found")
+            unhealthy = self.unhealthy()
             plan = plan_claim(claim, uid, namespace, name, self.settings.driver_name, self.settings.pool,
-                              self.devices(), self.unhealthy())
+                              self.devices(), {} if self.settings.taint_mode else unhealthy)
+            if self.settings.taint_mode:
+                self._warn_tainted(plan, unhealthy)
             with self.claim_lock(uid):
                 recorded = self._recorded_answer(uid, locked=True)
                 if recorded is not None:
@@ -177,6 +187,14 @@ class Preparer:
             log.error("claim_prepare_error", exc_info=True, claim_uid=uid, node=self.settings.pool)
             return ClaimOutcome(error=f"internal error preparing ResourceClaim {namespace}/{name}: {exc}",
                                 reason="internal")
+
+    def _warn_tainted(self, plan: ClaimPlan, unhealthy: Mapping[str, str]) -> None:
+        for d in plan.devices:
+            why = unhealthy.get(d.device.name) or unhealthy.get(d.device.gpu.name)
+            if why is not None:
+                log.warning("claim_prepared_on_tainted_device", claim_uid=plan.uid,
+                            claim=f"{plan.namespace}/{plan.name}", device=d.device.name, node=self.settings.pool,
+                            reason=why, note="the allocation tolerates the device's unhealthy taint")
 
     def _recorded_answer(self, uid: str, locked: bool) -> ClaimOutcome | None:
         """The recorded answer of a completed prepare (the lock-free fast path needs its spec on disk)."""
@@ -298,6 +316,21 @@ class Preparer:
         except Exception as exc:  # status is informational: older servers or RBAC may refuse it
             log.warning("claim_status_write_failed", claim_uid=plan.uid, node=self.settings.pool, error=str(exc))
 
+    def _remove_mig_status(self, record: ClaimRecord) -> None:
+        """Drop the ``status.devices`` entries prepare wrote for the MIG devices just destroyed.
+
+        Best effort: the instances are gone and the record dropped; a failure is logged, never returned.
+        A deleted claim is normal here (the kubelet unprepares after the pod, often after the claim).
+        """
+        if not self.settings.write_mig_status:
+            return
+        try:
+            self.claims.remove_device_status(record.namespace, record.name, record.uid, self.settings.pool,
+                                             [m.device for m in record.mig])
+        except Exception as exc:
+            log.warning("claim_status_cleanup_failed", claim_uid=record.uid, node=self.settings.pool,
+                        error=str(exc))
+
     # --- unprepare --------------------------------------------------------------------------------
     def unprepare(self, namespace: str, name: str, uid: str) -> ClaimOutcome:
         """Undo a prepare; succeeds for claims never prepared or already deleted. Never raises."""
@@ -311,6 +344,8 @@ class Preparer:
                         log.info("claim_orphan_spec_removed", claim_uid=uid, node=self.settings.pool)
                     return ClaimOutcome()
                 self.undo(record)
+                if record.mig:  # under the lock: a prepare of this claim right after must keep its entries
+                    self._remove_mig_status(record)
             log.info("claim_unprepared", claim_uid=uid, claim=f"{namespace}/{name}", node=self.settings.pool)
             self.on_change()
             return ClaimOutcome()

@@ -36,6 +36,9 @@ class SlowClaims:
     def write_device_status(self, *args: Any) -> None:
         self.inner.write_device_status(*args)
 
+    def remove_device_status(self, *args: Any) -> bool:
+        return bool(self.inner.remove_device_status(*args))
+
 
 def test_many_claims_prepare_in_parallel_and_the_checkpoint_stays_whole(h: PluginHarness) -> None:
     plugin = h.plugins[NODE]

@@ -77,8 +77,12 @@ class HealthMonitor:
     def __init__(self, nvml: Any, devices: NodeDevices, policy: HealthPolicy, prober: Prober | None,
                  on_change: Callable[[HealthSnapshot], None], clock: Callable[[], float] = time.monotonic,
                  *, dynamic_mig: bool = False, node_name: str = "",
-                 device_nodes: ValidationConfig | None = None) -> None:
+                 device_nodes: ValidationConfig | None = None,
+                 on_xid: Callable[[str, str, int, bool], None] | None = None) -> None:
         self._nvml = nvml
+        # on_xid(device, gpu_uuid, xid, withdrew): every XID event, ignored ones too (metrics). The
+        # device is the MIG device the event is attributed to, else the GPU.
+        self._on_xid = on_xid
         self._devices = devices
         self._policy = policy
         self._prober = prober if prober is not None else prober_for(nvml)
@@ -307,6 +311,7 @@ class HealthMonitor:
                 if ev.compute_instance_id not in (None, 0xFFFFFFFF):
                     where += f", compute instance {ev.compute_instance_id}"
                 where += ")"
+            self._report_xid(topo, names, ev.data, decision.action is not XidAction.IGNORE)
             if decision.action is XidAction.IGNORE:
                 log.info("xid_ignored", device=topo.gpu.name, xid=ev.data, reason=decision.reason + where,
                          node=self._node or None)
@@ -316,6 +321,16 @@ class HealthMonitor:
             self._fault(topo.device_names, Fault("EccDoubleBit", "uncorrectable (double-bit) ECC memory error"))
         # Both kinds leave traces the poll reads (remapped rows, lost GPU): look now, not in 10 s.
         self._poll_wake.set()
+
+    def _report_xid(self, topo: GpuTopology, names: tuple[str, ...], xid: int, withdrew: bool) -> None:
+        if self._on_xid is None:
+            return
+        # A GPU-wide event is counted once, on the GPU, not on each of its (possibly dozens of) names.
+        for name in (topo.gpu.name,) if names == topo.device_names else names:
+            try:
+                self._on_xid(name, topo.gpu.uuid, xid, withdrew)
+            except Exception:
+                log.error("health_on_xid_failed", exc_info=True, node=self._node or None)
 
     # ---- polling ---------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -46,11 +47,14 @@ class SlicePublisher:
     """Publishes one node's pool of one driver (see :mod:`kubelet_plugin.publisher`)."""
 
     def __init__(self, api_client: Any, node_name: str, driver_name: str,
-                 resync_seconds: float = 30.0) -> None:
+                 resync_seconds: float = 30.0,
+                 on_pass: Callable[[float, bool], None] | None = None) -> None:
+        """``on_pass(seconds, ok)`` is called after every reconcile pass (metrics); it must not raise."""
         self._http = RawHttp(api_client)
         self.node_name = node_name
         self.driver_name = driver_name
         self.resync_seconds = resync_seconds
+        self._on_pass = on_pass
         selector = f"spec.nodeName={node_name},spec.driver={driver_name}"
         self._selector = selector
         self._lock = threading.Condition()
@@ -152,9 +156,11 @@ class SlicePublisher:
                 continue
             with self._lock:
                 self._pass_active = True
+            started = time.monotonic()
             try:
                 self._reconcile(desired, version)
             except Exception as err:
+                self._report_pass(started, False)
                 self._cache = None
                 self._release_events()
                 failures += 1
@@ -164,6 +170,7 @@ class SlicePublisher:
                 self._stop.wait(wait)  # back off even if woken: a failing server needs air
                 continue
             self._release_events()
+            self._report_pass(started, True)
             failures = 0
             wait = self.resync_seconds
             if self._node_uid is None:
@@ -173,6 +180,14 @@ class SlicePublisher:
                     continue  # something newer arrived during the pass: go again at once
             if not self._wake.wait(wait):
                 self._cache = None  # the periodic resync: compare with a fresh list
+
+    def _report_pass(self, started: float, ok: bool) -> None:
+        if self._on_pass is None:
+            return
+        try:
+            self._on_pass(time.monotonic() - started, ok)
+        except Exception:  # a metrics hook must never stop publishing
+            log.error("publisher_on_pass_failed", exc_info=True, node=self.node_name)
 
     def _on_event(self, kind: str, name: str, rv: str) -> None:
         """From the watch thread: someone else's change invalidates our view and wakes a pass."""
