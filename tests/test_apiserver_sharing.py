@@ -5,6 +5,7 @@ exactly the object stored at that resourceVersion, in the same wire format as be
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import socket
@@ -170,6 +171,11 @@ def test_list_and_get_answer_what_is_stored_after_every_kind_of_write(srv: Local
     assert "labels" not in listed["items"][2]["metadata"]  # the dry run stored nothing
     page = json.loads(_request(srv, "GET", f"{SLICES}?limit=2")[1])
     assert [o["metadata"]["name"] for o in page["items"]] == ["s0", "s1"] and page["metadata"]["continue"]
+    rest = json.loads(_request(srv, "GET", f"{SLICES}?limit=2&continue={page['metadata']['continue']}")[1])
+    assert [o["metadata"]["name"] for o in rest["items"]] == ["s3"] and "continue" not in rest["metadata"]
+    forged = base64.urlsafe_b64encode(b"[1, 2]").decode()  # valid JSON, not a key: 400, not a crash
+    status, raw = _request(srv, "GET", f"{SLICES}?limit=2&continue={forged}")
+    assert status == 400 and "continue key is not valid" in json.loads(raw)["message"]
     for obj in listed["items"]:
         assert json.loads(_request(srv, "GET", f"{SLICES}/{obj['metadata']['name']}")[1]) == obj
 

@@ -1,7 +1,10 @@
-"""Label and field selectors, parsed once per request and matched against stored objects (plain dicts)."""
+"""Label and field selectors, parsed once per request and matched against stored objects (plain dicts),
+and the continue tokens that page through a list."""
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -135,3 +138,21 @@ def fields_match(reqs: list[tuple[str, str, str]], obj: dict[str, Any]) -> bool:
         if (actual == value) != (op == "="):
             return False
     return True
+
+
+def encode_continue(last: tuple[str, str]) -> str:
+    """The continue token for a page that ended at store key ``last`` (namespace or "", name)."""
+    return base64.urlsafe_b64encode(json.dumps(list(last)).encode()).decode()
+
+
+def decode_continue(token: str | None) -> tuple[str, str] | None:
+    """The store key a continue token resumes after (None without one); 400 BadRequest if malformed."""
+    if not token:
+        return None
+    try:
+        key = json.loads(base64.urlsafe_b64decode(token.encode()))
+    except (ValueError, TypeError):
+        key = None
+    if not (isinstance(key, list) and len(key) == 2 and all(isinstance(p, str) for p in key)):
+        raise bad_request("continue key is not valid")
+    return key[0], key[1]

@@ -14,9 +14,7 @@ Garbage collection runs on its own thread (gc.py), so a delete answers at once.
 
 from __future__ import annotations
 
-import base64
 import datetime
-import json
 import random
 import threading
 import uuid
@@ -29,6 +27,8 @@ from dra_driver.apiserver.jsoncopy import copy_json, encode
 from dra_driver.apiserver.patches import APPLY_PATCH, apply_patch
 from dra_driver.apiserver.resources import RESOURCES, ResourceType, resource_for_key
 from dra_driver.apiserver.selectors import (
+    decode_continue,
+    encode_continue,
     fields_match,
     labels_match,
     parse_field_selector,
@@ -125,13 +125,11 @@ class Store:
     def encoded(self, key: str, obj: Obj) -> bytes:
         """The JSON bytes of ``obj``: the bytes encoded at write time when ``obj`` is the stored object
         (as ``shared=True`` answers are), else a fresh encoding."""
-        rt = resource_for_key(key)
-        meta = obj.get("metadata")
-        if isinstance(meta, dict) and isinstance(meta.get("name"), str):
-            k = ((meta.get("namespace") or "") if rt.namespaced else "", meta["name"])
-            with self._lock:
-                if self._bucket(rt).get(k) is obj:
-                    return self._wire[rt.key][k]
+        meta = obj.get("metadata") or {}
+        k = (meta.get("namespace") or "", meta.get("name"))  # cluster-scoped objects have no namespace
+        with self._lock:
+            if self._objects[key].get(k) is obj:  # type: ignore[arg-type]
+                return self._wire[key][k]  # type: ignore[index]
         return encode(obj)
 
     @staticmethod
@@ -183,16 +181,11 @@ class Store:
         rt = resource_for_key(key)
         labels = parse_label_selector(label_selector)
         fields = parse_field_selector(field_selector, rt)
-        start: tuple[str, str] | None = None
-        if continue_token:
-            try:
-                start = tuple(json.loads(base64.urlsafe_b64decode(continue_token.encode())))  # type: ignore[assignment]
-            except (ValueError, TypeError):
-                raise errors.bad_request("continue key is not valid") from None
+        start = decode_continue(continue_token)
         with self._lock:
             out: Entries = []
             wire = self._wire[rt.key]
-            token = None
+            token, last = None, ("", "")
             for k in sorted(self._bucket(rt)):
                 if start is not None and k <= start:
                     continue
@@ -202,12 +195,10 @@ class Store:
                 if not (labels_match(labels, obj) and fields_match(fields, obj)):
                     continue
                 if limit and len(out) >= limit:
-                    last = out[-1][0]["metadata"]
-                    token = base64.urlsafe_b64encode(
-                        json.dumps([last.get("namespace", "") if rt.namespaced else "", last["name"]]).encode()
-                    ).decode()
+                    token = encode_continue(last)
                     break
                 out.append((obj, wire[k]))
+                last = k
             return out, self._rv, token
 
     # ---- writes --------------------------------------------------------------------------------
