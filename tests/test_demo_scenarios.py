@@ -41,7 +41,7 @@ def test_application_xid_leaves_the_device_published() -> None:
     assert "XID catalogue: XID 13" in out
     assert re.search(r"gpu-\d stayed published; GPUReady stayed True", out), out
     assert "was never withdrawn" in out
-    assert re.search(r'gpuready_xid_errors_total\{action="ignore",device="gpu-\d",node="node-a",xid="13"\} 1\.0', out)
+    assert re.search(r'gpuready_device_health_state\{device="gpu-\d",node="node-a",state="Healthy"\} 1\.0', out)
     assert "GPUUnhealthy" not in out and "withdrawn in" not in out
 
 

@@ -54,7 +54,7 @@ def test_default_demo_tells_the_whole_story() -> None:
     assert "Warning GPUUnhealthy" in out and "Warning DeviceUnhealthy" in out
     assert re.search(r"kubelet health stream \(v1\w*\): gpu-\d UNHEALTHY: XID 79", out), out
     assert 'gpuready_withdrawn_devices{node="node-a"} 1.0' in out
-    assert re.search(r'gpuready_xid_errors_total\{action="withdraw",device="gpu-\d",node="node-a",xid="79"\} 1\.0', out)
+    assert re.search(r'gpuready_device_health_state\{device="gpu-\d",node="node-a",state="Unhealthy"\} 1\.0', out)
     # Recovery and the end.
     assert "Normal GPURecovered" in out and "reason=AllGPUsReady" in out
     assert re.search(r"back after \d+\.\d s; GPUReady=True", out), out

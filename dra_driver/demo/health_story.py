@@ -148,7 +148,7 @@ def _device_stays(p: Printer, c: DemoCluster, result: FaultResult, scenario: Sce
     p.wrapped([f"XID catalogue: {decision.reason} -> {decision.action.value}",
                f"{result.device} is still published {STAYS_FOR:.1f} s later (a withdrawing XID takes "
                f"milliseconds); GPUReady on {result.node} is still True: {cond.get('message')}"], indent=2)
-    _show_metrics(p, c, result.node, result.device, 'action="ignore"')
+    _show_metrics(p, c, result.node, result.device, 'state="Healthy"} 1.0')
     p.done(f"{result.device} stayed published; GPUReady stayed True")
 
 
