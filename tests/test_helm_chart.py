@@ -251,6 +251,16 @@ def test_daemon_options_reach_the_plugin(monkeypatch: pytest.MonkeyPatch) -> Non
     assert "host-proc" not in {v["name"] for v in sim["volumes"]}
 
 
+def test_vram_accounting_settings_reach_the_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = _plugin_config_from_chart({}, monkeypatch)
+    assert (config.proc_root, config.vram_interval) == ("/host/proc", 15)
+    config = _plugin_config_from_chart({"kubeletPlugin": {"vramCheckIntervalSeconds": 60}}, monkeypatch)
+    assert config.vram_interval == 60
+    # Without the host's /proc mounted nothing maps to a pod: no periodic check (and no Events) then.
+    config = _plugin_config_from_chart(VALUE_SETS["simulated-evict"], monkeypatch)
+    assert config.vram_interval == 0
+
+
 # --- controller and webhooks ------------------------------------------------------------------------
 
 def test_controller_is_two_replicas_with_leader_election_and_least_privilege() -> None:
@@ -450,6 +460,7 @@ def test_grafana_dashboard_is_valid_json_over_exported_metrics() -> None:
     ({"driverRoot": "run/nvidia/driver"}, "/driverRoot"),
     ({"sharedGpus": ["0"]}, "/sharedGpus/0"),
     ({"migMode": "off"}, "/migMode"),
+    ({"kubeletPlugin": {"vramCheckIntervalSeconds": -1}}, "/kubeletPlugin/vramCheckIntervalSeconds"),
 ])
 def test_schema_rejects_wrong_values_naming_the_field(bad: dict[str, Any], field: str) -> None:
     with pytest.raises(helm.HelmValuesError) as info:
