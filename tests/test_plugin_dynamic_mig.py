@@ -120,3 +120,67 @@ def test_mig_creation_failure_fails_the_claim_with_nvmls_reason(h: PluginHarness
         from dra_driver.nvml import destroy_mig_device
 
         destroy_mig_device(plugin.nvml, gpu, squatter)
+
+
+def test_unprepare_removes_the_mig_status_entries_even_when_the_claim_is_gone(h: PluginHarness) -> None:
+    plugin = h.plugins[NODE]
+    device = _placement(plugin, "1g.18gb", gpu="gpu-2")
+    uid = h.create_claim("status1", [("gpu", NODE, device)])
+    kubelet = h.kubelet(NODE)
+    assert kubelet.prepare([("default", "status1", uid)])[uid].ok
+    assert [e["device"] for e in h.get_claim("status1")["status"]["devices"]] == [device]
+    assert kubelet.unprepare([("default", "status1", uid)]) == {uid: ""}
+    # The MIG UUID the entry named no longer exists: the entry goes with it.
+    assert not h.get_claim("status1")["status"].get("devices")
+    # The usual order on a real node: pod and claim deleted, then the kubelet unprepares (404).
+    uid2 = h.create_claim("status2", [("gpu", NODE, device)])
+    assert kubelet.prepare([("default", "status2", uid2)])[uid2].ok
+    h.delete_claim("status2")
+    assert kubelet.unprepare([("default", "status2", uid2)]) == {uid2: ""}
+    assert plugin.checkpoint.get(uid2) is None and h.cdi_files(NODE) == []
+
+
+def _published(h: PluginHarness, node: str) -> set[str]:
+    import kubernetes
+
+    slices = kubernetes.client.ResourceV1Api(h.api_client).list_resource_slice(
+        field_selector=f"spec.nodeName={node}").items
+    return {d.name for s in slices for d in (s.spec.devices or [])}
+
+
+def test_an_xid_on_a_created_instance_withdraws_that_instance_only() -> None:
+    import time
+
+    node = "mig-xid"
+    with PluginHarness() as h:
+        plugin = h.start_plugin(node, "sim:4xh200", mig_mode="dynamic", health_mode="withdraw")
+        assert plugin.health_monitor.wait_validated(60)
+        assert plugin.publisher.wait_until_synced(20)
+        everything = _published(h, node)
+        device = _placement(plugin, "1g.18gb", gpu="gpu-0", start=0)
+        sibling = _placement(plugin, "1g.18gb", gpu="gpu-0", start=1)
+        other_gpu = _placement(plugin, "1g.18gb", gpu="gpu-1", start=0)
+        assert {device, sibling, other_gpu, "gpu-0"} <= everything
+        uid = h.create_claim("hot", [("gpu", node, device)])
+        assert h.kubelet(node).prepare([("default", "hot", uid)])[uid].ok
+        mig = plugin.checkpoint.get(uid).mig[0]
+        # The collectors see the new instance too (the DCGM series of a MIG device carry its GI id).
+        dcgm = [s for m in plugin.metrics.registry.collect() if m.name == "DCGM_FI_DEV_FB_USED" for s in m.samples]
+        assert any(s.labels.get("GPU_I_ID") == str(mig.gpu_instance_id) for s in dcgm)
+
+        gpu0 = plugin.devices.gpu_by_name("gpu-0")
+        plugin.nvml.faults.inject_xid(gpu0.index, 79, gpu_instance_id=mig.gpu_instance_id,
+                                      compute_instance_id=mig.compute_instance_id)
+        deadline = time.monotonic() + 30
+        while device not in plugin.health_monitor.snapshot().unhealthy():
+            assert time.monotonic() < deadline, "the XID never reached the instance"
+            time.sleep(0.05)
+        time.sleep(0.5)  # anything else the event (wrongly) touched would show by now
+        unhealthy = plugin.health_monitor.snapshot().unhealthy()
+        # Only the instance NVML named is out: not the whole GPU, not its other placements.
+        assert set(unhealthy) == {device} and "79" in unhealthy[device]
+        assert plugin.publisher.wait_until_synced(20)
+        assert _published(h, node) == everything - {device}
+        assert plugin.metrics.registry.get_sample_value(
+            "gpuready_xid_errors_total", {"node": node, "device": device, "xid": "79", "action": "withdraw"}) == 1
+        assert h.kubelet(node).unprepare([("default", "hot", uid)]) == {uid: ""}
