@@ -48,3 +48,63 @@ def test_real_gpu_is_validated_then_reported_healthy_on_the_health_stream() -> N
         else:
             pytest.fail(f"no GPU reported HEALTHY within 60 s: {plugin.health_monitor.snapshot()}")
         stream.close()
+
+
+_HOLD_VRAM = """
+import sys, time
+try:
+    import torch
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+except ImportError:
+    import cupy
+    x = cupy.empty(1 << 30, dtype=cupy.uint8)
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def test_real_gpu_metrics_count_validation_and_a_process_vram() -> None:
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    import pynvml
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with PluginHarness() as h:
+        plugin = h.start_plugin("gpu-node", open_nvml("real"), health_mode="withdraw", metrics_port=port,
+                                metrics_host="127.0.0.1")
+        assert plugin.health_monitor.wait_validated(120)
+        whole = [g for g in plugin.devices.gpus if g.name in plugin.device_index]
+        assert whole
+        gpu = min(whole, key=lambda g: g.index)
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu.uuid)
+        child = subprocess.Popen([sys.executable, "-c", _HOLD_VRAM], env=env, stdout=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+            handle = pynvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+            if not pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                pytest.skip("NVML lists no compute process here (container without the host PID namespace)")
+            time.sleep(0.5)
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
+                text = resp.read().decode()
+        finally:
+            child.kill()
+            child.wait()
+        samples = [(s.name, s.labels, s.value) for f in text_string_to_metric_families(text) for s in f.samples]
+
+        def value(name: str, **labels: str) -> float | None:
+            return next((v for n, lab, v in samples if n == name and all(lab.get(k) == x for k, x in labels.items())),
+                        None)
+
+        # The real CUDA probe ran and was recorded; the process (in no pod) is unattributed VRAM.
+        assert value("gpuready_validation_result", device=gpu.name) == 1
+        assert (value("gpuready_validation_duration_seconds_count", device=gpu.name, result="pass") or 0) >= 1
+        assert (value("gpuready_unattributed_vram_used_bytes", device=gpu.name) or 0) >= 1 << 30
+        assert (value("DCGM_FI_DEV_FB_USED", UUID=gpu.uuid) or 0) >= 1024  # MiB
