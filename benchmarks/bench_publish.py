@@ -51,7 +51,7 @@ _H200_PROFILES = (  # name, gi id, compute slices, SMs, CE, dec, jpeg, ofa, MiB,
 
 
 def eight_h200() -> NodeDevices:
-    """8 x H200 as discovery reports them (the shared/fixtures readings)."""
+    """8 x H200 as discovery reports them (the shared/fixtures readings), MIG on with no instances."""
     profiles = tuple(
         MigProfile(name=n, profile_index=i, gi_profile_id=gi, compute_slices=cs, instance_count=len(pl),
                    multiprocessors=sm, copy_engines=ce, decoders=dec, encoders=0, jpeg_engines=jpg,
@@ -61,7 +61,7 @@ def eight_h200() -> NodeDevices:
     gpus = tuple(
         Gpu(index=m, minor=m, uuid=f"GPU-{m:08d}-h200", pci_bus_id=f"0000:{0x18 + m:02x}:00.0",
             product_name="NVIDIA H200", brand="Nvidia", architecture="Hopper", cuda_compute_capability="9.0",
-            memory_bytes=150754820096, mig_mode=MigMode.DISABLED, mig_profiles=profiles,
+            memory_bytes=150754820096, mig_mode=MigMode.ENABLED, mig_profiles=profiles,
             pcie_root=f"pci0000:{0x10 + m:02x}", numa_node=m // 4, memory_slice_count=8, compute_slice_count=7)
         for m in range(8))
     return NodeDevices(driver_version="580.159.04", cuda_driver_version="13.0", gpus=gpus)

@@ -54,9 +54,9 @@ def is_mig(name: str) -> bool:
 def shapes() -> dict[str, list[Any]]:
     return {
         "8xh100 static": published(discover(open_nvml("sim:8xh100"))),
-        "8xh100 dynamic": published(discover(open_nvml("sim:8xh100")), "dynamic"),
+        "4xh200 dynamic": published(discover(open_nvml("sim:4xh200")), "dynamic"),
         "h100 mixed MIG": published(discover(open_nvml("sim:h100-mixed-mig"))),
-        "h200 dynamic": published(discover(open_nvml("sim:h200-141gb")), "dynamic"),
+        "h200 whole": published(discover(open_nvml("sim:h200-141gb")), "dynamic"),
     }
 
 
@@ -95,11 +95,12 @@ def test_memory_selectors_respect_what_nvml_reports(shapes: dict[str, list[Any]]
     assert at_least("80Gi", "8xh100 static") == set()
     assert at_least("79Gi", "8xh100 static") >= h100_whole
     # A "141GB" H200 reports about 140.4 GiB.
-    h200 = at_least("140Gi", "h200 dynamic")
+    assert at_least("140Gi", "h200 whole") == {"gpu-0"}
+    h200 = {n for n in at_least("140Gi", "4xh200 dynamic") if n.startswith("gpu-0")}
     assert h200 == {"gpu-0", "gpu-0-mig-7g141gb-0-0"}  # the 7g.141gb is exactly 140 GiB
-    assert at_least("141Gi", "h200 dynamic") == set()
+    assert at_least("141Gi", "4xh200 dynamic") == set()
     # On the dynamic H200, 40Gi fits the 71 GB profiles, the 7g and the whole GPU, not the 18/35 GB ones.
-    fits = at_least("40Gi", "h200 dynamic")
+    fits = {n for n in at_least("40Gi", "4xh200 dynamic") if n.startswith("gpu-0")}
     assert fits and all(("3g71gb" in n or "4g71gb" in n or "7g141gb" in n or n == "gpu-0") for n in fits)
     assert "gpu-0-mig-3g71gb-9-0" in fits and "gpu-0-mig-2g35gb-14-0" not in fits
 

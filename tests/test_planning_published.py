@@ -27,29 +27,29 @@ def _vram(memory: str, name: str = "c") -> dict[str, Any]:
 
 
 def test_dynamic_mig_fills_a_gpu_then_moves_on() -> None:
-    slices = _slices("sim:8xh100", "node-a", SliceOptions(mig_mode="dynamic"))
+    slices = _slices("sim:4xh200", "node-a", SliceOptions(mig_mode="dynamic"))
     claims: list[dict[str, Any]] = []
     chosen = []
-    for i in range(8):
+    for i in range(9):
         c = _vram("15Gi", f"job-{i}")
         out = allocate_and_reserve(c, build_inventory(slices, claims, CLASSES), {"metadata": {"name": f"p{i}", "uid": str(i)}})
         assert out.patch is not None, out.reasons
         claims.append({**c, "status": out.patch["status"]})
         chosen.append(out.patch["status"]["allocation"]["devices"]["results"][0]["device"])
-    # Binpack: 1g.20gb instances fill GPU 0's four 2-slice placements before GPU 1 is touched.
-    assert chosen[:4] == [f"gpu-0-mig-1g20gb-15-{s}" for s in (0, 2, 4, 6)]
-    assert all(d.startswith("gpu-1-mig-1g20gb-15-") for d in chosen[4:])
-    # GPU 0 is full: a whole-GPU claim takes another GPU; 7 whole GPUs are still free, not 8.
-    whole = claim("whole", [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 7}}])
+    # Binpack: 1g.18gb instances fill GPU 0's seven compute slices before GPU 1 is touched.
+    assert set(chosen[:7]) == {f"gpu-0-mig-1g18gb-19-{s}" for s in range(7)}
+    assert all(d.startswith("gpu-1-mig-1g18gb-19-") for d in chosen[7:])
+    # GPUs 0 and 1 are in use: a whole-GPU claim for 3 cannot fit; 2 whole GPUs are still free.
+    whole = claim("whole", [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 3}}])
     inv = build_inventory(slices, claims, CLASSES)
     assert plan(whole, inv).allocation is None
-    six = claim("six", [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 6}}])
-    names = {r["device"] for r in plan(six, inv).allocation["devices"]["results"]}  # type: ignore[index]
-    assert names == {f"gpu-{i}" for i in range(2, 8)}
+    two = claim("two", [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}])
+    names = {r["device"] for r in plan(two, inv).allocation["devices"]["results"]}  # type: ignore[index]
+    assert names == {"gpu-2", "gpu-3"}
 
 
 def test_shaping_and_planning_agree_on_published_slices() -> None:
-    slices = _slices("sim:h200-141gb", "node-h200", SliceOptions(mig_mode="dynamic"))
+    slices = _slices("sim:4xh200", "node-h200", SliceOptions(mig_mode="dynamic"))
     slices += _slices("sim:8xh100", "node-h100", SliceOptions(shared_gpus=True))
     inv = build_inventory(slices, [], CLASSES)
     c = _vram("60Gi")

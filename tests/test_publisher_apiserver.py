@@ -12,6 +12,7 @@ from test_slices_helpers import eight_h200
 
 import kubelet_plugin.publisher.core as publisher_core
 from dra_driver.apiserver import LocalApiServer
+from dra_driver.devices import MigMode
 from dra_driver.slices import SliceOptions, SliceSpec, build_pool
 from kubelet_plugin.publisher import SlicePublisher
 from kubelet_plugin.publisher.watch import SliceWatch
@@ -96,7 +97,7 @@ def test_dynamic_mig_pool_passes_api_validation(
         srv: LocalApiServer, started: Callable[..., SlicePublisher]) -> None:
     make_node(srv)
     pub = started()
-    publish(pub, build_pool(eight_h200(), NODE, DRIVER, DYNAMIC))
+    publish(pub, build_pool(eight_h200(MigMode.ENABLED), NODE, DRIVER, DYNAMIC))
     objs = server_slices(srv)
     assert pub.stats().errors == 0
     assert [len(o["spec"].get("devices", [])) for o in objs] == [64, 64, 64, 16, 0]
@@ -111,10 +112,10 @@ def test_device_leaving_bumps_every_slice_and_drops_stale_ones(
         srv: LocalApiServer, started: Callable[..., SlicePublisher]) -> None:
     make_node(srv)
     pub = started()
-    publish(pub, build_pool(eight_h200(), NODE, DRIVER, DYNAMIC))
+    publish(pub, build_pool(eight_h200(MigMode.ENABLED), NODE, DRIVER, DYNAMIC))
     assert {o["spec"]["pool"]["generation"] for o in server_slices(srv)} == {1}
     lists = pub.stats().lists
-    publish(pub, build_pool(eight_h200(), NODE, DRIVER, DYNAMIC, unhealthy={"gpu-3": "XID 79"}))
+    publish(pub, build_pool(eight_h200(MigMode.ENABLED), NODE, DRIVER, DYNAMIC, unhealthy={"gpu-3": "XID 79"}))
     assert pub.stats().lists == lists  # the watched view was trusted: no list needed for a change
     objs = server_slices(srv)
     assert {o["spec"]["pool"]["generation"] for o in objs} == {2}
@@ -123,7 +124,7 @@ def test_device_leaving_bumps_every_slice_and_drops_stale_ones(
     assert len(names) == 7 * 26
     # Four GPUs leave: the pool shrinks to fewer slices and the extra one is deleted.
     gone = {f"gpu-{i}": "GPU lost" for i in range(4)}
-    publish(pub, build_pool(eight_h200(), NODE, DRIVER, DYNAMIC, unhealthy=gone))
+    publish(pub, build_pool(eight_h200(MigMode.ENABLED), NODE, DRIVER, DYNAMIC, unhealthy=gone))
     objs = server_slices(srv)
     assert len(objs) == 3 and {o["spec"]["pool"]["generation"] for o in objs} == {3}
     assert {o["spec"]["pool"]["resourceSliceCount"] for o in objs} == {3}
@@ -134,7 +135,7 @@ def test_slice_deleted_by_someone_else_comes_back(
         srv: LocalApiServer, started: Callable[..., SlicePublisher]) -> None:
     make_node(srv)
     pub = started(resync=60.0)  # far longer than the test: the watch must notice
-    publish(pub, build_pool(eight_h200(), NODE, DRIVER, DYNAMIC))
+    publish(pub, build_pool(eight_h200(MigMode.ENABLED), NODE, DRIVER, DYNAMIC))
     api = kubernetes.client.ResourceV1Api(srv.api_client())
     api.delete_resource_slice("node-a-gpu-nvidia-com-001")
     assert wait_for(lambda: len(server_slices(srv)) == 5, 10.0)
@@ -162,11 +163,11 @@ def test_conflicts_and_server_errors_are_retried_and_end_consistent(
         srv: LocalApiServer, started: Callable[..., SlicePublisher]) -> None:
     make_node(srv)
     pub = started()
-    publish(pub, build_pool(eight_h200(), NODE, DRIVER, DYNAMIC))
+    publish(pub, build_pool(eight_h200(MigMode.ENABLED), NODE, DRIVER, DYNAMIC))
     srv.faults.fail_next(2, code=409, verb="update", resource="resourceslices")
     srv.faults.fail_next(2, code=500, verb="update", resource="resourceslices")
     srv.faults.fail_next(1, code=500, verb="list", resource="resourceslices")
-    want = build_pool(eight_h200(), NODE, DRIVER, DYNAMIC, unhealthy={"gpu-0": "XID 48"})
+    want = build_pool(eight_h200(MigMode.ENABLED), NODE, DRIVER, DYNAMIC, unhealthy={"gpu-0": "XID 48"})
     publish(pub, want)
     stats = pub.stats()
     # Parallel writes meet several injected failures in one pass; every failed pass is counted once.
@@ -180,14 +181,14 @@ def test_conflicts_and_server_errors_are_retried_and_end_consistent(
 def test_restart_with_unchanged_devices_writes_nothing(
         srv: LocalApiServer, started: Callable[..., SlicePublisher]) -> None:
     make_node(srv)
-    slices = build_pool(eight_h200(), NODE, DRIVER, SliceOptions(mig_mode="dynamic", health_mode="taint"),
+    slices = build_pool(eight_h200(MigMode.ENABLED), NODE, DRIVER, SliceOptions(mig_mode="dynamic", health_mode="taint"),
                         unhealthy={"gpu-2": "XID 79"})  # taints: the server adds timeAdded
     first = started()
     publish(first, slices)
     first.stop()
     before = {o["metadata"]["name"]: o["metadata"]["resourceVersion"] for o in server_slices(srv)}
     second = started()
-    publish(second, build_pool(eight_h200(), NODE, DRIVER,
+    publish(second, build_pool(eight_h200(MigMode.ENABLED), NODE, DRIVER,
                                SliceOptions(mig_mode="dynamic", health_mode="taint"),
                                unhealthy={"gpu-2": "XID 79"}))
     after = {o["metadata"]["name"]: o["metadata"]["resourceVersion"] for o in server_slices(srv)}
@@ -285,11 +286,11 @@ def test_a_burst_of_changes_coalesces_and_ends_at_the_last_one(
         srv: LocalApiServer, started: Callable[..., SlicePublisher]) -> None:
     make_node(srv)
     pub = started()
-    publish(pub, build_pool(eight_h200(), NODE, DRIVER, DYNAMIC))
+    publish(pub, build_pool(eight_h200(MigMode.ENABLED), NODE, DRIVER, DYNAMIC))
     passes = pub.stats().passes
     for i in range(40):  # a flapping health source
-        pub.set_desired(build_pool(eight_h200(), NODE, DRIVER, DYNAMIC, unhealthy={f"gpu-{i % 8}": "XID 79"}))
-    last = build_pool(eight_h200(), NODE, DRIVER, DYNAMIC, unhealthy={"gpu-5": "XID 94", "gpu-6": "XID 94"})
+        pub.set_desired(build_pool(eight_h200(MigMode.ENABLED), NODE, DRIVER, DYNAMIC, unhealthy={f"gpu-{i % 8}": "XID 79"}))
+    last = build_pool(eight_h200(MigMode.ENABLED), NODE, DRIVER, DYNAMIC, unhealthy={"gpu-5": "XID 94", "gpu-6": "XID 94"})
     publish(pub, last)
     assert pub.stats().passes - passes < 20
     names = {d["name"] for o in server_slices(srv) for d in o["spec"].get("devices", [])}

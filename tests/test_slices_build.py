@@ -92,7 +92,7 @@ def test_static_mig_publishes_existing_instances_and_hides_the_parent() -> None:
 
 
 def test_dynamic_mig_eight_h200_every_placement_in_valid_slices() -> None:
-    slices = build_pool(eight_h200(), "node-a", DRIVER, SliceOptions(mig_mode="dynamic"))
+    slices = build_pool(eight_h200(MigMode.ENABLED), "node-a", DRIVER, SliceOptions(mig_mode="dynamic"))
     objs = k8s(slices)
     assert api_problems(objs) == []
     devices = all_devices(objs)
@@ -123,7 +123,7 @@ def _fits(chosen: list[dict[str, Any]], available: dict[str, int]) -> bool:
 
 
 def test_dynamic_mig_counters_allow_real_layouts_and_forbid_overlaps() -> None:
-    objs = k8s(build_pool(node(h200(0)), "n", DRIVER, SliceOptions(mig_mode="dynamic")))
+    objs = k8s(build_pool(node(h200(0, MigMode.ENABLED)), "n", DRIVER, SliceOptions(mig_mode="dynamic")))
     (counter_set,) = objs[-1]["spec"]["sharedCounters"]
     assert counter_set["name"] == "gpu-0-counters"
     available = {k: int(v["value"]) for k, v in counter_set["counters"].items()}
@@ -169,21 +169,21 @@ def test_shared_gpus_offer_consumable_memory() -> None:
     plain = next(d for d in devices if d["name"] == "gpu-0")
     assert "allowMultipleAllocations" not in plain and "requestPolicy" not in plain["capacity"]["memory"]
     # In dynamic mode a shared GPU is published whole, without placements.
-    dyn = all_devices(k8s(build_pool(node(h200(0)), "n", DRIVER,
+    dyn = all_devices(k8s(build_pool(node(h200(0, MigMode.ENABLED)), "n", DRIVER,
                                      SliceOptions(mig_mode="dynamic", shared_gpus=True))))
     assert [d["name"] for d in dyn] == ["gpu-0"] and "consumesCounters" not in dyn[0]
 
 
 def test_unhealthy_gpu_withdraws_itself_its_placements_and_counters() -> None:
     options = SliceOptions(mig_mode="dynamic")
-    objs = k8s(build_pool(eight_h200(), "n", DRIVER, options, unhealthy={"gpu-3": "XID 79"}))
+    objs = k8s(build_pool(eight_h200(MigMode.ENABLED), "n", DRIVER, options, unhealthy={"gpu-3": "XID 79"}))
     names = {d["name"] for d in all_devices(objs)}
     assert len(names) == 7 * 26 and not any(n == "gpu-3" or n.startswith("gpu-3-") for n in names)
     sets = {cs["name"] for o in objs for cs in o["spec"].get("sharedCounters", [])}
     assert "gpu-3-counters" not in sets and len(sets) == 7
     assert api_problems(objs) == []
     # One MIG placement alone: only it leaves.
-    objs = k8s(build_pool(eight_h200(), "n", DRIVER, options,
+    objs = k8s(build_pool(eight_h200(MigMode.ENABLED), "n", DRIVER, options,
                           unhealthy={"gpu-2-mig-1g18gb-19-3": "ECC"}))
     names = {d["name"] for d in all_devices(objs)}
     assert len(names) == 8 * 26 - 1 and "gpu-2" in names and "gpu-2-mig-1g18gb-19-3" not in names
@@ -209,7 +209,7 @@ def test_taint_mode_keeps_unhealthy_devices_visible_with_the_reason() -> None:
     assert "taints" not in devices["gpu-4"]
     assert api_problems(objs) == []
     # Dynamic + taint: the GPU's placements carry the taint too.
-    objs = k8s(build_pool(eight_h200(), "n", DRIVER, SliceOptions(mig_mode="dynamic", health_mode="taint"),
+    objs = k8s(build_pool(eight_h200(MigMode.ENABLED), "n", DRIVER, SliceOptions(mig_mode="dynamic", health_mode="taint"),
                           unhealthy={"gpu-5": "XID 79"}))
     tainted = {d["name"] for d in all_devices(objs) if d.get("taints")}
     assert len(tainted) == 26 and all(n == "gpu-5" or n.startswith("gpu-5-") for n in tainted)
@@ -240,7 +240,7 @@ def test_long_node_names_give_valid_distinct_ordered_slice_names() -> None:
     names = [slice_name(long_a, DRIVER, i) for i in range(12)]
     assert all(len(n) <= 253 for n in names) and names == sorted(names)
     assert slice_name(long_b, DRIVER, 0) != names[0]
-    objs = k8s(build_pool(eight_h200(), long_a, DRIVER, SliceOptions(mig_mode="dynamic")))
+    objs = k8s(build_pool(eight_h200(MigMode.ENABLED), long_a, DRIVER, SliceOptions(mig_mode="dynamic")))
     assert api_problems(objs) == []
     assert objs[0]["spec"]["pool"]["name"] == long_a  # the pool keeps the real node name
 
@@ -290,3 +290,12 @@ def test_a_gpu_with_nothing_to_count_is_published_whole_without_an_empty_counter
     assert [d["name"] for d in all_devices(objs)] == ["gpu-0"]
     assert all("sharedCounters" not in o["spec"] for o in objs)  # the API rejects an empty set
     assert api_problems(objs) == []
+
+
+def test_dynamic_mig_publishes_no_placement_on_a_gpu_whose_mig_mode_is_off() -> None:
+    # NVML lists profiles and placements with MIG off, but gpuready never turns MIG on, so such a
+    # placement could never be created at prepare time: the GPU is offered whole instead.
+    slices = build_pool(eight_h200(), "node-a", DRIVER, SliceOptions(mig_mode="dynamic"))
+    names = [d["name"] for d in all_devices(k8s(slices))]
+    assert names == [f"gpu-{m}" for m in range(8)]
+    assert all("sharedCounters" not in o["spec"] for o in k8s(slices))

@@ -77,9 +77,9 @@ def node(*gpus: Gpu) -> NodeDevices:
     return NodeDevices(driver_version="580.159.04", cuda_driver_version="13.0", gpus=tuple(gpus))
 
 
-def eight_h200() -> NodeDevices:
-    """An 8 x H200 node with MIG disabled."""
-    return node(*(h200(m) for m in range(8)))
+def eight_h200(mig_mode: MigMode = MigMode.DISABLED) -> NodeDevices:
+    """An 8 x H200 node (MIG disabled unless asked; dynamic MIG needs it enabled, with no instances)."""
+    return node(*(h200(m, mig_mode) for m in range(8)))
 
 
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

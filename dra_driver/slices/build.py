@@ -168,7 +168,11 @@ def _gpu_entries(gpu: Gpu, devices: NodeDevices, options: SliceOptions
     """The devices one GPU contributes (before health), and its counter set in dynamic mode."""
     if options.is_shared(gpu) and not (options.mig_mode == "static" and gpu.mig_mode == MigMode.ENABLED):
         return [_whole_gpu(gpu, devices, options, None)], None
-    counter_set = gpu_counter_set(gpu) if options.mig_mode == "dynamic" and gpu.mig_capable else None
+    # Placements only where MIG mode is already on: gpuready never changes a GPU's MIG mode, and a
+    # placement on a MIG-disabled GPU could never be created at prepare time (NVML lists profiles
+    # and placements with MIG off, so being MIG-capable is not enough).
+    dynamic = options.mig_mode == "dynamic" and gpu.mig_capable and gpu.mig_mode == MigMode.ENABLED
+    counter_set = gpu_counter_set(gpu) if dynamic else None
     # A set without counters is rejected by the API (a peer driver's bug on non-MIG GPUs).
     if counter_set is not None and counter_set.counters:
         entries = [_whole_gpu(gpu, devices, options, counter_set)]
