@@ -42,8 +42,16 @@ class _KeyValueFormatter(logging.Formatter):
             "event": record.getMessage(),
         }
         fields.update(getattr(record, "kv", {}))
-        if record.exc_info:
-            fields["error"] = self.formatException(record.exc_info).splitlines()[-1]
+        if record.exc_info and record.exc_info[1] is not None:
+            # Keep the caller's own ``error`` field; add the exception and where it was raised, so
+            # an internal error keeps its file and line without a multi-line traceback.
+            exc = record.exc_info[1]
+            fields["exception"] = f"{type(exc).__name__}: {exc}"
+            tb = exc.__traceback__
+            while tb is not None and tb.tb_next is not None:
+                tb = tb.tb_next
+            if tb is not None:
+                fields["where"] = f"{os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}"
         if self._json:
             return json.dumps(fields, default=str)
         return " ".join(f"{k}={_quote(v)}" for k, v in fields.items())
