@@ -41,8 +41,12 @@ def _chosen(argv: Sequence[str]) -> str | None:
     return next((a for a in argv if a in SUBCOMMANDS), None)
 
 
-def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
-    """Build the top-level parser; only the chosen subcommand's module is imported."""
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """Build the top-level parser.
+
+    With ``argv``, only the subcommand it names is imported (what ``main`` does); with ``None``,
+    every subcommand is loaded, so a caller can parse any command line with the result.
+    """
     parser = argparse.ArgumentParser(
         prog="gpuready",
         description=(
@@ -54,9 +58,9 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpuready {__version__}")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    chosen = _chosen(argv)
+    chosen = _chosen(argv or ())
     for name, (module_name, help_line) in SUBCOMMANDS.items():
-        if name != chosen:
+        if argv is not None and name != chosen:
             sub.add_parser(name, help=help_line)
             continue
         try:
