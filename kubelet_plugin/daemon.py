@@ -2,10 +2,12 @@
 
 Concurrency model: **threads**, and only threads. gRPC requests run on the DRA server's thread pool
 (``grpc_workers`` threads; each open health stream holds one); the health monitor, the slice
-publisher and the registration retry timer run their own daemon threads. Shared state is guarded
-by locks: per-claim locks plus the checkpoint lock in :class:`~kubelet_plugin.prepare.Preparer`,
-and ``_state_lock`` here for the current health view. Nothing blocks while holding a lock except
-the checkpoint write (a small file, fsync'd).
+publisher, the VRAM accounting check and the registration retry timer run their own daemon threads;
+/metrics scrapes run on the metrics server's thread. Shared state is guarded by locks: per-claim
+locks plus the checkpoint lock in :class:`~kubelet_plugin.prepare.Preparer`, ``_state_lock`` here
+for the current health view, and ``_devices_lock`` to re-read the node after a dynamic MIG change
+(``self.devices`` is replaced whole, so readers need no lock). Nothing blocks while holding a lock
+except the checkpoint write (a small file, fsync'd) and that re-read (NVML, milliseconds).
 
 Start order (:meth:`KubeletPlugin.start`): discover devices -> open the checkpoint (quarantine a
 corrupt one, with an Event) and recover it -> start the health monitor -> start publishing slices
