@@ -12,9 +12,10 @@ The demo's local cluster runs no kube-scheduler and no kube-controller-manager, 
   allocated by the planner (binpack or spread), all on one node; each claim's ``/status`` gets the
   ``allocation`` (with ``nodeSelector`` and ``allocationTimestamp``) and the pod in ``reservedFor``,
   after the ``resource.kubernetes.io/delete-protection`` finalizer is on the claim; then the pod is
-  bound (``spec.nodeName``: the local API server serves no ``pods/binding``, so a patch) and gets
-  ``PodScheduled``. A claim that fits nowhere gets a ``FailedScheduling`` Event on the pod with the
-  planner's reason, once per distinct reason, and counts in the unfit metrics.
+  bound through the ``pods/binding`` subresource, as kube-scheduler does (the API server sets
+  ``spec.nodeName`` and ``PodScheduled``; a real one refuses a patch of ``spec.nodeName``). A claim
+  that fits nowhere gets a ``FailedScheduling`` Event on the pod with the planner's reason, once per
+  distinct reason, and counts in the unfit metrics.
 * **Deallocation** (the claim controller): a ``reservedFor`` entry whose pod is gone (or finished) is
   removed; a claim left with no consumer is deallocated and its finalizer removed, so its devices
   return to the pool and a deleted claim goes away.
@@ -305,17 +306,18 @@ class LocalAllocator:
     def _bind(self, pod: dict[str, Any], node: str, stats: AllocateStats) -> None:
         meta = _meta(pod)
         ns, name = str(meta["namespace"]), str(meta["name"])
-        # No pods/binding subresource on the local API server: set spec.nodeName with a patch that
-        # only applies to this very pod (uid) that is still unbound (resourceVersion).
-        updated = self.api.merge_patch(pod_path(ns, name), {
-            "metadata": {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")},
-            "spec": {"nodeName": node}})
-        conditions = [c for c in (updated.get("status") or {}).get("conditions") or [] if c.get("type") != "PodScheduled"]
-        conditions.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None,
-                           "lastTransitionTime": now_rfc3339()})
-        updated = self.api.merge_patch(pod_path(ns, name, "status"), {"status": {"conditions": conditions}})
+        # The scheduler's way: a Binding (uid-guarded, so a pod recreated under the same name is not
+        # bound by mistake). The API server sets spec.nodeName and PodScheduled itself, refuses an
+        # already bound pod with 409, and answers with a Status, not the pod.
+        self.api.request("POST", pod_path(ns, name, "binding"), body={
+            "apiVersion": "v1", "kind": "Binding",
+            "metadata": {"name": name, "namespace": ns, "uid": meta.get("uid")},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
+        # The cache must see the binding before the next pass, which would otherwise bind again (409).
+        updated = self.api.get(pod_path(ns, name))
         assert self.cache.pods is not None
-        self.cache.pods.apply_local(updated)
+        if updated is not None:
+            self.cache.pods.apply_local(updated)
         stats.bound.append(f"{ns}/{name} -> {node}")
         log.info("pod_bound", pod=f"{ns}/{name}", node=node)
 
