@@ -128,7 +128,7 @@ class LocalAllocator:
                 self._pod(pod, stats)
             except ApiError as exc:
                 log.warning("allocator_pod_failed", pod=f"{meta.get('namespace')}/{meta.get('name')}",
-                            error=str(exc)[:300])
+                            node=spec.get("nodeName"), error=str(exc)[:300])
         self._deallocate(stats)
         if self.metrics is not None:
             counts: dict[str, int] = {}
@@ -297,7 +297,7 @@ class LocalAllocator:
         if self.metrics is not None and not result.already_allocated:
             self.metrics.observe_placement(self.policy, True)
         if not result.already_allocated:
-            devices_text = ", ".join(f"{r['pool']}/{r['device']}" for r in status["allocation"]["devices"]["results"])
+            devices_text = _devices_text(status["allocation"])
             stats.allocated.append(f"{ns}/{name} -> {chosen}")
             log.info("claim_allocated", claim=f"{ns}/{name}", claim_uid=cmeta.get("uid"), node=chosen,
                      device=devices_text, policy=self.policy)
@@ -356,14 +356,24 @@ class LocalAllocator:
                                                    {"status": {"reservedFor": None, "allocation": None, "devices": None}})
                     if status.get("allocation"):
                         stats.deallocated.append(f"{ns}/{name}")
-                        log.info("claim_deallocated", claim=f"{ns}/{name}", claim_uid=meta.get("uid"))
+                        log.info("claim_deallocated", claim=f"{ns}/{name}", claim_uid=meta.get("uid"),
+                                 node=_allocated_node(status.get("allocation")),
+                                 device=_devices_text(status.get("allocation")))
                     if FINALIZER in (meta.get("finalizers") or []):
                         finalizers = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
                         updated = self.api.merge_patch(claim_path(ns, name), {"metadata": {"finalizers": finalizers or None}})
                 self.cache.claims.apply_local(updated)
             except ApiError as exc:
                 if exc.status != 404:
-                    log.warning("claim_deallocate_failed", claim=f"{ns}/{name}", error=str(exc)[:300])
+                    log.warning("claim_deallocate_failed", claim=f"{ns}/{name}", claim_uid=meta.get("uid"),
+                                node=_allocated_node(status.get("allocation")),
+                                device=_devices_text(status.get("allocation")), error=str(exc)[:300])
+
+
+def _devices_text(allocation: dict[str, Any] | None) -> str | None:
+    """``pool/device, ...`` of an allocation's results (the ``device`` log field), None without any."""
+    results = ((allocation or {}).get("devices") or {}).get("results") or []
+    return ", ".join(f"{r.get('pool')}/{r.get('device')}" for r in results) or None
 
 
 def _allocated_node(allocation: dict[str, Any] | None) -> str | None:

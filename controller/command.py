@@ -6,6 +6,7 @@ Every flag falls back to an environment variable (the Helm chart sets those), th
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -126,6 +127,21 @@ def config_from_args(args: argparse.Namespace) -> Any:
     )
 
 
+def _fail(code: int, event: str, **fields: Any) -> int:
+    """Report why the controller cannot run as one line on stderr and return the exit code.
+
+    One structured event when logging is configured (``gpuready controller`` configures it before
+    running), so JSON log parsers see no plain line; a caller that runs this without configuring
+    logging gets one plain message instead, which Python's last-resort handler would cut to the
+    event name."""
+    if logging.getLogger().handlers:
+        log.error(event, **fields)
+    else:
+        detail = "; ".join(f"{k}: {v}" for k, v in fields.items() if v is not None)
+        print(f"gpuready controller: {event}: {detail}", file=sys.stderr)
+    return code
+
+
 def run(args: argparse.Namespace) -> int:
     """Run until SIGTERM/SIGINT; the leader releases its Lease on the way out."""
     from controller.daemon import Controller
@@ -139,14 +155,12 @@ def run(args: argparse.Namespace) -> int:
             LeaseConfig(config.lease_namespace, config.lease_name, config.identity_name, config.lease_duration,
                         config.renew_deadline, config.retry_period)
     except ValueError as exc:
-        print(f"gpuready controller: {exc}", file=sys.stderr)
-        return 2
+        return _fail(2, "invalid_configuration", error=str(exc))
     try:
         client = make_api_client(args.kubeconfig)
     except Exception as exc:
-        print(f"gpuready controller: cannot configure the Kubernetes client: {exc} (give --kubeconfig, or run "
-              "in a pod with a service account)", file=sys.stderr)
-        return 2
+        return _fail(2, "kube_client_config_failed", kubeconfig=args.kubeconfig or None, error=str(exc),
+                     fix="give --kubeconfig, or run in a pod with a service account")
     done = threading.Event()
 
     def _on_signal(signum: int, _frame: Any) -> None:
@@ -158,8 +172,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         controller = Controller(config, client).start()
     except (OSError, ValueError) as exc:
-        print(f"gpuready controller: {exc}", file=sys.stderr)
-        return 1
+        return _fail(1, "controller_start_failed", error=str(exc))
     done.wait()
     controller.stop()
     return 0

@@ -166,4 +166,10 @@ class KubeApi:
         try:
             self.request("POST", namespaced(CORE_V1, "events", namespace), body=body)
         except Exception as exc:  # an Event is a courtesy: never fail the action that caused it
-            log.warning("event_emit_failed", object=name, reason=reason, error=str(exc))
+            # The pod, node or claim the Event was about, under the field name logs are searched by.
+            kind = str(involved["kind"])
+            where: dict[str, dict[str, Any]] = {
+                "Pod": {"pod": f"{namespace}/{name}"}, "Node": {"node": name},
+                "ResourceClaim": {"claim": f"{namespace}/{name}", "claim_uid": meta.get("uid")}}
+            log.warning("event_emit_failed", kind=kind, **where.get(kind, {"object": name}), reason=reason,
+                        error=str(exc))

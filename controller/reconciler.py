@@ -120,7 +120,7 @@ class HealthReconciler:
                 if exc.status == 404:
                     return None
                 log.warning("claim_condition_failed", claim=f"{ns}/{name}", claim_uid=uid, device=ref.id,
-                            error=str(exc)[:300])
+                            node=ref.pool, error=str(exc)[:300])
                 self._count(action, False)
                 return None
             self.cache.claims.apply_local(updated)
@@ -181,8 +181,9 @@ class HealthReconciler:
                     self._evicted.add(uid)
                     continue
                 # 429: a PodDisruptionBudget forbids it now; retried on the next pass.
-                log.warning("pod_eviction_failed", pod=f"{ns}/{name}", device=ref.id, status=exc.status,
-                            error=str(exc)[:300])
+                log.warning("pod_eviction_failed", pod=f"{ns}/{name}", claim=_ref(claim),
+                            claim_uid=(claim.get("metadata") or {}).get("uid"), device=ref.id, node=ref.pool,
+                            status=exc.status, error=str(exc)[:300])
                 self._count("evict", False)
                 continue
             self._evicted.add(uid)
@@ -191,7 +192,8 @@ class HealthReconciler:
                 f"evicted by gpuready: device {ref.device} on node {ref.pool} is unhealthy ({reason}); "
                 f"its {owner.get('kind', 'controller')} {owner.get('name', '')} recreates it on a healthy device"),
                 "Warning")
-            log.warning("pod_evicted", pod=f"{ns}/{name}", claim=_ref(claim), device=ref.id, node=ref.pool,
+            log.warning("pod_evicted", pod=f"{ns}/{name}", claim=_ref(claim),
+                        claim_uid=(claim.get("metadata") or {}).get("uid"), device=ref.id, node=ref.pool,
                         reason=reason)
             self._count("evict")
 

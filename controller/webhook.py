@@ -92,8 +92,12 @@ class _Handler(BaseHTTPRequestHandler):
         if owner.metrics is not None:  # counted before the answer leaves: a scrape after it sees it
             owner.metrics.observe_webhook(webhook, answer.kind or "unknown", seconds, answer.outcome)
         self._send(200, body)
+        # The reviewed claim or template by name (a claim under review has no uid yet; a
+        # generateName'd one has no name either).
+        obj = f"{request.get('namespace', '')}/{request.get('name') or '(generated)'}"
         log.debug("admission_review", webhook=webhook, kind=answer.kind, outcome=answer.outcome,
-                  ms=round(seconds * 1000, 2), uid=request.get("uid", ""))
+                  ms=round(seconds * 1000, 2), uid=request.get("uid", ""),
+                  **({"claim": obj} if answer.kind == "ResourceClaim" else {"object": obj}))
 
 
 class WebhookServer:
