@@ -6,6 +6,7 @@ import pytest
 from test_slices_helpers import api_problems
 
 from dra_driver.apiserver import LocalApiServer
+from dra_driver.devices import MigMode
 from dra_driver.nvml import discover, open_nvml
 from dra_driver.planning.quantity import parse_quantity
 from dra_driver.slices import SliceOptions, build_pool
@@ -24,8 +25,11 @@ def test_real_devices_publish_and_the_api_server_accepts_them(mode: str) -> None
     assert api_problems(objs) == []
     published = {d["name"]: d for o in objs for d in o["spec"].get("devices", [])}
     for gpu in devices.gpus:
-        if mode == "dynamic" and gpu.mig_capable:
-            assert all(p.name in published for p in gpu.placements())
+        placements = [p.name for p in gpu.placements()]
+        if mode == "dynamic" and gpu.mig_capable and gpu.mig_mode == MigMode.ENABLED:
+            assert all(name in published for name in placements)
+        else:  # MIG off (gpuready never turns it on): placements could never be created
+            assert gpu.name in published and not any(name in published for name in placements)
         if gpu.name in published:
             memory = parse_quantity(published[gpu.name]["capacity"]["memory"]["value"])
             assert memory == gpu.memory_bytes  # exactly what NVML reports, never rounded
