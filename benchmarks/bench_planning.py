@@ -16,7 +16,8 @@ from typing import Any
 
 from benchmarks.common import BenchResult, report, summarize
 from dra_driver.planning import build_inventory, plan, shape_vram_request
-from dra_driver.planning.fixtures import (
+from dra_driver.planning.inventory import SliceCache
+from dra_driver.planning.samples import (
     DRIVER,
     allocated,
     claim,
@@ -27,7 +28,6 @@ from dra_driver.planning.fixtures import (
     gpu_device,
     resource_slice,
 )
-from dra_driver.planning.inventory import SliceCache
 
 
 def _whole_gpu(minor: int, node: str) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from typing import Any
 
 from controller.kube import COORDINATION_V1, CORE_V1, RESOURCE_V1, WATCH_TIMEOUT_SECONDS, ApiError, KubeApi
 from dra_driver.logs import get_logger
-from dra_driver.planning import Inventory, build_inventory
+from dra_driver.planning import Inventory, Skipped, build_inventory
 from dra_driver.planning.inventory import SliceCache
 
 log = get_logger(__name__)
@@ -263,6 +263,27 @@ class Informer:
         self._notify(typ, key, None if typ == "DELETED" else obj)
 
 
+# What the controller logs for each kind of thing a build leaves out. A pool is incomplete for a
+# moment whenever a plugin republishes it slice by slice, so that one is not a warning.
+_SKIP_EVENTS: dict[str, tuple[str, bool]] = {  # kind -> (event, is a warning)
+    "slice": ("resourceslice_skipped", True),
+    "pool": ("pool_incomplete", False),
+    "class": ("deviceclass_skipped", True),
+    "claim": ("claim_consumed_capacity_ignored", True),
+}
+
+
+def _skip_fields(s: Skipped) -> dict[str, str]:
+    """The log fields naming what was skipped: slice, pool, class or claim (with claim_uid), and node."""
+    fields = {"slice": {"slice": s.name}, "pool": {"pool": s.name}, "class": {"device_class": s.name},
+              "claim": {"claim": s.name}}.get(s.kind, {"kind": s.kind, "name": s.name})
+    if s.uid:
+        fields["claim_uid"] = s.uid
+    if s.node:
+        fields["node"] = s.node
+    return fields
+
+
 class ClusterCache:
     """Informers for what the controller reads, and a debounced inventory for the planner."""
 
@@ -285,6 +306,7 @@ class ClusterCache:
         self._thread: threading.Thread | None = None
         self.builds = 0
         self.build_seconds = 0.0
+        self._skipped: set[Skipped] = set()  # what the last build left out (logged when it changes)
         for inf in (self.slices, self.claims, self.classes):
             inf.add_handler(lambda _e, _k, _o: self._dirty.set())
 
@@ -328,8 +350,20 @@ class ClusterCache:
             inv = build_inventory(self.slices.items(), self.claims.items(), self.classes.items(),
                                   cache=self._slice_cache)
             self.build_seconds = time.perf_counter() - start
+            self._log_skipped(inv.skipped)
         self.builds += 1
         return inv
+
+    def _log_skipped(self, skipped: list[Skipped]) -> None:
+        """Log what the planning engine left out of the inventory (it does no I/O itself): once when
+        it appears and once when it is usable again, not on every rebuild. Called under the build lock."""
+        now = set(skipped)
+        for s in sorted(now - self._skipped, key=lambda s: (s.kind, s.name)):
+            event, warn = _SKIP_EVENTS.get(s.kind, ("inventory_item_skipped", True))
+            (log.warning if warn else log.info)(event, **_skip_fields(s), reason=s.reason)
+        for s in sorted(self._skipped - now, key=lambda s: (s.kind, s.name)):
+            log.info("inventory_item_usable", kind=s.kind, **_skip_fields(s))
+        self._skipped = now
 
     def inventory(self, fresh: bool = False) -> Inventory | None:
         """The planner's inventory: the last build (None before the first sync), or a build of the

@@ -13,7 +13,7 @@ import yaml
 
 from dra_driver.apiserver import LocalApiServer
 from dra_driver.cli import main
-from dra_driver.planning.fixtures import (
+from dra_driver.planning.samples import (
     allocated,
     claim,
     device_class,

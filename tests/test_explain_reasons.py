@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dra_driver.planning import build_inventory, explain
-from dra_driver.planning.fixtures import (
+from dra_driver.planning.samples import (
     allocated,
     claim,
     device_class,

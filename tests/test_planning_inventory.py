@@ -5,7 +5,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from dra_driver.planning import build_inventory
-from dra_driver.planning.fixtures import (
+from dra_driver.planning.samples import (
     allocated,
     claim,
     device_class,

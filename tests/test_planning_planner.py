@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dra_driver.planning import allocate_and_reserve, build_inventory, plan
-from dra_driver.planning.fixtures import (
+from dra_driver.planning.samples import (
     H200_MEMORY,
     allocated,
     claim,

@@ -9,7 +9,7 @@ import yaml
 
 from dra_driver.nvml import discover, open_nvml
 from dra_driver.planning import allocate_and_reserve, build_inventory, explain, plan, shape_device_claim
-from dra_driver.planning.fixtures import claim
+from dra_driver.planning.samples import claim
 from dra_driver.slices import SliceOptions, build_pool
 
 DRIVER = "gpu.nvidia.com"

@@ -13,7 +13,7 @@ from controller.claim_health import (
     with_device_condition,
 )
 from dra_driver.planning import build_inventory
-from dra_driver.planning.fixtures import gpu_device, resource_slice
+from dra_driver.planning.samples import gpu_device, resource_slice
 
 REF = DeviceRef("gpu.nvidia.com", "node-a", "gpu-1-mig-1g10gb-19-0")
 

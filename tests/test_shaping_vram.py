@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from dra_driver.planning import build_inventory, compile_selector, plan, shape_vram_request
-from dra_driver.planning.fixtures import (
+from dra_driver.planning.samples import (
     H200_MEMORY,
     claim,
     device_class,

@@ -6,7 +6,9 @@ them). Typical use by the controller (webhook, placement mode, explain) and the 
     from dra_driver.planning import build_inventory, plan, allocate_and_reserve, explain
     from dra_driver.planning import shape_device_claim, shape_vram_request
 
-    inv = build_inventory(slices, claims, device_classes)      # newest complete pools only
+    inv = build_inventory(slices, claims, device_classes)      # newest complete pools only;
+                                                               # .skipped: what was left out and why
+                                                               # (the caller logs it: no I/O here)
     result = plan(claim, inv, policy="binpack")                # .allocation (status.allocation JSON),
                                                                # .node_name, .reasons, .chosen
     out = allocate_and_reserve(claim, inv, pod)                # .patch = {"status": {allocation, reservedFor}}
@@ -25,7 +27,7 @@ and thread-safe.
 
 from dra_driver.planning.cel import CelCompileError, CompiledSelector, SelectorResult, compile_selector
 from dra_driver.planning.explain import Explanation, explain, unhealthy_from_node_conditions
-from dra_driver.planning.inventory import Inventory, build_inventory
+from dra_driver.planning.inventory import Inventory, Skipped, build_inventory
 from dra_driver.planning.model import DeviceView
 from dra_driver.planning.planner import PlanResult, plan
 from dra_driver.planning.reserve import ReserveResult, allocate_and_reserve
@@ -49,6 +51,7 @@ __all__ = [
     "ReserveResult",
     "SelectorResult",
     "ShapingResult",
+    "Skipped",
     "allocate_and_reserve",
     "build_inventory",
     "compile_selector",

@@ -9,6 +9,10 @@ Indexes for planning at scale: devices are grouped into *shapes* (same driver, s
 apart from per-device identity such as UUID/index/PCI address, same capacity, taints and counter
 costs), and for each shape the devices free now are kept per node. A selector that does not read
 identity attributes is evaluated once per shape, not once per device.
+
+Pure: what the build leaves out (an incomplete pool, a slice that does not parse, a nameless
+class, an unreadable consumed capacity) is returned in :attr:`Inventory.skipped` for the caller to
+log or show, never logged here.
 """
 
 from __future__ import annotations
@@ -19,11 +23,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, cast
 
-from dra_driver.logs import get_logger
 from dra_driver.planning.model import Amount, DeviceKey, DeviceView, Taint
 from dra_driver.planning.parse import SpecError, claim_ref, parse_counter_sets, parse_device, quantity_field
-
-log = get_logger(__name__)
 
 # Attributes that identify one device rather than describe its kind: left out of shapes.
 IDENTITY_ATTRIBUTES = frozenset(
@@ -45,6 +46,17 @@ class ClaimUse:
     admin_access: bool
     share_id: str | None
     consumed: dict[str, Fraction]
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """Something a build left out of the inventory, and why (the owner logs or shows it)."""
+
+    kind: str  # "pool", "slice", "class" or "claim"
+    name: str  # driver/pool, slice name, class name ("" when it has none), or claim namespace/name
+    reason: str  # the whole message, naming the field and the fix
+    node: str | None = None  # the node the slice or pool publishes for
+    uid: str | None = None  # the claim's UID (kind "claim")
 
 
 @dataclass(frozen=True)
@@ -89,7 +101,8 @@ class Inventory:
     free: list[dict[str | None, list[DeviceView]]]  # per shape: node -> devices free now
     identity_attributes: frozenset[str]
     nodes: list[str]
-    problems: list[str] = field(default_factory=list)  # slices/claims skipped, and why
+    problems: list[str] = field(default_factory=list)  # slices/claims skipped, and why (the reasons of skipped)
+    skipped: list[Skipped] = field(default_factory=list)  # the same, typed: what was left out
     incomplete_pools: list[str] = field(default_factory=list)
     node_used_bytes: dict[str, int] = field(default_factory=dict)  # node_used in whole bytes, for scoring
     pool_devices: dict[tuple[str, str], list[DeviceView]] = field(default_factory=dict)
@@ -142,13 +155,16 @@ def parent_key(device: DeviceView) -> str:
     return device.id
 
 
-def _complete_pools(slices: list[dict[str, Any]], problems: list[str], incomplete: list[str]) -> list[dict[str, Any]]:
+def _complete_pools(slices: list[dict[str, Any]], skipped: list[Skipped],
+                    incomplete: list[str]) -> list[dict[str, Any]]:
     pools: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for s in slices:
         spec = s.get("spec") or {}
         pool = spec.get("pool") or {}
         if not spec.get("driver") or not pool.get("name"):
-            problems.append(f"ResourceSlice {s.get('metadata', {}).get('name')}: spec.driver and spec.pool.name are required")
+            name = str(s.get("metadata", {}).get("name", ""))
+            skipped.append(Skipped("slice", name, f"ResourceSlice {name}: spec.driver and spec.pool.name are required",
+                                   node=spec.get("nodeName") or None))
             continue
         pools[(spec["driver"], pool["name"])].append(s)
     usable: list[dict[str, Any]] = []
@@ -158,10 +174,11 @@ def _complete_pools(slices: list[dict[str, Any]], problems: list[str], incomplet
         expected = max(int(m["spec"]["pool"].get("resourceSliceCount", 1)) for m in current)
         if len(current) < expected:
             incomplete.append(f"{driver}/{pool_name}")
-            problems.append(
+            nodes = {m["spec"].get("nodeName") for m in current}
+            skipped.append(Skipped("pool", f"{driver}/{pool_name}", (
                 f"pool {driver}/{pool_name} generation {top} has {len(current)} of {expected} slices: "
-                "skipped until it is complete (as the scheduler does)"
-            )
+                "skipped until it is complete (as the scheduler does)"),
+                node=nodes.pop() if len(nodes) == 1 else None))
             continue
         usable.extend(sorted(current, key=lambda m: m.get("metadata", {}).get("name", "")))
     return usable
@@ -237,20 +254,19 @@ def build_inventory(
 
 def _build(slices: list[dict[str, Any]], claims: list[dict[str, Any]], device_classes: list[dict[str, Any]],
            cache: SliceCache | None, taint_rules: list[dict[str, Any]]) -> Inventory:
-    problems: list[str] = []
+    skipped: list[Skipped] = []
     incomplete: list[str] = []
     devices: dict[DeviceKey, DeviceView] = {}
     counter_totals: dict[CounterSetKey, dict[str, Amount]] = {}
     seen: set[tuple[str, str]] = set()
     order = 0
-    for s in _complete_pools(slices, problems, incomplete):
+    for s in _complete_pools(slices, skipped, incomplete):
         spec, name = s["spec"], s.get("metadata", {}).get("name", "")
         driver, pool = spec["driver"], spec["pool"]["name"]
         try:
             counters, parsed = _parse_slice(s, cache, seen)
         except SpecError as exc:
-            problems.append(str(exc))
-            log.warning("resourceslice_skipped", slice=name, reason=str(exc))
+            skipped.append(Skipped("slice", name, str(exc), node=spec.get("nodeName") or None))
             continue
         for set_name, amounts in counters.items():
             counter_totals[(driver, pool, set_name)] = amounts
@@ -266,7 +282,7 @@ def _build(slices: list[dict[str, Any]], claims: list[dict[str, Any]], device_cl
 
     inv = Inventory(
         devices=devices,
-        classes=_classes(device_classes, problems),
+        classes=_classes(device_classes, skipped),
         counter_totals=counter_totals,
         counter_used=defaultdict(dict),
         counter_users=defaultdict(list),
@@ -279,7 +295,8 @@ def _build(slices: list[dict[str, Any]], claims: list[dict[str, Any]], device_cl
         free=[],
         identity_attributes=_identity_attributes(devices.values()),
         nodes=sorted({d.node for d in devices.values() if d.node}),
-        problems=problems,
+        problems=[s.reason for s in skipped],
+        skipped=skipped,
         incomplete_pools=incomplete,
     )
     for claim in claims:
@@ -306,12 +323,12 @@ def _with_rule_taints(dev: DeviceView, rules: list[dict[str, Any]]) -> DeviceVie
     return tainted
 
 
-def _classes(raw: list[dict[str, Any]], problems: list[str]) -> dict[str, DeviceClassView]:
+def _classes(raw: list[dict[str, Any]], skipped: list[Skipped]) -> dict[str, DeviceClassView]:
     result: dict[str, DeviceClassView] = {}
     for c in raw:
         name = (c.get("metadata") or {}).get("name")
         if not name:
-            problems.append("DeviceClass without metadata.name skipped")
+            skipped.append(Skipped("class", "", "DeviceClass without metadata.name skipped"))
             continue
         spec = c.get("spec") or {}
         result[name] = DeviceClassView(
@@ -347,6 +364,7 @@ def _results(inv: Inventory, claim: dict[str, Any]) -> list[tuple[DeviceKey, Cla
             consumed = {k if "/" in k else f"{key[0]}/{k}": quantity_field(v, f"{where}[{k}]")
                         for k, v in (r.get("consumedCapacity") or {}).items()}
         except SpecError as exc:
+            inv.skipped.append(Skipped("claim", ref, str(exc), uid=uid or None))
             inv.problems.append(str(exc))
             consumed = {}
         out.append((key, ClaimUse(ref, uid, str(r.get("request", "")), bool(r.get("adminAccess")),

@@ -1,4 +1,7 @@
-"""Builders of raw Kubernetes JSON (ResourceSlices, claims, classes) for tests, benchmarks and demos.
+"""Sample published objects for tests, benchmarks and the demo: not part of the planning engine.
+
+Builders of raw Kubernetes JSON (ResourceSlices, claims, classes), so a test or benchmark can plan
+against a cluster without running one.
 
 They write exactly what the API server would return (camelCase dicts), in gpuready's vocabulary
 (DESIGN.md section 3): whole GPUs ``gpu-<minor>`` and MIG devices
