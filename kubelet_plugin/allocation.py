@@ -132,6 +132,9 @@ def plan_claim(claim: Mapping[str, Any], uid: str, namespace: str, name: str, dr
                devices: Mapping[str, NodeDevice], unhealthy: Mapping[str, str]) -> ClaimPlan:
     """Check a fetched claim and resolve its devices and configs. Raises :class:`PrepareError`."""
     ref = f"ResourceClaim {namespace}/{name}"
+    if not uid:  # the gRPC service refuses this first; kept so no caller can match a claim without a UID
+        raise PrepareError("invalid_request", f"{ref}: no claim UID given; the kubelet must send the "
+                           "claim's metadata.uid")
     actual_uid = (claim.get("metadata") or {}).get("uid")
     if actual_uid != uid:
         raise PrepareError("uid_mismatch", f"{ref} has UID {actual_uid}, the kubelet asked for {uid}: "

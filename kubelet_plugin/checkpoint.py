@@ -180,8 +180,10 @@ def decode(data: bytes) -> tuple[str, dict[str, ClaimRecord]]:
 class CheckpointStore:
     """The checkpoint file plus its in-memory copy; all updates go through :meth:`update`."""
 
-    def __init__(self, path: str, boot_id: str, on_write: Callable[[bool], None] | None = None) -> None:
+    def __init__(self, path: str, boot_id: str, on_write: Callable[[bool], None] | None = None,
+                 node: str = "") -> None:
         self.path = path
+        self.node = node or None  # in log lines (None: left out)
         self.on_write = on_write or (lambda ok: None)  # metrics: called with success/failure
         self.boot_id = boot_id
         self.file_boot_id: str | None = None  # the boot ID the file had when opened
@@ -208,7 +210,7 @@ class CheckpointStore:
                 self.corruption = str(exc)
                 self.quarantined = f"{self.path}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
                 os.replace(self.path, self.quarantined)
-                log.error("checkpoint_corrupt_quarantined", path=self.path, moved_to=self.quarantined,
+                log.error("checkpoint_corrupt_quarantined", path=self.path, node=self.node, moved_to=self.quarantined,
                           reason=str(exc))
                 self._claims = {}
                 self._write()
@@ -275,8 +277,12 @@ class CheckpointStore:
             self._claims = {}
             self._signature = None
         except CheckpointCorrupt as exc:
-            # Another writer left a bad file while we run: keep our in-memory view and overwrite it.
-            log.error("checkpoint_reload_failed", path=self.path, reason=str(exc))
+            # Another writer left a bad file while we run: keep our in-memory view and overwrite it
+            # at the next write. Remember the bad file's signature so it is reported once, not on
+            # every get()/records() until then; a different file (fixed or broken anew) is read again.
+            self._signature = signature
+            log.error("checkpoint_reload_failed", path=self.path, node=self.node, reason=str(exc),
+                      detail="serving the records in memory; the next prepare or unprepare rewrites the file")
 
     def _write(self) -> None:
         try:

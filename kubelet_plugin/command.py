@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -113,6 +114,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--proc-root", default=_env("PROC_ROOT", "/proc") or "/proc",
       help="where the host's /proc is visible, to map GPU processes to pods for VRAM accounting "
            "(env PROC_ROOT; the chart mounts it at /host/proc)")
+    a("--dev-root", default=_env("DEV_ROOT", ""),
+      help="check at run time that the GPUs' device nodes (<root>/dev/nvidia<minor>, nvidiactl, "
+           "nvidia-uvm) exist and open, under this root; a GPU whose node is missing is unhealthy. "
+           "Default: / with --nvml real, not checked with a simulated node; 'off' = never "
+           "(env DEV_ROOT)")
     a("--vram-interval", default=_env("VRAM_CHECK_INTERVAL", "15") or "15",
       help="check per-claim VRAM use against requests this often, seconds; 0 = only at scrape time "
            "(env VRAM_CHECK_INTERVAL)")
@@ -146,7 +152,7 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         xid_fatal=_xids("--xid-fatal", args.xid_fatal), revalidate_interval=_number(args, "--revalidate-interval"),
         probe_timeout=_number(args, "--probe-timeout"), recovery_passes=_number(args, "--recovery-passes"),
         hold_down=_number(args, "--hold-down"), proc_root=args.proc_root,
-        vram_interval=_number(args, "--vram-interval"))
+        vram_interval=_number(args, "--vram-interval"), dev_root=getattr(args, "dev_root", ""))
 
 
 def _port(port: int) -> int:
@@ -222,15 +228,26 @@ def _start(config: PluginConfig, kubeconfig: str, stop: threading.Event, delay: 
     return None
 
 
+def _invalid_configuration(exc: ValueError, node: str | None = None) -> int:
+    """Report a setting that can never work, once, and return exit code 2.
+
+    One structured event when logging is configured (``gpuready`` configures it before running a
+    command); one plain line on stderr only when nothing would print the event.
+    """
+    if logging.getLogger().handlers:
+        log.error("invalid_configuration", error=str(exc), exit_code=2, node=node)
+    else:
+        print(f"gpuready kubelet-plugin: {exc}", file=sys.stderr)
+    return 2
+
+
 def run(args: argparse.Namespace) -> int:
     """Run until SIGTERM/SIGINT; exit 2 for bad configuration."""
     try:
         config = config_from_args(args)
         config.health_policy()
     except ValueError as exc:
-        log.error("invalid_configuration", error=str(exc))
-        print(f"gpuready kubelet-plugin: {exc}", file=sys.stderr)
-        return 2
+        return _invalid_configuration(exc, args.node_name or None)
     _limit_malloc_arenas()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -238,9 +255,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         plugin = _start(config, args.kubeconfig, stop)
     except ValueError as exc:
-        log.error("invalid_configuration", error=str(exc))
-        print(f"gpuready kubelet-plugin: {exc}", file=sys.stderr)
-        return 2
+        return _invalid_configuration(exc, args.node_name or None)
     if plugin is None:
         return 0  # stopped before it could start
     _trim_heap()

@@ -46,6 +46,10 @@ class PluginConfig:
     hold_down: float = 60.0
     proc_root: str = "/proc"  # where the host's /proc is visible (VRAM accounting: PID -> pod)
     vram_interval: float = 15.0  # VRAM-over-request check period, seconds (0 = no periodic check)
+    # Where the GPU device nodes (/dev/nvidia<minor>, /dev/nvidiactl, ...) are checked at run time:
+    # "" = "/" with real NVML, no check with a simulated one (its GPUs have no device nodes);
+    # "off" = never checked; any other value is a root such as "/" or a fake tree in tests.
+    dev_root: str = ""
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -73,6 +77,38 @@ class PluginConfig:
                              "to where the host's /proc is mounted (e.g. /host/proc)")
         if self.health_interval <= 0:
             raise ValueError(f"health interval {self.health_interval} must be positive")
+        self._check_absolute_paths()
+
+    def _check_absolute_paths(self) -> None:
+        """Every directory must be absolute: the kubelet dials the DRA socket by the path the plugin
+        registers (GetInfo's endpoint must be absolute), CDI host paths and the checkpoint must not
+        depend on the working directory the container happens to start in."""
+        paths = [("--registrar-dir", "REGISTRAR_DIR", self.registrar_dir),
+                 ("--plugin-dir", "PLUGIN_DIR", self.plugin_dir),
+                 ("--cdi-root", "CDI_ROOT", self.cdi_root),
+                 ("--driver-root", "NVIDIA_DRIVER_ROOT", self.driver_root),
+                 ("--host-driver-root", "NVIDIA_DRIVER_ROOT_HOST", self.host_driver_root),
+                 ("--proc-root", "PROC_ROOT", self.proc_root)]
+        if self.dev_root != "off":
+            paths.append(("--dev-root", "DEV_ROOT", self.dev_root))
+        for flag, env, value in paths:
+            if value and not os.path.isabs(value):
+                raise ValueError(f"{flag} (env {env}) is {value!r}: it must be an absolute path "
+                                 f"(for example {os.path.join('/', value.lstrip('./')) or '/'}); the kubelet "
+                                 "dials sockets and reads CDI specs by absolute path")
+        for flag, env, value in (("--registrar-dir", "REGISTRAR_DIR", self.registrar_dir),
+                                 ("--cdi-root", "CDI_ROOT", self.cdi_root),
+                                 ("--driver-root", "NVIDIA_DRIVER_ROOT", self.driver_root)):
+            if not value:
+                raise ValueError(f"{flag} (env {env}) is empty: set an absolute path")
+
+    def device_node_root(self) -> str | None:
+        """Where to check device nodes at run time, or None when they are not checked."""
+        if self.dev_root == "off":
+            return None
+        if self.dev_root:
+            return self.dev_root
+        return "/" if self.nvml == "real" else None
 
     def health_policy(self) -> Any:
         """The health monitor's policy from these settings (ValueError names the conflicting XIDs)."""

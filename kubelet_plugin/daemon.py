@@ -86,7 +86,8 @@ class KubeletPlugin:
         self.boot_id = config.boot_id or read_boot_id()
         self.devices: NodeDevices | None = None
         self.device_index: dict[str, NodeDevice] = {}
-        self.checkpoint = CheckpointStore(config.checkpoint_path, self.boot_id, self.metrics.checkpoint_written)
+        self.checkpoint = CheckpointStore(config.checkpoint_path, self.boot_id, self.metrics.checkpoint_written,
+                                          node=config.node_name)
         self._own_metrics = metrics is None
         self.broadcaster = HealthBroadcaster(interval=config.health_interval)
         self.publisher: SlicePublisher | None = None
@@ -125,7 +126,7 @@ class KubeletPlugin:
                             taint_mode=cfg.health_mode == "taint"),
             self.checkpoint, KubeClaims(self.api_client, cfg.driver_name),
             devices=lambda: self.device_index, unhealthy=self._unhealthy_for_prepare,
-            mig=NvmlMigOps(self.nvml, on_change=self.refresh_devices) if cfg.dynamic_mig else None)
+            mig=NvmlMigOps(self.nvml, on_change=self.refresh_devices, node=cfg.node_name) if cfg.dynamic_mig else None)
         self.recovery = recover(self.preparer, self.boot_id)
         self.metrics.set_prepared_claims(len(self.checkpoint.records()))
         self.publisher = SlicePublisher(self.api_client, cfg.node_name, cfg.driver_name,
@@ -134,7 +135,8 @@ class KubeletPlugin:
         self._start_health()
         self._serve_dra()
         self.registration = RegistrationServer(self.paths.registration, cfg.driver_name, self.paths.dra,
-                                               health=cfg.health_stream, retry_initial=cfg.registration_retry)
+                                               health=cfg.health_stream, retry_initial=cfg.registration_retry,
+                                               node=cfg.node_name)
         self.registration.start()
         # Per-claim VRAM: Events on pods over their request (every vram_interval s) and, below, the
         # per-claim series at scrape time. Raw-JSON pod/event calls: CoreV1Api costs ~20 MB.
@@ -285,9 +287,10 @@ class KubeletPlugin:
         if self.config.health_stream:
             on_stream = self.metrics.health_stream_clients
             health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-                HealthServicer(self.broadcaster, health_v1_pb2, on_stream), server)
+                HealthServicer(self.broadcaster, health_v1_pb2, on_stream, node=self.config.node_name), server)
             health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-                HealthServicer(self.broadcaster, health_v1alpha1_pb2, on_stream), server)
+                HealthServicer(self.broadcaster, health_v1alpha1_pb2, on_stream,
+                               node=self.config.node_name), server)
         server.add_insecure_port(f"unix://{self.paths.dra}")
         server.start()
         self._server = server

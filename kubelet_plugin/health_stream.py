@@ -81,8 +81,9 @@ class HealthServicer:
     """``DRAResourceHealth`` for one proto package (``health_v1_pb2`` or ``health_v1alpha1_pb2``)."""
 
     def __init__(self, broadcaster: HealthBroadcaster, pb2: Any,
-                 on_stream: Callable[[int], None] | None = None) -> None:
+                 on_stream: Callable[[int], None] | None = None, node: str = "") -> None:
         self.broadcaster = broadcaster
+        self.node = node or None  # in log lines (None: left out)
         self.pb2 = pb2
         self.on_stream = on_stream or (lambda delta: None)
         self.api = pb2.__name__.rsplit(".", 1)[-1].replace("_pb2", "")
@@ -105,13 +106,13 @@ class HealthServicer:
     def NodeWatchResources(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         """Stream full snapshots until the kubelet goes away or the plugin stops."""
         self.on_stream(1)
-        log.info("health_stream_opened", api=self.api)
+        log.info("health_stream_opened", api=self.api, node=self.node)
         try:
             for entries in self.broadcaster.watch(context.is_active):
                 yield self.message(entries)
         finally:
             self.on_stream(-1)
-            log.info("health_stream_closed", api=self.api)
+            log.info("health_stream_closed", api=self.api, node=self.node)
 
 
 def entries_from_map(pool: str, device_names: Iterable[str],

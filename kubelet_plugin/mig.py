@@ -22,10 +22,12 @@ log = get_logger(__name__)
 class NvmlMigOps:
     """Creates and destroys MIG instances through NVML."""
 
-    def __init__(self, nvml: Any, on_change: Callable[[], None] | None = None) -> None:
+    def __init__(self, nvml: Any, on_change: Callable[[], None] | None = None, node: str = "") -> None:
         """``on_change`` runs after an instance was created or destroyed (outside the MIG lock), so
-        the plugin re-reads the node: health attributes XIDs to the new instance, metrics see it."""
+        the plugin re-reads the node: health attributes XIDs to the new instance, metrics see it.
+        ``node`` names this node in log lines."""
         self.nvml = nvml
+        self.node = node
         self._on_change = on_change or (lambda: None)
         self._lock = threading.Lock()
         self._created: dict[str, tuple[Gpu, MigDevice]] = {}  # MIG UUID -> (parent, device)
@@ -37,14 +39,14 @@ class NvmlMigOps:
         with self._lock:
             mig: MigDevice = create_mig_device(self.nvml, gpu, placement)
             self._created[mig.uuid] = (gpu, mig)
-        self._changed()
+        self._changed(mig.name)
         return mig
 
-    def _changed(self) -> None:
+    def _changed(self, device: str) -> None:
         try:
             self._on_change()
         except Exception:  # the instance exists either way: a failed refresh must not fail the claim
-            log.error("mig_device_refresh_failed", exc_info=True)
+            log.error("mig_device_refresh_failed", exc_info=True, device=device, node=self.node)
 
     def _find(self, record: MigRecord) -> tuple[Gpu, MigDevice] | None:
         if record.uuid and record.uuid in self._created:
@@ -77,5 +79,5 @@ class NvmlMigOps:
             gpu, mig = found
             destroy_mig_device(self.nvml, gpu, mig)
             self._created.pop(mig.uuid, None)
-        self._changed()
+        self._changed(record.device)
         return True

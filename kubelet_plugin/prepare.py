@@ -265,7 +265,8 @@ class Preparer:
             try:
                 self.undo(current or record)
             except Exception:
-                log.error("claim_prepare_rollback_failed", exc_info=True, claim_uid=plan.uid)
+                log.error("claim_prepare_rollback_failed", exc_info=True, claim_uid=plan.uid,
+                          claim=f"{plan.namespace}/{plan.name}", node=self.settings.pool)
             raise
         if created:
             self._write_mig_status(plan, created)
@@ -360,7 +361,7 @@ class Preparer:
         for mig in record.mig:
             if self.mig is None:
                 log.warning("mig_instance_not_destroyed", claim_uid=record.uid, device=mig.device,
-                            reason="no MIG support in this plugin instance")
+                            node=self.settings.pool, reason="no MIG support in this plugin instance")
                 continue
             if self.mig.destroy(mig):
                 log.info("mig_instance_destroyed", claim_uid=record.uid, device=mig.device, uuid=mig.uuid,

@@ -61,7 +61,7 @@ def recover(preparer: Preparer, boot_id: str) -> RecoveryReport:
                     report.specs_rebuilt.append(uid)
         except Exception as exc:
             report.failures.append(f"{uid}: {exc}")
-            log.error("checkpoint_recovery_failed", exc_info=True, claim_uid=uid)
+            log.error("checkpoint_recovery_failed", exc_info=True, claim_uid=uid, node=preparer.settings.pool)
     if previous_boot or store.file_boot_id is None:
         with store.update():
             pass  # stamp the file with this boot's ID

@@ -36,8 +36,9 @@ class RegistrationServer(pluginregistration_pb2_grpc.RegistrationServicer):
     """Serves the registration socket; re-creates it after a rejection."""
 
     def __init__(self, socket_path: str, driver_name: str, endpoint: str, health: bool = True,
-                 retry_initial: float = 1.0, retry_max: float = 30.0) -> None:
+                 retry_initial: float = 1.0, retry_max: float = 30.0, node: str = "") -> None:
         self.socket_path = socket_path
+        self.node = node or None  # in log lines (None: left out)
         self.driver_name = driver_name
         self.endpoint = endpoint
         self.versions = supported_versions(health)
@@ -63,7 +64,7 @@ class RegistrationServer(pluginregistration_pb2_grpc.RegistrationServicer):
             server.add_insecure_port(f"unix://{self.socket_path}")
             server.start()
             self._server = server
-        log.info("registration_socket_created", socket=self.socket_path, driver=self.driver_name)
+        log.info("registration_socket_created", socket=self.socket_path, driver=self.driver_name, node=self.node)
 
     def _close(self) -> None:
         with self._lock:
@@ -90,13 +91,13 @@ class RegistrationServer(pluginregistration_pb2_grpc.RegistrationServicer):
         if request.plugin_registered:
             self.last_error = ""
             self.registered.set()
-            log.info("plugin_registered", driver=self.driver_name, endpoint=self.endpoint)
+            log.info("plugin_registered", driver=self.driver_name, endpoint=self.endpoint, node=self.node)
         else:
             self.registered.clear()
             self.last_error = request.error
             self.rejections += 1
             delay = min(self.retry_max, self.retry_initial * 2 ** min(self.rejections - 1, 10))
-            log.error("plugin_registration_rejected", driver=self.driver_name, reason=request.error,
+            log.error("plugin_registration_rejected", driver=self.driver_name, node=self.node, reason=request.error,
                       retry_in_s=round(delay, 2), attempt=self.rejections)
             # Re-create the socket from another thread: this RPC runs on the server being replaced.
             timer = threading.Timer(delay, self._reregister)

@@ -138,12 +138,22 @@ class PluginHarness:
                      config: Sequence[dict[str, Any]] = (), namespace: str = NAMESPACE,
                      extra_results: Sequence[dict[str, Any]] = ()) -> str:
         """Create an allocated claim; ``results`` are (request, pool, device). Returns its UID."""
-        requests = sorted({r[0].split("/", 1)[0] for r in results}) or ["gpu"]
+        # Every result's request must name a request (or request/subrequest) of the claim: the API
+        # server checks it. "<request>/<sub>" results get a firstAvailable request listing the subs.
+        subs: dict[str, set[str]] = {}
+        for request in [r[0] for r in results] + [str(r.get("request", "")) for r in extra_results]:
+            if request:
+                top, _, sub = request.partition("/")
+                subs.setdefault(top, set()).update({sub} - {""})
+        subs = subs or {"gpu": set()}
         body = {
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": namespace},
             "spec": {"devices": {"requests": [
-                {"name": r, "exactly": {"deviceClassName": "gpu.nvidia.com"}} for r in requests]}},
+                {"name": r, "firstAvailable": [{"name": sub, "deviceClassName": "gpu.nvidia.com"}
+                                               for sub in sorted(subs[r])]}
+                if subs[r] else {"name": r, "exactly": {"deviceClassName": "gpu.nvidia.com"}}
+                for r in sorted(subs)]}},
         }
         created = self.resource.create_namespaced_resource_claim(namespace, body, _preload_content=False)
         claim = json.loads(created.data)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from kubelet_plugin.checkpoint import (
     CheckpointStore,
@@ -120,3 +123,29 @@ def test_incremental_encoding_matches_a_full_encoding() -> None:
     assert set(cache) == set(claims)
     boot, decoded = decode(incremental)
     assert boot == "b" and decoded["u2"].state is ClaimState.PREPARE_COMPLETED and "u4" not in decoded
+
+
+def test_a_corrupt_file_left_by_another_instance_is_reported_once_and_memory_keeps_serving(
+        caplog: pytest.LogCaptureFixture) -> None:
+    path = os.path.join(tempfile.mkdtemp(dir="/tmp"), "checkpoint.json")
+    store = CheckpointStore(path, "b")
+    store.open()
+    with store.update() as claims:
+        claims["u1"] = _record()
+    Path(path).write_text('{"version": 1, "torn')  # another instance's torn write
+    with caplog.at_level(logging.ERROR, logger="kubelet_plugin.checkpoint"):
+        for _ in range(5):
+            assert store.get("u1") is not None  # served from memory
+            assert list(store.records()) == ["u1"]
+    failures = [r for r in caplog.records if r.getMessage() == "checkpoint_reload_failed"]
+    assert len(failures) == 1
+    assert failures[0].kv["path"] == path  # type: ignore[attr-defined]
+    # The next write replaces the bad file; a later bad file (a new one) is reported again.
+    with store.update() as claims:
+        claims["u2"] = _record("u2")
+    assert CheckpointStore(path, "b").get("u2") is not None
+    Path(path).write_text("garbage, a longer file this time")
+    with caplog.at_level(logging.ERROR, logger="kubelet_plugin.checkpoint"):
+        store.records()
+        store.records()
+    assert len([r for r in caplog.records if r.getMessage() == "checkpoint_reload_failed"]) == 2

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -46,10 +49,50 @@ def test_environment_variables_fill_every_setting(monkeypatch: pytest.MonkeyPatc
 )
 def test_bad_settings_exit_2_with_the_flag_named(argv: list[str], fragment: str,
                                                  monkeypatch: pytest.MonkeyPatch,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+                                                 caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.delenv("NODE_NAME", raising=False)
     assert command.run(_args(argv)) == 2
-    assert fragment in capsys.readouterr().err
+    assert fragment in _invalid_configuration_error(caplog)
+
+
+def _invalid_configuration_error(caplog: pytest.LogCaptureFixture) -> str:
+    """The one ``invalid_configuration`` event's message (exactly one per bad start)."""
+    events = [r for r in caplog.records if r.getMessage() == "invalid_configuration"]
+    assert len(events) == 1
+    return str(events[0].kv["error"])  # type: ignore[attr-defined]
+
+
+def _cli(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "PLUGIN_DIR", "CDI_ROOT")}
+    return subprocess.run([sys.executable, "-m", "dra_driver.cli", *argv], capture_output=True, text=True,
+                          env={**environ, **(env or {})}, timeout=60, check=False)
+
+
+@pytest.mark.parametrize(("argv", "env", "flag"), [
+    (["--plugin-dir", "plugins/gpu"], {}, "--plugin-dir (env PLUGIN_DIR) is 'plugins/gpu'"),
+    ([], {"REGISTRAR_DIR": "./registry"}, "--registrar-dir (env REGISTRAR_DIR) is './registry'"),
+    (["--cdi-root", "cdi"], {}, "--cdi-root (env CDI_ROOT) is 'cdi'"),
+    (["--driver-root", "run/nvidia/driver"], {}, "--driver-root (env NVIDIA_DRIVER_ROOT)"),
+    (["--dev-root", "fake"], {}, "--dev-root (env DEV_ROOT) is 'fake'"),
+])
+def test_a_relative_directory_exits_2_with_one_structured_line_naming_the_flag(
+        argv: list[str], env: dict[str, str], flag: str) -> None:
+    done = _cli(["kubelet-plugin", "--node-name", "n", "--nvml", "sim:h100-80gb", *argv], env)
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stderr  # the structured event only: no second, plain copy
+    assert "event=invalid_configuration" in lines[0] and "level=error" in lines[0]
+    assert flag in lines[0] and "absolute path" in lines[0]
+
+
+def test_before_logging_is_configured_a_usage_error_prints_one_plain_line() -> None:
+    code = ("import argparse, sys; from kubelet_plugin import command; p = argparse.ArgumentParser(); "
+            "command.add_arguments(p); sys.exit(command.run(p.parse_args(['--cdi-root', 'cdi'])))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, "NODE_NAME": "n"})
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines == [lines[0]] and lines[0].startswith("gpuready kubelet-plugin: --cdi-root (env CDI_ROOT)")
 
 
 def test_nvml_not_ready_at_start_is_retried_instead_of_crash_looping(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -90,14 +133,12 @@ def test_nvml_not_ready_at_start_is_retried_instead_of_crash_looping(monkeypatch
 ])
 def test_a_bad_number_in_the_environment_is_reported_at_run_time_naming_it(
         env: str, value: str, fragment: str, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+        caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setenv("NODE_NAME", "n")
     monkeypatch.setenv(env, value)
     args = _args([])  # building and parsing the flags never fails on a bad number
     assert command.run(args) == 2  # exit 2 with the variable named, no traceback, no crash loop
-    # The last line is the message for people (a log handler earlier tests left may print before it).
-    last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last.startswith("gpuready kubelet-plugin: ") and fragment in last
+    assert fragment in _invalid_configuration_error(caplog)
     monkeypatch.delenv(env)
     assert command.config_from_args(_args([])).metrics_port == 0
 
