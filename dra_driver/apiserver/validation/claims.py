@@ -24,9 +24,6 @@ MAX_CONSTRAINTS = 32
 MAX_CONFIGS = 32
 MAX_TOLERATIONS = 16
 MAX_CEL_LENGTH = 10 * 1024
-MAX_RESULTS = 32
-MAX_RESERVED_FOR = 256
-MAX_DEVICE_CONDITIONS = 8
 ALLOCATION_MODES = ["All", "ExactCount"]
 
 
@@ -136,37 +133,17 @@ def _claim_spec(prefix: str, spec: Any) -> list[Cause]:
     return out
 
 
-def _claim_status(status: Any) -> list[Cause]:
-    status = status if isinstance(status, dict) else {}
-    out: list[Cause] = []
-    results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
-    if len(results) > MAX_RESULTS:
-        out.append(too_many("status.allocation.devices.results", len(results), MAX_RESULTS))
-    reserved = status.get("reservedFor") or []
-    if len(reserved) > MAX_RESERVED_FOR:
-        out.append(too_many("status.reservedFor", len(reserved), MAX_RESERVED_FOR))
-    uids: set[str] = set()
-    for i, ref in enumerate(reserved):
-        uid = (ref or {}).get("uid")
-        if not uid:
-            out.append(required(f"status.reservedFor[{i}].uid"))
-        elif uid in uids:
-            out.append(duplicate(f"status.reservedFor[{i}]", uid))
-        else:
-            uids.add(uid)
-    for i, dev in enumerate(status.get("devices") or []):
-        conds = (dev or {}).get("conditions") or []
-        if len(conds) > MAX_DEVICE_CONDITIONS:
-            out.append(too_many(f"status.devices[{i}].conditions", len(conds), MAX_DEVICE_CONDITIONS))
-    return out
-
-
 def validate_claim(obj: dict[str, Any], old: dict[str, Any] | None, template: bool) -> list[Cause]:
-    """Causes for an invalid ResourceClaim or ResourceClaimTemplate; a claim's spec is immutable."""
+    """Causes for an invalid ResourceClaim or ResourceClaimTemplate; a claim's spec is immutable, and a
+    change of its status (only the ``/status`` subresource can make one: a create drops status, a main
+    write keeps the stored one) is checked like the real server's status strategy does."""
     if template:
         return _claim_spec("spec.spec", (obj.get("spec") or {}).get("spec"))
     out = _claim_spec("spec", obj.get("spec"))
-    out += _claim_status(obj.get("status"))
     if old is not None and obj.get("spec") != old.get("spec"):
         out.append(immutable("spec", "<object>"))
+    if old is not None and obj.get("status") != old.get("status"):
+        from dra_driver.apiserver.validation.claim_status import validate_claim_status_update
+
+        out += validate_claim_status_update(obj, old)
     return out
