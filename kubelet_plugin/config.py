@@ -47,7 +47,7 @@ class PluginConfig:
     proc_root: str = "/proc"  # where the host's /proc is visible (VRAM accounting: PID -> pod)
     vram_interval: float = 15.0  # VRAM-over-request check period, seconds (0 = no periodic check)
     # Where the GPU device nodes (/dev/nvidia<minor>, /dev/nvidiactl, ...) are checked at run time:
-    # "" = "/" with real NVML, no check with a simulated one (its GPUs have no device nodes);
+    # "" = "/" with real NVML, no check with the simulated one (its GPUs have no device nodes);
     # "off" = never checked; any other value is a root such as "/" or a fake tree in tests.
     dev_root: str = ""
     extra: dict[str, str] = field(default_factory=dict)
@@ -102,13 +102,16 @@ class PluginConfig:
             if not value:
                 raise ValueError(f"{flag} (env {env}) is empty: set an absolute path")
 
-    def device_node_root(self) -> str | None:
-        """Where to check device nodes at run time, or None when they are not checked."""
+    def device_node_root(self, simulated: bool = False) -> str | None:
+        """Where to check device nodes at run time, or None when they are not checked.
+
+        ``simulated``: the NVML in use is the simulator whatever ``nvml`` says (tests, the demo).
+        """
         if self.dev_root == "off":
             return None
         if self.dev_root:
             return self.dev_root
-        return "/" if self.nvml == "real" else None
+        return None if simulated or self.nvml != "real" else "/"
 
     def health_policy(self) -> Any:
         """The health monitor's policy from these settings (ValueError names the conflicting XIDs)."""

@@ -207,9 +207,31 @@ class KubeletPlugin:
         self.health_monitor = HealthMonitor(self.nvml, self.devices, cfg.health_policy(),
                                             prober=MeteredProber(prober_for(self.nvml), self.metrics),
                                             on_change=self.apply_health, dynamic_mig=cfg.dynamic_mig,
-                                            node_name=cfg.node_name, on_xid=self.metrics.record_xid)
+                                            node_name=cfg.node_name, on_xid=self.metrics.record_xid,
+                                            device_nodes=self._device_node_check())
         self.health_monitor.start()
         self.apply_health(self.health_monitor.snapshot())
+
+    def _device_node_check(self) -> Any:
+        """The health monitor's device-node check (a ValidationConfig), or None when not checked.
+
+        NVML can answer for a GPU whose /dev/nvidia<minor> (or /dev/nvidiactl, /dev/nvidia-uvm) is
+        missing or cannot be opened, and then every container given the GPU fails: such a GPU is
+        unhealthy. A simulated node has no device nodes, so it is checked only against an explicit
+        --dev-root (a fake tree), and the skip is said in the log.
+        """
+        from dra_driver.health.validation import ValidationConfig
+
+        cfg = self.config
+        simulated = type(self.nvml).__module__.startswith("dra_driver.nvml.sim")
+        root = cfg.device_node_root(simulated)
+        if root is None:
+            why = ("--dev-root off" if cfg.dev_root == "off"
+                   else "simulated NVML: its GPUs have no device nodes; set --dev-root to check a tree")
+            log.info("device_node_check_skipped", node=cfg.node_name, reason=why)
+            return None
+        log.info("device_node_check_enabled", node=cfg.node_name, dev_root=root)
+        return ValidationConfig(dev_root=root, cdi_dir=None)
 
     def apply_health(self, snapshot: Any) -> None:
         """Health monitor callback: republish slices and the kubelet health stream."""

@@ -98,9 +98,10 @@ class PluginHarness:
     def config(self, node: str, **overrides: Any) -> PluginConfig:
         """A PluginConfig for ``node`` pointing at its directories."""
         d = self.node_dirs(node)
+        # NVML is always simulated here: say so (a real-NVML config would check this machine's /dev).
         base = PluginConfig(node_name=node, driver_name=self.driver_name, registrar_dir=d.registry,
                             plugin_dir=d.plugin, cdi_root=d.cdi, health_mode="off", registration_retry=0.2,
-                            boot_id="test-boot")
+                            boot_id="test-boot", nvml="sim:8xh100")
         return replace(base, **overrides)
 
     def kubelet(self, node: str, timeout: float = 20.0, previous: Any = None) -> Any:
@@ -124,6 +125,8 @@ class PluginHarness:
         from kubelet_plugin.daemon import KubeletPlugin
 
         handle = open_nvml(f"{nvml}@{node}") if isinstance(nvml, str) else nvml
+        if isinstance(nvml, str):
+            overrides.setdefault("nvml", nvml)
         plugin = KubeletPlugin(self.config(node, **overrides), self.api_client, handle)
         plugin.start()
         self.plugins[node] = plugin

@@ -369,7 +369,14 @@ class HealthMonitor:
         if self._node_problem is not None:
             self._set_nvml_up()
         for uuid, faults in results.items():
-            self._apply_conditions(self._topo[uuid], faults)
+            topo = self._topo[uuid]
+            if self._device_nodes is None:
+                self._apply_conditions(topo, faults)
+                continue
+            # Device nodes vanish and reappear at run time too (driver reload, a late nvidia-modprobe):
+            # checked every poll, so the fault is found within a poll and clears once the node is back.
+            faults = faults + device_node_faults(topo.gpu, self._devices, self._device_nodes)
+            self._apply_conditions(topo, faults, POLLED_KEYS | {DEVICE_NODE_KEY})
 
     def _apply_conditions(self, topo: GpuTopology, faults: list[Fault],
                           owned: frozenset[str] = POLLED_KEYS) -> None:
