@@ -98,11 +98,14 @@ class SimulatedNvml(DeviceApi, MigApi, EventApi):
     # ---- the simulated CUDA probe and processes -------------------------------------------------
 
     def probe_behaviour(self, uuid: str) -> str:
-        """How the compute probe behaves on the GPU (or the parent of the MIG device) with ``uuid``."""
+        """How the compute probe behaves on the GPU (or the parent of the MIG device) with ``uuid``.
+
+        A GPU off the bus fails the probe (``wrong``): CUDA cannot run on a GPU the driver lost.
+        """
         with self._lock:
             for gpu in self.gpus:
                 if gpu.uuid == uuid or any(ci.uuid == uuid for _, ci in gpu.mig_devices()):
-                    return gpu.probe
+                    return "wrong" if gpu.off_bus else gpu.probe
         raise KeyError(f"no simulated GPU or MIG device with UUID {uuid} on node {self.profile.name!r}")
 
     def add_process(self, gpu_index: int, pid: int, used_bytes: int, gpu_instance_id: int | None = None) -> None:

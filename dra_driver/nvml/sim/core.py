@@ -29,7 +29,12 @@ _sim_ids = itertools.count(1)
 
 @dataclass(frozen=True)
 class SimDeviceHandle:
-    """``nvmlDevice_t``: a whole GPU, or a MIG device when ``gi_serial`` is set."""
+    """``nvmlDevice_t``: a whole GPU, or a MIG device when ``gi_serial`` is set.
+
+    ``gpu_index`` is the GPU's place in the profile (:attr:`SimGpu.index`), not its current NVML
+    index: like a real handle (a pointer to the driver's device), it keeps naming the same GPU when
+    another GPU falls off the bus and the NVML indices after it shift down.
+    """
 
     sim_id: int
     gpu_index: int
@@ -97,12 +102,21 @@ class SimCore:
     # ---- faults and handles ---------------------------------------------------------------------
 
     def _check_faults(self, gpu: SimGpu, function: str) -> None:
-        if gpu.lost:
+        if gpu.lost or gpu.off_bus:
             raise pynvml.NVMLError_GpuIsLost()
         if gpu.unknown_all or function in gpu.unknown_functions:
             raise pynvml.NVMLError_Unknown()
 
+    def _listed(self) -> list[SimGpu]:
+        """The GPUs NVML enumerates, in NVML index order: every GPU not off the bus."""
+        return [gpu for gpu in self.gpus if not gpu.off_bus]
+
+    def _nvml_index(self, gpu: SimGpu) -> int:
+        """The GPU's current NVML index (it shifts down when a GPU before it falls off the bus)."""
+        return self._listed().index(gpu)
+
     def _gpu_at(self, index: int, function: str) -> SimGpu:
+        """The GPU a handle names (by its profile slot), applying the GPU's faults."""
         self._require_init()
         if not isinstance(index, int) or not 0 <= index < len(self.gpus):
             raise pynvml.NVMLError_InvalidArgument()
@@ -166,7 +180,8 @@ class SimCore:
         return SimDeviceHandle(self._sim_id, gpu.index, gi.serial, ci.id)
 
     def _gpu_by_index(self, gpu_index: int) -> SimGpu:
-        """For the fault and process API: a GPU by index, with a clear error for a wrong index."""
+        """For the fault and process API: a GPU by its place in the profile (its NVML index while no
+        GPU before it is off the bus), with a clear error for a wrong index."""
         if not 0 <= gpu_index < len(self.gpus):
             raise IndexError(
                 f"simulated node {self.profile.name!r} has GPUs 0..{len(self.gpus) - 1}, not {gpu_index}"

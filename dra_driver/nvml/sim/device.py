@@ -62,22 +62,29 @@ class DeviceApi(SimCore):
     # ---- enumeration ----------------------------------------------------------------------------
 
     def nvmlDeviceGetCount(self) -> int:
-        """How many GPUs NVML lists (a lost GPU is still listed)."""
+        """How many GPUs NVML lists: a lost GPU still is, one that fell off the bus is not."""
         with self._lock:
             self._require_init()
-            return len(self.gpus)
+            return len(self._listed())
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> SimDeviceHandle:
-        """A handle to the GPU at ``index``."""
+        """A handle to the GPU at NVML index ``index`` (GPUs off the bus are not counted)."""
         with self._lock:
-            return self._handle(self._gpu_at(index, "nvmlDeviceGetHandleByIndex"))
+            self._require_init()
+            listed = self._listed()
+            if not isinstance(index, int) or not 0 <= index < len(listed):
+                raise pynvml.NVMLError_InvalidArgument()
+            gpu = listed[index]
+            self._check_faults(gpu, "nvmlDeviceGetHandleByIndex")
+            return self._handle(gpu)
 
     def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> SimDeviceHandle:
-        """A handle to a GPU or MIG device by UUID."""
+        """A handle to a GPU or MIG device by UUID; NOT_FOUND for a GPU off the bus (NVML no longer
+        lists it, so its UUID matches nothing), GPU_IS_LOST for a lost GPU still listed."""
         text = uuid.decode() if isinstance(uuid, bytes) else uuid
         with self._lock:
             self._require_init()
-            for gpu in self.gpus:
+            for gpu in self._listed():
                 if gpu.uuid == text:
                     self._check_faults(gpu, "nvmlDeviceGetHandleByUUID")
                     return self._handle(gpu)
@@ -88,11 +95,11 @@ class DeviceApi(SimCore):
             raise pynvml.NVMLError_NotFound()
 
     def nvmlDeviceGetHandleByPciBusId(self, bus_id: str | bytes) -> SimDeviceHandle:
-        """A handle to the GPU at a PCI bus id (either domain width)."""
+        """A handle to the GPU at a PCI bus id (either domain width); NOT_FOUND once off the bus."""
         text = (bus_id.decode() if isinstance(bus_id, bytes) else bus_id).lower()
         with self._lock:
             self._require_init()
-            for gpu in self.gpus:
+            for gpu in self._listed():
                 if gpu.spec.pci_bus_id.lower().endswith(text[-12:]):
                     self._check_faults(gpu, "nvmlDeviceGetHandleByPciBusId")
                     return self._handle(gpu)
@@ -131,9 +138,9 @@ class DeviceApi(SimCore):
             return self._gpu_only(handle, "nvmlDeviceGetBoardPartNumber").spec.model.board_part
 
     def nvmlDeviceGetIndex(self, handle: Any) -> int:
-        """NVML index."""
+        """The GPU's current NVML index (lower than its profile place once a GPU before it is off the bus)."""
         with self._lock:
-            return self._gpu_only(handle, "nvmlDeviceGetIndex").index
+            return self._nvml_index(self._gpu_only(handle, "nvmlDeviceGetIndex"))
 
     def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
         """The N of ``/dev/nvidiaN``."""

@@ -2,8 +2,13 @@
 
 Every fault shows up the way the real library shows it: an XID or ECC event on registered event sets,
 ``NVMLError_GpuIsLost``/``NVMLError_Unknown`` from calls on the GPU's handles, pending row remapping
-in ``nvmlDeviceGetRemappedRows`` and the field values, ``nvmlInit`` failing. ``clear`` is recovery
-(what a GPU reset does).
+in ``nvmlDeviceGetRemappedRows`` and the field values, ``nvmlInit`` failing, a GPU falling off the
+bus (NVML stops listing it and the NVML indices after it shift down). ``clear`` is recovery (what a
+GPU reset does).
+
+GPUs are named here by their place in the node profile, which is their NVML index until a GPU before
+them falls off the bus; the place never shifts, so ``return_to_bus(2)`` undoes ``fall_off_bus(2)``
+whatever happened in between.
 """
 
 from __future__ import annotations
@@ -54,6 +59,39 @@ class SimFaults:
         with self._sim._lock:
             self._sim._gpu_by_index(gpu_index).lost = True
 
+    def fall_off_bus(self, gpu_index: int) -> None:
+        """The GPU falls off the bus (XID 79), as a PCIe link loss looks through NVML.
+
+        All at once (under the simulator's lock, so no caller sees half of it): XID 79 is delivered
+        to the event sets that registered the GPU, like the real driver does; every call on the GPU's
+        existing handles (and its MIG devices') raises ``NVMLError_GpuIsLost``; NVML stops listing
+        it: ``nvmlDeviceGetCount`` is one less, ``nvmlDeviceGetHandleByIndex(i)`` for the indices after
+        it returns the next GPUs (their NVML index shifts down; minors, UUIDs and PCI bus ids stay),
+        and looking it up by UUID or PCI bus id raises ``NVMLError_NotFound`` (nothing listed matches).
+        A second call for a GPU already off the bus does nothing (the driver reports the loss once).
+        """
+        with self._sim._lock:
+            gpu = self._sim._gpu_by_index(gpu_index)
+            if gpu.off_bus:
+                return
+            gpu.off_bus = True
+            self._sim._emit(gpu, pynvml.nvmlEventTypeXidCriticalError, 79, ID_ANY, ID_ANY)
+
+    def return_to_bus(self, original_index: int) -> None:
+        """A reset or reseat brings the GPU back at its original place (``fall_off_bus``'s index).
+
+        It is listed again, the GPUs after it are back at their old NVML indices, its old handles
+        answer again, and its other faults clear as with :meth:`clear` (it was reset).
+        """
+        with self._sim._lock:
+            self._sim._gpu_by_index(original_index).clear_faults()
+
+    @property
+    def off_bus(self) -> tuple[int, ...]:
+        """Profile places of the GPUs that are off the bus now."""
+        with self._sim._lock:
+            return tuple(gpu.index for gpu in self._sim.gpus if gpu.off_bus)
+
     def unknown_error(self, gpu_index: int, functions: set[str] | None = None) -> None:
         """``NVMLError_Unknown`` from the named NVML functions on this GPU (every call if None)."""
         with self._sim._lock:
@@ -84,7 +122,10 @@ class SimFaults:
             self._sim._init_fails = enabled
 
     def clear(self, gpu_index: int | None = None) -> None:
-        """Recovery: clear one GPU's faults (all GPUs, and the init failure, when None)."""
+        """Recovery: clear one GPU's faults (all GPUs, and the init failure, when None).
+
+        A GPU off the bus returns to it (see :meth:`return_to_bus`).
+        """
         with self._sim._lock:
             if gpu_index is None:
                 self._sim._init_fails = False

@@ -76,7 +76,7 @@ class SimProcess:
 class SimGpu:
     """One simulated physical GPU: identity from the profile plus live state and faults."""
 
-    index: int
+    index: int  # the place in the profile: the NVML index while no GPU before it is off the bus
     spec: GpuSpec
     uuid: str
     mig_current: int | None  # None: MIG not supported
@@ -85,6 +85,9 @@ class SimGpu:
     processes: dict[int, SimProcess] = field(default_factory=dict)
     # Faults.
     lost: bool = False
+    # Fell off the bus: NVML no longer lists it (later GPUs' NVML indices shift down) and its old
+    # handles raise GPU_IS_LOST. ``index`` stays the GPU's place in the profile (its slot).
+    off_bus: bool = False
     unknown_all: bool = False
     unknown_functions: set[str] = field(default_factory=set)
     probe: str = "ok"
@@ -115,8 +118,12 @@ class SimGpu:
         return int(self.spec.model.power_mw * (time.monotonic() - self.started)) + 1_000_000
 
     def clear_faults(self) -> None:
-        """What a GPU reset does: faults clear, volatile ECC counters restart, pending remaps apply."""
+        """What a GPU reset does: faults clear, volatile ECC counters restart, pending remaps apply.
+
+        A GPU that fell off the bus is back on it (a reset or reseat brings it back where it was).
+        """
         self.lost = False
+        self.off_bus = False
         self.unknown_all = False
         self.unknown_functions = set()
         self.probe = "ok"

@@ -1,0 +1,234 @@
+"""A GPU that really falls off the bus: NVML stops listing it and the NVML indices after it shift down.
+
+This is the case gpuready's device names exist for (DESIGN.md section 3): a whole GPU is published as
+``gpu-<minor>`` because the minor number stays when another GPU drops off the bus and the NVML index
+does not. Checked at three levels: the simulated NVML itself (what each call answers, as real NVML
+would), discovery before and after, and the whole plugin (health monitor, ResourceSlices, prepare and
+unprepare over the kubelet gRPC API) from the fall to the GPU's return after a reset.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import kubernetes
+import pynvml
+import pytest
+
+from dra_driver.nvml import discover, open_nvml
+from dra_driver.nvml.sim import SimulatedNvml
+from kubelet_plugin.testing import PluginHarness
+
+# Health timings short enough for a test, with margins for a loaded 2-core machine.
+# (The poll interval is the policy's default, 10 s: the GPU's return is seen by the next poll.)
+FAST: dict[str, Any] = dict(hold_down=0.3, recovery_passes=2, probe_timeout=10.0)
+
+
+def _sim(profile: str = "8xh100") -> SimulatedNvml:
+    sim = open_nvml(f"sim:{profile}")
+    assert isinstance(sim, SimulatedNvml)
+    return sim
+
+
+def _identity(sim: SimulatedNvml, handle: Any) -> tuple[int, int, str, str]:
+    """(NVML index, minor, UUID, PCI bus id) of a handle, as NVML reports them now."""
+    bus_id = sim.nvmlDeviceGetPciInfo(handle).busId
+    return (sim.nvmlDeviceGetIndex(handle), sim.nvmlDeviceGetMinorNumber(handle),
+            sim.nvmlDeviceGetUUID(handle), bus_id.decode() if isinstance(bus_id, bytes) else bus_id)
+
+
+# ---- the simulated NVML --------------------------------------------------------------------------
+
+def test_falling_off_the_bus_unlists_the_gpu_and_shifts_later_indices_down() -> None:
+    sim = _sim()
+    sim.nvmlInit()
+    before = [_identity(sim, sim.nvmlDeviceGetHandleByIndex(i)) for i in range(8)]
+    lost_handle = sim.nvmlDeviceGetHandleByIndex(2)
+    later_handle = sim.nvmlDeviceGetHandleByIndex(5)
+    lost_uuid, lost_bus = before[2][2], before[2][3]
+
+    sim.faults.fall_off_bus(2)
+
+    assert sim.faults.off_bus == (2,)
+    assert sim.nvmlDeviceGetCount() == 7
+    after = [_identity(sim, sim.nvmlDeviceGetHandleByIndex(i)) for i in range(7)]
+    # Same GPUs in the same order without GPU 2; each keeps minor, UUID and bus id; indices 3.. shift.
+    assert [a[1:] for a in after] == [b[1:] for b in before[:2] + before[3:]]
+    assert [a[0] for a in after] == list(range(7))
+    assert after[2][1] == 3  # NVML index 2 is now the GPU with minor 3
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):  # past the (shorter) list
+        sim.nvmlDeviceGetHandleByIndex(7)
+    # The lost GPU's own handle: GPU_IS_LOST on every call; looked up anew: NOT_FOUND (not listed).
+    for call in (sim.nvmlDeviceGetUUID, sim.nvmlDeviceGetMinorNumber, sim.nvmlDeviceGetMemoryInfo,
+                 sim.nvmlDeviceGetIndex):
+        with pytest.raises(pynvml.NVMLError_GpuIsLost):
+            call(lost_handle)
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        sim.nvmlDeviceGetHandleByUUID(lost_uuid)
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        sim.nvmlDeviceGetHandleByPciBusId(lost_bus)
+    # A handle to a later GPU, taken before the fall, still names the same GPU, at its new index.
+    assert _identity(sim, later_handle) == (4, *before[5][1:])
+    assert sim.nvmlDeviceGetHandleByUUID(before[5][2]) == later_handle
+    assert sim.nvmlDeviceGetHandleByPciBusId(before[5][3]) == later_handle
+
+    sim.faults.return_to_bus(2)
+
+    assert sim.faults.off_bus == ()
+    assert sim.nvmlDeviceGetCount() == 8
+    assert [_identity(sim, sim.nvmlDeviceGetHandleByIndex(i)) for i in range(8)] == before
+    assert _identity(sim, lost_handle) == before[2]  # a reset GPU answers on its old handle
+    assert sim.nvmlDeviceGetHandleByUUID(lost_uuid) == lost_handle
+    sim.nvmlShutdown()
+
+
+def test_falling_off_the_bus_delivers_xid_79_once_to_registered_event_sets() -> None:
+    sim = _sim()
+    sim.nvmlInit()
+    handle = sim.nvmlDeviceGetHandleByIndex(4)
+    event_set = sim.nvmlEventSetCreate()
+    sim.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, event_set)
+    sim.faults.fall_off_bus(4)
+    sim.faults.fall_off_bus(4)  # already off: the loss is reported once
+    event = sim.nvmlEventSetWait_v2(event_set, 1000)
+    assert (event.eventType, event.eventData) == (pynvml.nvmlEventTypeXidCriticalError, 79)
+    assert event.device == handle  # the registered handle: a consumer attributes it without NVML
+    assert (event.gpuInstanceId, event.computeInstanceId) == (0xFFFFFFFF, 0xFFFFFFFF)
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        sim.nvmlEventSetWait_v2(event_set, 50)
+    sim.nvmlEventSetFree(event_set)
+    sim.nvmlShutdown()
+
+
+def test_other_gpus_stay_lost_and_clear_restores_every_gpu() -> None:
+    sim = _sim()
+    sim.nvmlInit()
+    sim.faults.fall_off_bus(0)
+    sim.faults.fall_off_bus(6)  # fault API indices are profile places: 6 is still the MIG GPU
+    assert sim.nvmlDeviceGetCount() == 6
+    assert [sim.nvmlDeviceGetMinorNumber(sim.nvmlDeviceGetHandleByIndex(i)) for i in range(6)] == [1, 2, 3, 4, 5, 7]
+    # The MIG devices of a GPU off the bus are gone with it.
+    assert sim.probe_behaviour(sim.gpus[6].uuid) == "wrong"
+    mig_uuid = sim.gpus[6].mig_devices()[0][1].uuid
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        sim.nvmlDeviceGetHandleByUUID(mig_uuid)
+    sim.faults.clear()
+    assert sim.nvmlDeviceGetCount() == 8 and sim.faults.off_bus == ()
+    assert sim.nvmlDeviceGetHandleByUUID(mig_uuid) is not None
+    with pytest.raises(IndexError, match=r"GPUs 0\.\.7, not 8"):
+        sim.faults.fall_off_bus(8)
+    sim.nvmlShutdown()
+
+
+# ---- discovery -----------------------------------------------------------------------------------
+
+def test_discovery_after_the_fall_keeps_every_remaining_gpus_name() -> None:
+    sim = _sim()
+    before = {g.name: g for g in discover(sim).gpus}
+    sim.faults.fall_off_bus(2)
+    node = discover(sim)
+    after = {g.name: g for g in node.gpus}
+    assert node.unreadable == ()  # NVML no longer lists it: nothing to fail reading
+    assert set(after) == set(before) - {"gpu-2"}
+    for name, gpu in after.items():
+        old = before[name]
+        assert (gpu.minor, gpu.uuid, gpu.pci_bus_id) == (old.minor, old.uuid, old.pci_bus_id)
+        assert gpu.index == (old.index - 1 if old.index > 2 else old.index)
+    assert after["gpu-3"].index == 2  # NVML index 2, published name unchanged
+    # MIG devices keep their names too (they carry the parent's minor, not its index).
+    assert {m.name for m in after["gpu-6"].mig_devices} == {m.name for m in before["gpu-6"].mig_devices}
+    assert {m.parent_index for m in after["gpu-6"].mig_devices} == {5}
+    sim.faults.return_to_bus(2)
+    assert [(g.name, g.index) for g in discover(sim).gpus] == [(n, g.index) for n, g in before.items()]
+
+
+# ---- the whole plugin ----------------------------------------------------------------------------
+
+def _published(h: PluginHarness, node: str) -> dict[str, dict[str, Any]]:
+    """device name -> its attributes, as the node's ResourceSlices publish them."""
+    slices = kubernetes.client.ResourceV1Api(h.api_client).list_resource_slice(
+        field_selector=f"spec.nodeName={node}", _preload_content=False)
+    return {d["name"]: d.get("attributes") or {}
+            for s in json.loads(slices.data)["items"] for d in s["spec"].get("devices") or []}
+
+
+def _wait(pred: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _health(plugin: Any) -> dict[str, tuple[str, str]]:
+    snap = plugin.health_monitor.snapshot()
+    return {n: (d.state.name, d.reason) for n, d in snap.devices.items()}
+
+
+def test_plugin_withdraws_the_gpu_that_fell_off_keeps_the_rest_and_restores_it_after_reset() -> None:
+    node = "offbus"
+    with PluginHarness() as h:
+        plugin = h.start_plugin(node, "sim:8xh100", health_mode="withdraw", **FAST)
+        sim: SimulatedNvml = plugin.nvml
+        assert plugin.health_monitor.wait_validated(60)
+        # Six whole GPUs (gpu-6 and gpu-7 are MIG-enabled: their 4 + 7 MIG devices are published).
+        everything = set(_published(h, node))
+        whole = {f"gpu-{m}" for m in range(6)}
+        assert whole <= everything and len(everything) == 6 + 4 + 7
+        minors = {n: a["minor"]["int"] for n, a in _published(h, node).items() if n in whole}
+        assert minors == {f"gpu-{m}": m for m in range(6)}
+
+        # A claim prepared on a GPU after the one that falls: its NVML index will shift from 3 to 2.
+        uid = h.create_claim("survivor", [("gpu", node, "gpu-3")])
+        prepared = h.kubelet(node).prepare([("default", "survivor", uid)])[uid]
+        assert prepared.ok, prepared.error
+        spec_before = h.read_spec(node, uid)
+
+        # Record every health change, to prove no GPU but the lost one is ever marked unhealthy.
+        seen: list[dict[str, tuple[str, str]]] = []
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.is_set():
+                seen.append(_health(plugin))
+                time.sleep(0.02)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            sim.faults.fall_off_bus(2)
+            _wait(lambda: "gpu-2" not in _published(h, node), "gpu-2 withdrawn")
+            assert set(_published(h, node)) == everything - {"gpu-2"}
+            state, reason = _health(plugin)["gpu-2"]
+            assert state == "UNHEALTHY" and "79" in reason, (state, reason)
+            # Stays withdrawn while off the bus (the poll keeps finding it gone), and nothing else
+            # is touched, though every NVML index after it has shifted down.
+            time.sleep(1.5)
+            assert set(_published(h, node)) == everything - {"gpu-2"}
+        finally:
+            stop.set()
+            watcher.join()
+        wrongly = {n for snap in seen for n, (state, _) in snap.items()
+                   if n != "gpu-2" and state not in ("HEALTHY",)}
+        assert not wrongly, f"devices marked unhealthy although still on the bus: {sorted(wrongly)}"
+
+        # The claim on gpu-3 (NVML index 3 when prepared, 2 now) still unprepares cleanly (by its checkpoint, not by NVML index).
+        assert h.read_spec(node, uid) == spec_before
+        assert h.kubelet(node).unprepare([("default", "survivor", uid)]) == {uid: ""}
+        assert plugin.checkpoint.get(uid) is None and h.cdi_files(node) == []
+        # A new claim on a GPU after the lost one prepares the same GPU (same minor, same UUID).
+        uid2 = h.create_claim("after-fall", [("gpu", node, "gpu-4")])
+        result = h.kubelet(node).prepare([("default", "after-fall", uid2)])[uid2]
+        assert result.ok, result.error
+        spec = json.dumps(h.read_spec(node, uid2))
+        assert sim.gpus[4].uuid in spec and "/dev/nvidia4" in spec
+        assert h.kubelet(node).unprepare([("default", "after-fall", uid2)]) == {uid2: ""}
+
+        # Reset: the GPU returns in its old place and, once validations pass, under its old name.
+        sim.faults.return_to_bus(2)
+        _wait(lambda: set(_published(h, node)) == everything, "gpu-2 published again")
+        assert _health(plugin)["gpu-2"][0] == "HEALTHY"
+        assert _published(h, node)["gpu-2"]["uuid"] == {"string": sim.gpus[2].uuid}
