@@ -24,6 +24,7 @@ import os
 import threading
 from collections.abc import Mapping
 from concurrent import futures
+from dataclasses import replace
 from typing import Any
 
 import grpc
@@ -46,6 +47,7 @@ from kubelet_plugin.checkpoint import CheckpointStore, read_boot_id
 from kubelet_plugin.config import PluginConfig
 from kubelet_plugin.dra_service import DraServicer
 from kubelet_plugin.driver_files import find_driver_files
+from kubelet_plugin.fallback import PublishFallback
 from kubelet_plugin.health_stream import HealthBroadcaster, HealthServicer, entries_from_map
 from kubelet_plugin.kube import KubeClaims, NodeStatusApi, PodEventsApi, PreparedClaims, emit_node_event
 from kubelet_plugin.mig import NvmlMigOps
@@ -101,6 +103,9 @@ class KubeletPlugin:
         self._state_lock = threading.Lock()
         self._devices_lock = threading.Lock()  # serializes re-reading the node after a MIG change
         self._unhealthy: dict[str, str] = {}
+        # What the cluster turned out not to support (its API server dropped the fields): the
+        # publisher reports it and _on_gates_off switches to what works (see fallback.py).
+        self.fallback = PublishFallback(config)
         # The prepared claims with their pods and memory requests (API reads, cached): pod labels on
         # the DCGM series and per-claim VRAM accounting.
         self.claims = PreparedClaims(api_client, config.driver_name, config.node_name, self._claim_refs)
@@ -130,7 +135,8 @@ class KubeletPlugin:
         self.recovery = recover(self.preparer, self.boot_id)
         self.metrics.set_prepared_claims(len(self.checkpoint.records()))
         self.publisher = SlicePublisher(self.api_client, cfg.node_name, cfg.driver_name,
-                                        on_pass=self.metrics.observe_publish)
+                                        on_pass=self.metrics.observe_publish,
+                                        on_fields_dropped=self._on_gates_off)
         self.publisher.start()
         self._start_health()
         self._serve_dra()
@@ -285,11 +291,25 @@ class KubeletPlugin:
         with self._state_lock:
             self._unhealthy = dict(unhealthy)
         assert self.devices is not None and self.publisher is not None
-        options = SliceOptions(mig_mode="dynamic" if cfg.dynamic_mig else "static", shared_gpus=cfg.shared_gpus,
-                               health_mode="taint" if cfg.health_mode == "taint" else "withdraw")
+        options = SliceOptions(mig_mode="dynamic" if cfg.dynamic_mig else "static",
+                               shared_gpus=self.fallback.shared_gpus, health_mode=self.fallback.health_mode)
         slices = build_pool(self.devices, cfg.node_name, cfg.driver_name, options, unhealthy)
         self.publisher.set_desired(slices)
         self.metrics.set_published(sum(len(s.devices) for s in slices), len(unhealthy))
+
+    def _on_gates_off(self, gates: list[str]) -> None:
+        """Publisher callback (its reconcile thread): the API server dropped fields of ``gates``."""
+        changes = self.fallback.apply(gates)
+        if not changes:
+            return
+        for reason, message in changes:
+            emit_node_event(self.api_client, self.config.node_name, reason, message)
+        if self.preparer is not None and self.fallback.health_mode == "withdraw":
+            # Withdraw semantics for prepare too: an allocation naming an unhealthy device is stale.
+            self.preparer.settings = replace(self.preparer.settings, taint_mode=False)
+        with self._state_lock:
+            unhealthy = dict(self._unhealthy)
+        self._publish(unhealthy)  # the same health, in the form this cluster keeps
 
     def _unhealthy_for_prepare(self) -> Mapping[str, str]:
         # In taint mode the preparer only warns about these (the scheduler chose a tolerating claim).

@@ -54,12 +54,14 @@ class PluginHarness:
     emulators: dict[str, Any] = field(default_factory=dict)
     dirs: dict[str, NodeDirs] = field(default_factory=dict)
     root: str = ""
+    # API server feature gates, e.g. {"DRADeviceTaints": False}: a cluster that drops those fields.
+    feature_gates: dict[str, bool] | None = None
 
     def __enter__(self) -> PluginHarness:
         from dra_driver.apiserver import LocalApiServer
 
         self.root = tempfile.mkdtemp(prefix="gr-", dir="/tmp")
-        self.server = LocalApiServer().start()
+        self.server = LocalApiServer(feature_gates=self.feature_gates).start()
         self.api_client = self.server.api_client()
         self.core = kubernetes.client.CoreV1Api(self.api_client)
         self.resource = kubernetes.client.ResourceV1Api(self.api_client)

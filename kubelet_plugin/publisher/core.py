@@ -48,8 +48,15 @@ class SlicePublisher:
 
     def __init__(self, api_client: Any, node_name: str, driver_name: str,
                  resync_seconds: float = 30.0,
-                 on_pass: Callable[[float, bool], None] | None = None) -> None:
-        """``on_pass(seconds, ok)`` is called after every reconcile pass (metrics); it must not raise."""
+                 on_pass: Callable[[float, bool], None] | None = None,
+                 on_fields_dropped: Callable[[list[str]], None] | None = None) -> None:
+        """``on_pass(seconds, ok)`` is called after every reconcile pass (metrics); it must not raise.
+
+        ``on_fields_dropped(gates)`` is called on the reconcile thread, after the pass that found
+        them, with the feature gates newly found off (the server dropped their fields), so the
+        owner can publish something the cluster understands (taint -> withdraw). It may call
+        :meth:`set_desired`.
+        """
         self._http = RawHttp(api_client)
         self.node_name = node_name
         self.driver_name = driver_name
@@ -76,6 +83,9 @@ class SlicePublisher:
         # gate off) would otherwise make every pass rewrite the same slice.
         self._stored_as: dict[str, tuple[Any, Any]] = {}
         self._dropped_logged: set[str] = set()
+        self._on_fields_dropped = on_fields_dropped
+        self._gates_off: set[str] = set()  # feature gates found off (reported once each)
+        self._gates_pending: list[str] = []
         # While a pass writes, watch events wait here: the echo of a write can arrive before the
         # write's own answer tells us its resourceVersion.
         self._pass_active = False
@@ -126,6 +136,11 @@ class SlicePublisher:
         with self._lock:
             return self._stats
 
+    def gates_off(self) -> frozenset[str]:
+        """The feature gates this cluster has off, judged by the fields the server dropped so far."""
+        with self._lock:
+            return frozenset(self._gates_off)
+
     def resync(self) -> None:
         """Reconcile against a fresh list now instead of at the next resync period."""
         self._cache = None
@@ -171,6 +186,7 @@ class SlicePublisher:
                 continue
             self._release_events()
             self._report_pass(started, True)
+            self._report_gates_off()
             failures = 0
             wait = self.resync_seconds
             if self._node_uid is None:
@@ -188,6 +204,16 @@ class SlicePublisher:
             self._on_pass(time.monotonic() - started, ok)
         except Exception:  # a metrics hook must never stop publishing
             log.error("publisher_on_pass_failed", exc_info=True, node=self.node_name)
+
+    def _report_gates_off(self) -> None:
+        with self._lock:
+            gates, self._gates_pending = self._gates_pending, []
+        if not gates or self._on_fields_dropped is None:
+            return
+        try:
+            self._on_fields_dropped(sorted(gates))
+        except Exception:  # the owner's fallback failing must not stop publishing
+            log.error("publisher_on_fields_dropped_failed", exc_info=True, node=self.node_name)
 
     def _on_event(self, kind: str, name: str, rv: str) -> None:
         """From the watch thread: someone else's change invalidates our view and wakes a pass."""
@@ -377,9 +403,15 @@ class SlicePublisher:
             self._stored_as.pop(name, None)
             return
         self._stored_as[name] = (sent, kept)
-        if name not in self._dropped_logged:
+        # Judged on every such write, not only a slice's first: a gate can show later (the first
+        # taint is sent only when a GPU first turns unhealthy).
+        gates = dropped_features(sent[0], kept[0])
+        with self._lock:
+            new = [g for g in gates if g not in self._gates_off]
+            self._gates_off.update(new)
+            self._gates_pending.extend(new)
+        if name not in self._dropped_logged or new:
             self._dropped_logged.add(name)
-            gates = dropped_features(sent[0], kept[0])
             log.error(
                 "slice_fields_dropped", node=self.node_name, slice=name,
                 feature_gates=",".join(gates) or "unknown",
