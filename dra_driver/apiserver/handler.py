@@ -17,7 +17,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import yaml
 
-from dra_driver.apiserver import discovery, errors, openapi, tables
+from dra_driver.apiserver import admission, discovery, errors, openapi, tables
 from dra_driver.apiserver.jsoncopy import encode
 from dra_driver.apiserver.routes import Route, parse_resource_path
 from dra_driver.apiserver.watch import BOOKMARK, ERROR, Watcher, bookmark_object
@@ -72,6 +72,8 @@ class ApiHandler(BaseHTTPRequestHandler):
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
+        for text in admission.take_warnings():  # from admission webhooks, as the real server sends them
+            self.send_header("Warning", admission.warning_header(text))
         self._headers_buffer.extend((b"\r\n", data))  # type: ignore[attr-defined]
         self.flush_headers()
 
@@ -132,6 +134,7 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _dispatch(self, method: str) -> None:
         # Read the whole body first: whatever the answer, the keep-alive connection stays in sync.
         self._raw = self._read_raw() if method != "GET" else b""
+        admission.begin_request()
         if self.api.closing:
             # Stopping or refusing connections: hang up, as a server that is going away does.
             self.close_connection = True

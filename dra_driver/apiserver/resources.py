@@ -9,6 +9,7 @@ RESOURCE_GROUP = "resource.k8s.io"
 COORDINATION_GROUP = "coordination.k8s.io"
 POLICY_GROUP = "policy"
 EVENTS_GROUP = "events.k8s.io"
+ADMISSION_GROUP = "admissionregistration.k8s.io"
 
 _STD_VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
 
@@ -92,6 +93,11 @@ RESOURCES: tuple[ResourceType, ...] = (
     ResourceType(COORDINATION_GROUP, "v1", "leases", "Lease", True, "lease", storage_hash="gqkMMb/YqFM="),
     ResourceType(EVENTS_GROUP, "v1", "events", "Event", True, "event", short_names=("ev",),
                  storage_hash="r2yiGXH7wu8="),
+    # Admission webhooks the server calls on writes (admission.py).
+    ResourceType(ADMISSION_GROUP, "v1", "mutatingwebhookconfigurations", "MutatingWebhookConfiguration", False,
+                 "mutatingwebhookconfiguration", categories=("api-extensions",)),
+    ResourceType(ADMISSION_GROUP, "v1", "validatingwebhookconfigurations", "ValidatingWebhookConfiguration",
+                 False, "validatingwebhookconfiguration", categories=("api-extensions",)),
 )
 
 BY_KEY: dict[str, ResourceType] = {r.key: r for r in RESOURCES}

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from dra_driver.apiserver.admission import ServiceResolver, Webhooks
 from dra_driver.apiserver.faults import Faults
 from dra_driver.apiserver.handler import ApiHandler
 from dra_driver.apiserver.store import Store
@@ -48,18 +49,23 @@ class LocalApiServer:
     namespace that does not exist (404), as the real server does; ``feature_gates``: e.g.
     ``{"DRADeviceTaints": False}`` makes the server silently drop device taints on write, like a
     cluster with that gate off (known: DRADeviceTaints, DRAPartitionableDevices, DRAConsumableCapacity,
-    DRADeviceBindingConditions; all on by default, as on the recorded 1.36 cluster).
+    DRADeviceBindingConditions; all on by default, as on the recorded 1.36 cluster);
+    ``service_resolver``: maps a webhook's ``clientConfig.service`` (namespace, name, port) to an
+    ``https://host:port`` URL; without it only ``clientConfig.url`` webhooks can be registered.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, history_limit: int = 1000,
                  bookmark_interval: float = 5.0, validate: bool = True, strict_namespaces: bool = False,
-                 feature_gates: dict[str, bool] | None = None) -> None:
+                 feature_gates: dict[str, bool] | None = None,
+                 service_resolver: ServiceResolver | None = None) -> None:
         self.host = host
         self._requested_port = port
         self.port = port
         self.bookmark_interval = bookmark_interval
         self.store = Store(history_limit=history_limit, admit=make_admit(validate, feature_gates),
                            strict_namespaces=strict_namespaces)
+        self.webhooks = Webhooks(self.store, service_resolver)
+        self.store.webhooks = self.webhooks
         self.faults = Faults(self.store.drop_watches, self._refuse, self.store.compact)
         self._httpd: _HttpServer | None = None
         self._thread: threading.Thread | None = None
@@ -119,6 +125,7 @@ class LocalApiServer:
             timer.cancel()
         self._close_listener()
         self.store.close()
+        self.webhooks.close()
         log.info("apiserver_stopped", port=self.port)
 
     def __enter__(self) -> LocalApiServer:

@@ -19,7 +19,7 @@ import random
 import threading
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dra_driver.apiserver import errors
 from dra_driver.apiserver.gc import GcQueue
@@ -45,6 +45,9 @@ from dra_driver.apiserver.watch import (
     bookmark_object,
 )
 
+if TYPE_CHECKING:
+    from dra_driver.apiserver.admission import Webhooks
+
 Obj = dict[str, Any]
 ObjList = list[Obj]  # alias: the Store.list method shadows the builtin inside the class
 Key = tuple[str, str]  # (namespace or "", name)
@@ -55,7 +58,7 @@ Admit = Callable[[ResourceType, Obj, Obj | None], None]
 _GENERATED_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # the real server's generateName alphabet
 _START_RV = 1000  # resourceVersions start high, so "1" is too old like on a long-running cluster
 # Kinds whose metadata.generation the real server maintains.
-_GENERATION_GROUPS = {"resource.k8s.io"}
+_GENERATION_GROUPS = {"resource.k8s.io", "admissionregistration.k8s.io"}
 _GENERATION_KINDS = {"Pod"}
 
 
@@ -81,6 +84,7 @@ class Store:
         self._history = History(history_limit, _START_RV)
         self._watchers: set[Watcher] = set()
         self._admit = admit
+        self.webhooks: Webhooks | None = None  # admission webhooks (set by LocalApiServer)
         # The real server refuses objects in a namespace that does not exist; off by default so tests
         # need not create namespaces first.
         self.strict_namespaces = strict_namespaces
@@ -226,6 +230,10 @@ class Store:
         with self._lock:
             if rt.namespaced and self.strict_namespaces and ("", ns) not in self._objects["namespaces"]:
                 raise errors.not_found(resource_for_key("namespaces"), ns)
+            if self.webhooks is not None:  # mutating webhooks see the object before the name is generated
+                obj = self._checked(self.webhooks.mutate(rt, "", "CREATE", obj, None, dry_run))
+                meta = obj["metadata"]
+                obj["apiVersion"], obj["kind"] = rt.group_version, rt.kind
             if not meta.get("name") and meta.get("generateName"):
                 meta["name"] = self._generate_name(rt, ns, meta["generateName"])
             for f in ("uid", "resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds",
@@ -239,6 +247,8 @@ class Store:
                 meta.pop("generation", None)
             if self._admit is not None:
                 self._admit(rt, obj, None)
+            if self.webhooks is not None:
+                self.webhooks.validate(rt, "", "CREATE", obj, None, dry_run)
             name = meta["name"]
             if (ns, name) in self._bucket(rt):
                 raise errors.already_exists(rt, name)
@@ -296,6 +306,8 @@ class Store:
                 shared: bool) -> Obj:
         """Build the new object from ``body`` and ``current``, admit it and store it (lock held)."""
         new = body if shared else copy_json(body)
+        if self.webhooks is not None:
+            new = self._checked(self.webhooks.mutate(rt, subresource, "UPDATE", new, current, dry_run))
         old_meta = current["metadata"]
         if subresource == "status":
             # A status write changes only status (and nothing else), like the real status strategies.
@@ -321,6 +333,8 @@ class Store:
             meta["generation"] = int(old_meta["generation"]) + 1
         if self._admit is not None:
             self._admit(rt, new, current)
+        if self.webhooks is not None:
+            self.webhooks.validate(rt, subresource, "UPDATE", new, current, dry_run)
         if new == current:
             # A no-op write does not bump the resourceVersion.
             return current if shared else copy_json(current)
@@ -332,6 +346,12 @@ class Store:
         raw = self._store(rt, (meta.get("namespace", ""), meta["name"]), new)
         self._emit(rt.key, MODIFIED, new, current, raw)
         return new if shared else copy_json(new)
+
+    @staticmethod
+    def _checked(obj: Obj | None) -> Obj:
+        if not isinstance(obj, dict) or not isinstance(obj.get("metadata"), dict):
+            raise errors.bad_request("an admission webhook's patch left the object without metadata")
+        return obj
 
     def bind_pod(self, namespace: str | None, name: str, node: str) -> Obj:
         """pods/binding: set spec.nodeName once (409 if already bound) and mark the pod scheduled."""
@@ -376,6 +396,9 @@ class Store:
                                       {"name": name, "group": rt.group, "kind": rt.plural})
             if pre.get("resourceVersion") and pre["resourceVersion"] != current["metadata"]["resourceVersion"]:
                 raise errors.conflict(rt, name)
+            if self.webhooks is not None:  # DELETE reviews carry oldObject only; patches do not apply
+                self.webhooks.mutate(rt, "", "DELETE", None, current, dry_run)
+                self.webhooks.validate(rt, "", "DELETE", None, current, dry_run)
             if dry_run:
                 return out(current)
             if current["metadata"].get("finalizers"):

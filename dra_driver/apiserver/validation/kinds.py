@@ -22,6 +22,10 @@ def default(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -
         # A new pod is Pending; only the kubelet (via pods/status) moves it on.
         obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
     elif rt.kind == "Namespace":
+        # Set on every write, as the real server does (webhook namespaceSelectors rely on it).
+        meta = obj.get("metadata") or {}
+        if isinstance(meta.get("name"), str):
+            meta["labels"] = {**(meta.get("labels") or {}), "kubernetes.io/metadata.name": meta["name"]}
         obj.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
         obj.setdefault("status", {}).setdefault("phase", "Active")
     elif rt.kind == "ResourceClaim" and old is None:
