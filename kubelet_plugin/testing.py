@@ -127,8 +127,9 @@ class PluginHarness:
         from kubelet_plugin.daemon import KubeletPlugin
 
         handle = open_nvml(f"{nvml}@{node}") if isinstance(nvml, str) else nvml
-        if isinstance(nvml, str):
-            overrides.setdefault("nvml", nvml)
+        # The config says which NVML runs: the real one checks the machine's /dev (device nodes).
+        real = getattr(handle, "__name__", "") == "pynvml"
+        overrides.setdefault("nvml", "real" if real else nvml if isinstance(nvml, str) else "sim:8xh100")
         plugin = KubeletPlugin(self.config(node, **overrides), self.api_client, handle)
         plugin.start()
         self.plugins[node] = plugin

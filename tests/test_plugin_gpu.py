@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from dra_driver.cdi import validate_spec
@@ -108,3 +110,36 @@ def test_real_gpu_metrics_count_validation_and_a_process_vram() -> None:
         assert (value("gpuready_validation_duration_seconds_count", device=gpu.name, result="pass") or 0) >= 1
         assert (value("gpuready_unattributed_vram_used_bytes", device=gpu.name) or 0) >= 1 << 30
         assert (value("DCGM_FI_DEV_FB_USED", UUID=gpu.uuid) or 0) >= 1024  # MiB
+
+
+def test_real_gpu_device_nodes_are_checked_at_run_time_and_a_missing_one_withdraws_its_gpu(
+        tmp_path: Path) -> None:
+    import os
+
+    from dra_driver.nvml import discover
+
+    # The host's /dev: every GPU NVML sees has its nodes, so none is withdrawn for them.
+    with PluginHarness() as h:
+        plugin = h.start_plugin("gpu-node", open_nvml("real"), health_mode="withdraw")
+        assert plugin.health_monitor.wait_validated(120)
+        reasons = plugin.health_monitor.snapshot().unhealthy()
+        assert not any("DeviceNodeMissing" in r or "is missing" in r for r in reasons.values()), reasons
+    # A copy of /dev without the first GPU's node (a driver container not finished): that GPU goes.
+    nvml = open_nvml("real")
+    devices = discover(nvml)
+    gone = min(devices.gpus, key=lambda g: g.minor)
+    root = str(tmp_path)
+    paths = list(devices.control_device_nodes)
+    for gpu in devices.gpus:
+        paths += [n for m in gpu.mig_devices for n in m.device_nodes]
+        if gpu is not gone:
+            paths.append(gpu.device_node)
+    for path in paths:
+        full = os.path.join(root, path.lstrip("/"))
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        open(full, "w").close()
+    with PluginHarness() as h:
+        plugin = h.start_plugin("gpu-node", nvml, health_mode="withdraw", dev_root=root)
+        assert plugin.health_monitor.wait_validated(120)
+        reason = plugin.health_monitor.snapshot().unhealthy().get(gone.name, "")
+        assert f"{root}/dev/nvidia{gone.minor} is missing" in reason
