@@ -41,6 +41,11 @@ def test_default_demo_tells_the_whole_story() -> None:
     assert re.search(r"llm-70gi\s+.*node-a/gpu-\d\s+gpu, 79\.6 GiB", out), out
     assert len(re.findall(r"train-2gpu\s+.*node-a/gpu-\d\s+gpu", out)) == 2, out
     assert "20Gi of it" in out
+    # The 15 GiB request went through the controller's mutating webhook: a best-fit list, smallest first.
+    assert re.search(r"firstAvailable: mig-1g-18gb, ", out), out
+    # The claim that cannot fit: the webhook's warning came back to the client as a Warning header.
+    assert re.search(r"Warning: gpuready: request 'gpu': no device has 200 GiB; the largest is\s+NVIDIA H200",
+                     out), out
     # The claim that cannot fit: the controller's Event and explain's answer.
     assert "Warning FailedScheduling" in out
     assert "$ gpuready explain giant-200gi" in out and "No allocation is possible now" in out

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -255,16 +256,39 @@ class DemoCluster:
         self.nodes[spec.name] = node
         return node
 
-    def start_controller(self, metrics: bool = False) -> Any:
-        """Start the controller with its local allocator (this cluster has no kube-scheduler)."""
+    def start_controller(self, metrics: bool = False, webhooks: bool = True) -> Any:
+        """Start the controller with its local allocator (this cluster has no kube-scheduler) and, with
+        ``webhooks``, its admission webhooks over HTTPS, registered with the API server as the Helm
+        chart registers them (a URL instead of the in-cluster Service; a self-signed certificate)."""
         from controller.daemon import Controller, ControllerConfig
+        from controller.testing import self_signed_cert
 
+        cert = key = ""
+        if webhooks:
+            tls = os.path.join(self.workdir, "webhook-tls")
+            os.makedirs(tls, exist_ok=True)
+            cert, key = self_signed_cert(tls)
         config = ControllerConfig(driver_name=DRIVER, allocate=True, leader_elect=False, bind_host="127.0.0.1",
-                                  metrics_port=0 if metrics else None, resync_s=2.0, debounce_s=0.05)
+                                  metrics_port=0 if metrics else None, resync_s=2.0, debounce_s=0.05,
+                                  webhook_port=0 if webhooks else None, webhook_host="127.0.0.1",
+                                  cert_file=cert, key_file=key)
         self.controller = Controller(config, self.new_client()).start()
         if not self.controller.wait_ready(20.0):
             raise DemoFailure("the controller did not become ready within 20 s: see " + self.log_path)
+        if webhooks:
+            self._register_webhooks(cert)
         return self.controller
+
+    def _register_webhooks(self, cert: str) -> None:
+        from dra_driver.apiserver.webhook_configs import gpuready_webhook_configurations
+
+        assert self.controller.webhook is not None
+        with open(cert, "rb") as f:
+            ca = f.read()
+        api = kubernetes.client.AdmissionregistrationV1Api(self.api_client)
+        mutating, validating = gpuready_webhook_configurations(self.controller.webhook.url, ca, DRIVER)
+        api.create_mutating_webhook_configuration(mutating, _preload_content=False)
+        api.create_validating_webhook_configuration(validating, _preload_content=False)
 
     def serve_metrics(self) -> list[tuple[str, str]]:
         """Serve each plugin's /metrics on a free local port; returns (component, URL) pairs."""
@@ -362,18 +386,40 @@ class DemoCluster:
                 out.append(self.claim(name))
         return out
 
-    def create(self, obj: dict[str, Any]) -> None:
-        """Create a Pod, ResourceClaim or ResourceClaimTemplate (what ``kubectl create`` would send)."""
+    def create(self, obj: dict[str, Any]) -> list[str]:
+        """Create a Pod, ResourceClaim or ResourceClaimTemplate (what ``kubectl create`` would send);
+        returns the warnings the API server sent back (``Warning`` headers, e.g. from a webhook), as
+        kubectl prints them."""
         kind = obj["kind"]
         if kind == "Pod":
-            self.core.create_namespaced_pod(NAMESPACE, obj, _preload_content=False)
+            resp = self.core.create_namespaced_pod(NAMESPACE, obj, _preload_content=False)
         elif kind == "ResourceClaim":
-            self.resource.create_namespaced_resource_claim(NAMESPACE, obj, _preload_content=False)
+            resp = self.resource.create_namespaced_resource_claim(NAMESPACE, obj, _preload_content=False)
         elif kind == "ResourceClaimTemplate":
-            self.resource.create_namespaced_resource_claim_template(NAMESPACE, obj, _preload_content=False)
+            resp = self.resource.create_namespaced_resource_claim_template(NAMESPACE, obj, _preload_content=False)
         else:
             raise ValueError(f"the demo does not create {kind} objects")
+        return warnings_of(resp.headers)
+
+    def template(self, name: str) -> dict[str, Any]:
+        """A ResourceClaimTemplate as JSON."""
+        result: dict[str, Any] = self._json(
+            self.resource.read_namespaced_resource_claim_template(name, NAMESPACE, _preload_content=False))
+        return result
 
     def delete_pod(self, name: str) -> None:
         """Delete a Pod (its template claims go with it, by owner reference)."""
         self.core.delete_namespaced_pod(name, NAMESPACE, _preload_content=False)
+
+
+_WARNING = re.compile(r'\d{3} \S+ "((?:[^"\\]|\\.)*)"')
+
+
+def warnings_of(headers: Any) -> list[str]:
+    """The texts of the ``Warning: 299 - "..."`` headers of a response (unquoted)."""
+    values = headers.getlist("Warning") if hasattr(headers, "getlist") else [headers.get("Warning") or ""]
+    out: list[str] = []
+    for value in values:
+        for m in _WARNING.finditer(value or ""):
+            out.append(re.sub(r"\\(.)", r"\1", m.group(1)))
+    return out

@@ -44,6 +44,7 @@ class StoryState:
 
     placements: dict[str, Placement] = field(default_factory=dict)  # pod -> placement
     unfit_pod: str = ""
+    warnings: dict[str, list[str]] = field(default_factory=dict)  # object name -> admission warnings
 
 
 def _gib(nbytes: int) -> str:
@@ -172,7 +173,7 @@ def place_pods(p: Printer, c: DemoCluster, inventory: dict[str, dict[str, dict[s
           "status.allocation and reservedFor, and binds the pod.")
     for w in workloads():
         for obj in w.objects:
-            c.create(obj)
+            state.warnings[obj["metadata"]["name"]] = c.create(obj)
     c.controller.kick()
     rows = []
     for w in workloads():
@@ -201,9 +202,26 @@ def place_pods(p: Printer, c: DemoCluster, inventory: dict[str, dict[str, dict[s
     for w in workloads():
         if w.fits:
             p.say(f"{w.pod}: {w.why}.")
+    _show_shaping(p, c, "vram-15gi")
     infer = state.placements["infer-15gi"].devices[0][1]
     p.done(f"{len(state.placements)} pods placed; the 15 GiB claim got MIG slice {infer['name']} "
            f"({_gib(device_memory(infer))} GiB)")
+
+
+def _show_shaping(p: Printer, c: DemoCluster, template: str) -> None:
+    """What the controller's mutating webhook made of a VRAM request: the firstAvailable list."""
+    request = c.template(template)["spec"]["spec"]["devices"]["requests"][0]
+    entries = request.get("firstAvailable") or []
+    expect(bool(entries) and "exactly" not in request,
+           f"template {template} should have been shaped by the admission webhook into a firstAvailable list; "
+           f"the API server stored: {json.dumps(request)[:200]}")
+    names = [str(e.get("name")) for e in entries]
+    p.blank()
+    p.say(f"The 15 GiB request was shaped at admission: the API server called the controller's mutating "
+          f"webhook, which replaced \"capacity.requests.memory: 15Gi\" in template {template} with a "
+          f"best-fit firstAvailable list of the shapes that exist, smallest first:")
+    p.lines([f"  firstAvailable: {', '.join(names[:4])}" + (f", ... ({len(names)} entries)" if len(names) > 4
+                                                            else "")])
 
 
 # --- 4. the misfit --------------------------------------------------------------------------------
@@ -213,8 +231,22 @@ def explain_unfit(p: Printer, c: DemoCluster, state: StoryState) -> None:
 
     pod = state.unfit_pod
     p.step(f"A pod that cannot fit: {pod}", "a claim that cannot fit")
-    p.say("No device anywhere has 200 GiB. The pod stays Pending; the controller says why in an Event, "
-          "and gpuready explain shows, device by device, what was excluded and why.")
+    p.say("No device anywhere has 200 GiB. The API server admitted the claim template with a warning "
+          "from the controller's mutating webhook (kubectl prints it); the pod stays Pending; the "
+          "controller says why in an Event, and gpuready explain shows, device by device, what was "
+          "excluded and why.")
+    template = next(o["metadata"]["name"] for w in workloads() if w.pod == pod for o in w.objects
+                    if o["kind"] == "ResourceClaimTemplate")
+    warnings = state.warnings.get(template) or []
+    expect(any("200 GiB" in text for text in warnings),
+           f"creating template {template} should have returned the webhook's warning that no device has "
+           f"200 GiB; warnings: {warnings}")
+    p.blank()
+    shown = [f"  $ kubectl create -f {template}.yaml"]
+    for text in warnings:
+        lines = _wrap(f"Warning: {text}", 94)
+        shown += [f"    {lines[0]}"] + [f"      {line}" for line in lines[1:]]
+    p.lines(shown)
 
     def failed() -> dict[str, Any] | None:
         return next((e for e in c.events(pod) if e.get("reason") == "FailedScheduling"), None)

@@ -21,6 +21,11 @@ def _memory_selector(gib: int) -> list[dict[str, Any]]:
     return [{"cel": {"expression": f'device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("{gib}Gi")) >= 0'}}]
 
 
+def _memory_request(gib: int) -> dict[str, Any]:
+    # What the admission webhook shapes into a best-fit firstAvailable list (the user asks for VRAM only).
+    return {"requests": {"memory": f"{gib}Gi"}}
+
+
 def _pod(name: str, claim_ref: dict[str, str]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
             "spec": {"restartPolicy": "Never",
@@ -134,7 +139,7 @@ def workloads() -> list[Workload]:
     return [
         Workload("infer-15gi", "at least 15 GiB of VRAM (any GPU or MIG slice)",
                  (_template("vram-15gi", [{"name": "gpu", "exactly": {"deviceClassName": vram,
-                                                                       "selectors": _memory_selector(15)}}]),
+                                                                       "capacity": _memory_request(15)}}]),
                   _pod("infer-15gi", {"resourceClaimTemplateName": "vram-15gi"})),
                  _one_mig_with(15),
                  "the smallest device with 15 GiB is a MIG slice, not a whole 80-141 GiB GPU"),
@@ -160,7 +165,7 @@ def workloads() -> list[Workload]:
                  "node-b's gpu-3 is shared: the claim consumes 20 GiB of its memory, others can take the rest"),
         Workload("giant-200gi", "at least 200 GiB of VRAM on one device",
                  (_template("vram-200gi", [{"name": "gpu", "exactly": {"deviceClassName": vram,
-                                                                        "selectors": _memory_selector(200)}}]),
+                                                                        "capacity": _memory_request(200)}}]),
                   _pod("giant-200gi", {"resourceClaimTemplateName": "vram-200gi"})),
                  None,
                  "no GPU in the cluster has 200 GiB"),
