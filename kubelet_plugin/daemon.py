@@ -302,14 +302,14 @@ class KubeletPlugin:
         changes = self.fallback.apply(gates)
         if not changes:
             return
-        for reason, message in changes:
-            emit_node_event(self.api_client, self.config.node_name, reason, message)
         if self.preparer is not None and self.fallback.health_mode == "withdraw":
             # Withdraw semantics for prepare too: an allocation naming an unhealthy device is stale.
             self.preparer.settings = replace(self.preparer.settings, taint_mode=False)
         with self._state_lock:
             unhealthy = dict(self._unhealthy)
-        self._publish(unhealthy)  # the same health, in the form this cluster keeps
+        self._publish(unhealthy)  # the same health, in the form this cluster keeps; first, then tell
+        for reason, message in changes:
+            emit_node_event(self.api_client, self.config.node_name, reason, message)
 
     def _unhealthy_for_prepare(self) -> Mapping[str, str]:
         # In taint mode the preparer only warns about these (the scheduler chose a tolerating claim).
