@@ -190,7 +190,7 @@ def test_webhook_down_ignore_admits_fail_answers_500(world: dict[str, Any]) -> N
     assert body["reason"] == "InternalError"
     assert body["message"].startswith('Internal error occurred: failed calling webhook "down-fail.probe.example.com": '
                                       'failed to call webhook: Post "https://127.0.0.1:9/validate?timeout=2s"')
-    assert "connection refused" in body["message"]
+    assert body["message"].endswith("dial tcp 127.0.0.1:9: connect: connection refused")
 
 
 class _Slow(BaseHTTPRequestHandler):
@@ -256,3 +256,107 @@ def test_rules_match_resources_subresources_and_scope() -> None:
     assert not rule_matches({**rule, "resources": ["*"], "scope": "Namespaced"}, classes, "", "UPDATE")
     assert rule_matches({**rule, "resources": ["*"], "scope": "Cluster"}, classes, "", "UPDATE")
     assert warning_header('say "hi"') == '299 - "say \\"hi\\""'
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    """A webhook that records each review: /allow admits, /deny refuses without a message, /label
+    patches a label in (JSONPatch)."""
+
+    protocol_version = "HTTP/1.1"
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        path = self.path.split("?")[0]
+        self.seen.append((self.path, review))
+        response: dict[str, Any] = {"uid": review["request"]["uid"], "allowed": path != "/deny"}
+        if path == "/label":
+            patch = [{"op": "add", "path": "/metadata/labels", "value": {"stamped": "yes"}}]
+            response.update(patchType="JSONPatch", patch=base64.b64encode(json.dumps(patch).encode()).decode())
+        data = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                           "response": response}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.fixture()
+def recorder(world: dict[str, Any]) -> Iterator[tuple[str, list[tuple[str, dict[str, Any]]]]]:
+    _Recorder.seen = []
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    httpd.daemon_threads = True
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(world["cert"], world["key"])
+    httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"https://127.0.0.1:{httpd.server_address[1]}", _Recorder.seen
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def _pods_hook(world: dict[str, Any], name: str, url: str, operations: list[str], resources: list[str]
+               ) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "webhooks": [{
+        "name": f"{name}.probe.example.com", "admissionReviewVersions": ["v1"], "sideEffects": "None",
+        "clientConfig": {"url": url, "caBundle": base64.b64encode(world["ca"]).decode()},
+        "objectSelector": {"matchLabels": {"probe": name}},
+        "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": operations, "resources": resources}]}]}
+
+
+def test_review_requests_are_shaped_like_kube_apiservers(world: dict[str, Any], recorder: Any) -> None:
+    url, seen = recorder
+    world["admission"].create_validating_webhook_configuration(
+        _pods_hook(world, "rec", url + "/allow", ["*"], ["pods", "pods/status"]))
+    core = kubernetes.client.CoreV1Api(world["client"])
+    pod = {"metadata": {"name": "p", "labels": {"probe": "rec"}},
+           "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+    core.create_namespaced_pod("default", pod, dry_run="All")
+    core.create_namespaced_pod("default", pod)
+    core.patch_namespaced_pod_status("p", "default", {"status": {"phase": "Running"}})
+    core.delete_namespaced_pod("p", "default")
+    world["admission"].delete_validating_webhook_configuration("rec")
+    assert [path for path, _ in seen] == ["/allow?timeout=10s"] * 4
+    dry, create, status, delete = (r["request"] for _, r in seen)
+    assert dry["dryRun"] is True and create["dryRun"] is False
+    assert create["kind"] == {"group": "", "version": "v1", "kind": "Pod"}
+    assert create["resource"] == {"group": "", "version": "v1", "resource": "pods"}
+    assert create["requestKind"] == create["kind"] and create["requestResource"] == create["resource"]
+    assert create["operation"] == "CREATE" and create["name"] == "p" and create["namespace"] == "default"
+    assert create["oldObject"] is None and create["object"]["spec"]["containers"][0]["image"] == "busybox"
+    assert create["options"] == {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}
+    assert create["userInfo"]["username"] and dry["uid"] != create["uid"]
+    assert status["operation"] == "UPDATE" and status["subResource"] == "status"
+    assert status["oldObject"]["status"]["phase"] == "Pending" and status["object"]["status"]["phase"] == "Running"
+    assert delete["operation"] == "DELETE" and delete["object"] is None and delete["oldObject"]["metadata"]["name"] == "p"
+    assert delete["options"]["kind"] == "DeleteOptions"
+
+
+def test_patch_applies_and_a_bare_denial_is_400_without_explanation(world: dict[str, Any], recorder: Any) -> None:
+    url, _ = recorder
+    world["admission"].create_mutating_webhook_configuration(
+        _pods_hook(world, "stamp", url + "/label", ["CREATE"], ["pods"]))
+    world["admission"].create_validating_webhook_configuration(
+        _pods_hook(world, "nope", url + "/deny", ["CREATE"], ["pods"]))
+    core = kubernetes.client.CoreV1Api(world["client"])
+    spec = {"containers": [{"name": "c", "image": "busybox"}]}
+    created = core.create_namespaced_pod("default", {"metadata": {"name": "stamped", "labels": {"probe": "stamp"}},
+                                                     "spec": spec})
+    assert created.metadata.labels == {"stamped": "yes"}  # the webhook's JSONPatch replaced the labels
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_pod("default", {"metadata": {"name": "denied", "labels": {"probe": "nope"}},
+                                               "spec": spec})
+    assert err.value.status == 400
+    assert error_body(err.value)["message"] == ('admission webhook "nope.probe.example.com" denied the request '
+                                                "without explanation")
+
+
+def test_discovery_serves_the_admissionregistration_group(world: dict[str, Any]) -> None:
+    resources = kubernetes.client.AdmissionregistrationV1Api(world["client"]).get_api_resources()
+    names = {r.name: r for r in resources.resources}
+    assert not names["mutatingwebhookconfigurations"].namespaced
+    assert names["validatingwebhookconfigurations"].kind == "ValidatingWebhookConfiguration"

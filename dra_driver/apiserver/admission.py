@@ -324,7 +324,7 @@ class Webhooks:
                 conn.close()
                 if reused and attempt == 0:
                     continue  # a kept-alive connection the webhook closed meanwhile: dial again once
-                raise _CallError(f'failed to call webhook: Post "{target}": {_describe(exc)}') from None
+                raise _CallError(f'failed to call webhook: Post "{target}": {_describe(exc, key)}') from None
             self._checkin(key, conn)
             if resp.status != 200:
                 text = data.decode(errors="replace")[:512]
@@ -366,9 +366,9 @@ class Webhooks:
             c.close()
 
 
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, ConnectionRefusedError):
-        return "connect: connection refused"
+def _describe(exc: BaseException, key: tuple[str, int, bytes]) -> str:
+    if isinstance(exc, ConnectionRefusedError):  # Go's wording, as the real server reports it
+        return f"dial tcp {key[0]}:{key[1]}: connect: connection refused"
     if isinstance(exc, ssl.SSLCertVerificationError):
         return f"tls: failed to verify certificate: {exc.verify_message}"
     return str(exc) or type(exc).__name__
