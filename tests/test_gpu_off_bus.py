@@ -124,6 +124,38 @@ def test_other_gpus_stay_lost_and_clear_restores_every_gpu() -> None:
     sim.nvmlShutdown()
 
 
+def _check_unlisted_lookups(nvml: Any) -> None:
+    """What NVML answers for a GPU it does not list: the contract ``fall_off_bus`` copies.
+
+    A UUID or PCI bus id that matches no listed GPU is NOT_FOUND; an index past the count is
+    INVALID_ARGUMENT; each listed GPU's handle reports the index it was looked up by.
+    """
+    nvml.nvmlInit()
+    try:
+        count = nvml.nvmlDeviceGetCount()
+        with pytest.raises(pynvml.NVMLError_NotFound):
+            nvml.nvmlDeviceGetHandleByUUID("GPU-00000000-0000-0000-0000-000000000000")
+        with pytest.raises(pynvml.NVMLError_NotFound):
+            nvml.nvmlDeviceGetHandleByPciBusId("00000000:FE:1F.0")
+        with pytest.raises(pynvml.NVMLError_InvalidArgument):
+            nvml.nvmlDeviceGetHandleByIndex(count)
+        for index in range(count):
+            assert nvml.nvmlDeviceGetIndex(nvml.nvmlDeviceGetHandleByIndex(index)) == index
+    finally:
+        nvml.nvmlShutdown()
+
+
+def test_simulated_lookups_of_an_unlisted_gpu_answer_like_nvml() -> None:
+    sim = _sim()
+    sim.faults.fall_off_bus(3)
+    _check_unlisted_lookups(sim)
+
+
+@pytest.mark.gpu
+def test_real_nvml_lookups_of_an_unlisted_gpu() -> None:
+    _check_unlisted_lookups(open_nvml("real"))
+
+
 # ---- discovery -----------------------------------------------------------------------------------
 
 def test_discovery_after_the_fall_keeps_every_remaining_gpus_name() -> None:

@@ -7,6 +7,10 @@ Discovery only reads; it never changes a GPU's settings. Every NVML error is han
 - any other error on one GPU (``GPU_IS_LOST``, ``UNKNOWN``, ...) puts that GPU in
   ``NodeDevices.unreadable`` with the reason, and the other GPUs are still read;
 - ``nvmlInit`` or a node-wide query failing raises :class:`NvmlUnavailableError`.
+
+A GPU NVML no longer lists (fallen off the bus and gone from the PCI bus) is simply absent, and the
+NVML indices of the GPUs after it are one lower: ``Gpu.index`` is the index at this reading, while
+the device names come from the minor number, which does not shift (tests/test_gpu_off_bus.py).
 """
 
 from __future__ import annotations
