@@ -14,6 +14,7 @@ import ssl
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -264,6 +265,7 @@ class _Recorder(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     seen: list[tuple[str, dict[str, Any]]] = []
+    api_url = ""
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -272,6 +274,9 @@ class _Recorder(BaseHTTPRequestHandler):
         review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         path = self.path.split("?")[0]
         self.seen.append((self.path, review))
+        if path == "/callback":  # a webhook that reads from the API server while it reviews
+            with urllib.request.urlopen(f"{self.api_url}/api/v1/namespaces/default", timeout=5) as r:
+                assert r.status == 200
         response: dict[str, Any] = {"uid": review["request"]["uid"], "allowed": path != "/deny"}
         if path == "/label":
             patch = [{"op": "add", "path": "/metadata/labels", "value": {"stamped": "yes"}}]
@@ -288,6 +293,7 @@ class _Recorder(BaseHTTPRequestHandler):
 @pytest.fixture()
 def recorder(world: dict[str, Any]) -> Iterator[tuple[str, list[tuple[str, dict[str, Any]]]]]:
     _Recorder.seen = []
+    _Recorder.api_url = world["srv"].url
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
     httpd.daemon_threads = True
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -360,3 +366,14 @@ def test_discovery_serves_the_admissionregistration_group(world: dict[str, Any])
     names = {r.name: r for r in resources.resources}
     assert not names["mutatingwebhookconfigurations"].namespaced
     assert names["validatingwebhookconfigurations"].kind == "ValidatingWebhookConfiguration"
+
+
+def test_a_webhook_may_read_from_the_server_while_it_reviews_a_create(world: dict[str, Any], recorder: Any) -> None:
+    url, seen = recorder
+    world["admission"].create_validating_webhook_configuration(
+        _pods_hook(world, "cb", url + "/callback", ["CREATE"], ["pods"]))
+    core = kubernetes.client.CoreV1Api(world["client"])
+    start = time.monotonic()
+    core.create_namespaced_pod("default", {"metadata": {"name": "cb", "labels": {"probe": "cb"}},
+                                           "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
+    assert time.monotonic() - start < 5 and len(seen) == 1  # no deadlock, no timeout: admitted at once

@@ -1,8 +1,9 @@
 """Admission webhooks, called the way kube-apiserver calls them.
 
 The store calls :meth:`Webhooks.mutate` before its own defaulting and validation of a write, and
-:meth:`Webhooks.validate` after it, both under the store lock (so what the validating webhooks saw
-is exactly what is stored). For each registered webhook whose rules (operations, apiGroups,
+:meth:`Webhooks.validate` after it; what the validating webhooks saw is exactly what is stored. On
+create both run outside the store lock (a webhook may read from this server while it reviews); on
+update and delete they run under it, so those writes wait for a slow webhook. For each registered webhook whose rules (operations, apiGroups,
 apiVersions, resources with subresources, scope), namespaceSelector and objectSelector match, an
 ``admission.k8s.io/v1`` AdmissionReview is POSTed over HTTPS to ``clientConfig.url`` (or the URL the
 ``service_resolver`` gives for ``clientConfig.service``), the certificate checked against

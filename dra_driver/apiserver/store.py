@@ -227,13 +227,15 @@ class Store:
             meta["namespace"] = ns
         else:
             meta.pop("namespace", None)
+        # Webhooks are called outside the lock on create (the common case: a webhook may read from this
+        # server while it reviews); updates and deletes call them under the lock, serialised.
+        if self.webhooks is not None:  # mutating webhooks see the object before the name is generated
+            obj = self._checked(self.webhooks.mutate(rt, "", "CREATE", obj, None, dry_run))
+            meta = obj["metadata"]
+            obj["apiVersion"], obj["kind"] = rt.group_version, rt.kind
         with self._lock:
             if rt.namespaced and self.strict_namespaces and ("", ns) not in self._objects["namespaces"]:
                 raise errors.not_found(resource_for_key("namespaces"), ns)
-            if self.webhooks is not None:  # mutating webhooks see the object before the name is generated
-                obj = self._checked(self.webhooks.mutate(rt, "", "CREATE", obj, None, dry_run))
-                meta = obj["metadata"]
-                obj["apiVersion"], obj["kind"] = rt.group_version, rt.kind
             if not meta.get("name") and meta.get("generateName"):
                 meta["name"] = self._generate_name(rt, ns, meta["generateName"])
             for f in ("uid", "resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds",
@@ -247,10 +249,13 @@ class Store:
                 meta.pop("generation", None)
             if self._admit is not None:
                 self._admit(rt, obj, None)
-            if self.webhooks is not None:
-                self.webhooks.validate(rt, "", "CREATE", obj, None, dry_run)
             name = meta["name"]
             if (ns, name) in self._bucket(rt):
+                raise errors.already_exists(rt, name)
+        if self.webhooks is not None:
+            self.webhooks.validate(rt, "", "CREATE", obj, None, dry_run)
+        with self._lock:
+            if (ns, name) in self._bucket(rt):  # created meanwhile, while the webhooks ran
                 raise errors.already_exists(rt, name)
             if dry_run:
                 return obj
