@@ -77,6 +77,9 @@ def fault(p: Printer, c: DemoCluster, state: StoryState, scenario: Scenario) -> 
     wait_for(lambda: result.device not in c.published(pool),
              f"{result.device} to leave {pool}'s ResourceSlices", timeout=10, interval=0.002)
     result.withdrawn_ms = (time.monotonic() - started) * 1000
+    # Scraped now, while the device is Unhealthy: on a loaded machine the waits below can outlast the
+    # short demo hold-down, and the plugin then already reports it Recovering.
+    scraped = _metrics(c, pool, result.device)
     p.blank()
     p.wrapped([f"{result.device} left {pool}'s ResourceSlices {result.withdrawn_ms:.0f} ms after the fault "
                f"(found by: {scenario.detection}). No new claim can be allocated on it."], indent=2)
@@ -102,7 +105,7 @@ def fault(p: Printer, c: DemoCluster, state: StoryState, scenario: Scenario) -> 
     p.lines(_event_lines(f"pod/{FAULT_POD}", pod_event))
     p.lines([f"  kubelet health stream ({node.registered.health_service}): {result.device} {report.health}: "
              f"{report.message}"])
-    _show_metrics(p, c, pool, result.device, 'state="Unhealthy"} 1.0')
+    _show_metrics(p, c, pool, result.device, 'state="Unhealthy"} 1.0', scraped)
     p.done(f"{result.device} withdrawn in {result.withdrawn_ms:.0f} ms; GPUReady=False, claim and pod told")
     return result
 
@@ -122,8 +125,9 @@ def _metrics(c: DemoCluster, node: str, device: str) -> list[str]:
     return keep
 
 
-def _show_metrics(p: Printer, c: DemoCluster, node: str, device: str, must: str) -> None:
-    lines = _metrics(c, node, device)
+def _show_metrics(p: Printer, c: DemoCluster, node: str, device: str, must: str,
+                  lines: list[str] | None = None) -> None:
+    lines = _metrics(c, node, device) if lines is None else lines
     expect(any(must in line for line in lines), f"{node}'s /metrics should have {must} for {device}; "
                                                 f"it has: {' | '.join(lines)}")
     p.lines([f"  {node} plugin /metrics (excerpt):"] + [f"    {line}" for line in lines])
