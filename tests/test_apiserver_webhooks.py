@@ -377,3 +377,24 @@ def test_a_webhook_may_read_from_the_server_while_it_reviews_a_create(world: dic
     core.create_namespaced_pod("default", {"metadata": {"name": "cb", "labels": {"probe": "cb"}},
                                            "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
     assert time.monotonic() - start < 5 and len(seen) == 1  # no deadlock, no timeout: admitted at once
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_kubectl_prints_the_webhooks_warning_and_denial(world: dict[str, Any], tmp_path: Any) -> None:
+    import subprocess
+
+    import yaml
+
+    kc = world["srv"].write_kubeconfig(str(tmp_path / "kubeconfig"))
+
+    def kubectl(obj: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(shutil.which("kubectl")), "--kubeconfig", kc, "create", "-f", "-"],
+                              input=yaml.safe_dump(obj), capture_output=True, text=True, timeout=60)
+
+    big = kubectl(vram_claim("200Gi", "kubectl-huge"))
+    assert big.returncode == 0, big.stderr
+    assert "Warning: gpuready: request 'gpu': no device has 200 GiB; the largest is NVIDIA H200" in big.stderr
+    bad = kubectl(vram_claim("15Gi", "kubectl-bad", config=BAD_CONFIG))
+    assert bad.returncode != 0
+    assert 'admission webhook "validate.gpu.nvidia.com" denied the request: ' in bad.stderr, bad.stderr
+    assert "spec.devices.config[0].opaque.parameters.sharing.strategy" in bad.stderr
