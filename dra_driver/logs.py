@@ -90,9 +90,25 @@ def get_logger(name: str) -> StructuredLogger:
     return StructuredLogger(logging.getLogger(name))
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is at the time of each event.
+
+    A handler bound to the stderr of the moment breaks when that stream is replaced and closed
+    (a test's captured stderr, a redirected CLI run) while background threads still log.
+    """
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
 def configure(level: str = "info", stream: Any = None) -> None:
     """Configure root logging once per process (daemons and the CLI call this)."""
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler: logging.Handler = logging.StreamHandler(stream) if stream is not None else _StderrHandler()
     handler.setFormatter(_KeyValueFormatter(os.environ.get("GPUREADY_LOG_FORMAT", "") == "json"))
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -51,3 +51,19 @@ def test_json_format(monkeypatch: pytest.MonkeyPatch) -> None:
         assert record["device"] == "gpu-3"
     finally:
         logging.getLogger().handlers.clear()
+
+
+def test_default_handler_follows_stderr_when_it_is_replaced(monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    # A background thread may log after the stderr the CLI started with was closed and replaced.
+    old = io.StringIO()
+    monkeypatch.setattr("sys.stderr", old)
+    configure("info")
+    try:
+        old.close()
+        new = io.StringIO()
+        monkeypatch.setattr("sys.stderr", new)
+        get_logger("t").info("plugin_registered", node="n1")
+        assert "event=plugin_registered" in new.getvalue()
+    finally:
+        logging.getLogger().handlers.clear()
