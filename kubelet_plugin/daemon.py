@@ -5,9 +5,16 @@ Concurrency model: **threads**, and only threads. gRPC requests run on the DRA s
 publisher, the VRAM accounting check and the registration retry timer run their own daemon threads;
 /metrics scrapes run on the metrics server's thread. Shared state is guarded by locks: per-claim
 locks plus the checkpoint lock in :class:`~kubelet_plugin.prepare.Preparer`, ``_state_lock`` here
-for the current health view, and ``_devices_lock`` to re-read the node after a dynamic MIG change
-(``self.devices`` is replaced whole, so readers need no lock). Nothing blocks while holding a lock
-except the checkpoint write (a small file, fsync'd) and that re-read (NVML, milliseconds).
+for the current health view, and ``_devices_lock`` to re-read the node after a dynamic MIG change or
+when the health poll finds NVML listing other GPUs (``self.devices`` and ``self.device_index`` are
+replaced whole, so readers need no lock; prepare never takes ``_devices_lock`` except through a
+dynamic MIG change). Nothing blocks while holding a lock except the checkpoint write (a small file,
+fsync'd) and that re-read (NVML, milliseconds).
+
+GPUs coming and going at run time (:meth:`KubeletPlugin.refresh_devices`): a GPU that falls off the
+bus stays in ``self.devices`` as Unhealthy (withdrawn, UNHEALTHY on the health stream, named in
+GPUReady) until it returns or the plugin restarts; a GPU that appears (back from a reset, or absent
+at start) is validated by the health monitor and published once it passes, without a restart.
 
 Start order (:meth:`KubeletPlugin.start`): discover devices -> open the checkpoint (quarantine a
 corrupt one, with an Event) and recover it -> start the health monitor -> start publishing slices
@@ -31,7 +38,9 @@ import grpc
 
 from dra_driver.cdi import driver_mounts
 from dra_driver.devices import NodeDevices
+from dra_driver.health.inventory import keep_lost_gpus
 from dra_driver.health.kubelet_health import health_stream_entries
+from dra_driver.health.topology import gpu_topology
 from dra_driver.logs import get_logger
 from dra_driver.metrics import (
     DeviceAllocation,
@@ -214,7 +223,8 @@ class KubeletPlugin:
                                             prober=MeteredProber(prober_for(self.nvml), self.metrics),
                                             on_change=self.apply_health, dynamic_mig=cfg.dynamic_mig,
                                             node_name=cfg.node_name, on_xid=self.metrics.record_xid,
-                                            device_nodes=self._device_node_check())
+                                            device_nodes=self._device_node_check(),
+                                            on_inventory_change=self.refresh_devices)
         self.health_monitor.start()
         self.apply_health(self.health_monitor.snapshot())
 
@@ -241,7 +251,17 @@ class KubeletPlugin:
 
     def apply_health(self, snapshot: Any) -> None:
         """Health monitor callback: republish slices and the kubelet health stream."""
-        self._publish(snapshot.unhealthy())
+        devices = self.devices
+        unhealthy = snapshot.unhealthy()
+        assert devices is not None
+        tracked = {d.gpu_uuid for d in snapshot.devices.values()}
+        for gpu in devices.gpus:
+            if gpu.uuid not in tracked:
+                # Re-read (refresh_devices) but not yet handed to the monitor: never publish a GPU
+                # that has not been validated, even for the instant in between.
+                for name in gpu_topology(gpu, self.config.dynamic_mig).device_names:
+                    unhealthy.setdefault(name, "awaiting validation")
+        self._publish(unhealthy, devices)
         self.broadcaster.publish(health_stream_entries(snapshot, self.config.node_name))
         if self.node_status is not None:
             self.node_status.update(snapshot)  # GPUReady condition + Events, written by its own thread
@@ -250,16 +270,25 @@ class KubeletPlugin:
             self.metrics.set_device_health(name, state, dev.reason)
 
     def refresh_devices(self) -> None:
-        """Re-read the node after a MIG instance was created or destroyed (dynamic MIG).
+        """Re-read the node: after a dynamic MIG change, or when NVML lists other GPUs than before.
 
-        The health monitor then attributes an XID on the new GPU/compute instance to that instance
-        alone (not the whole GPU) and probes it; the DCGM and VRAM collectors see it. Slices and the
-        prepare index are unchanged: in dynamic MIG they list placements, whatever exists.
+        Called by the MIG manager (prepare/unprepare) and by the health monitor's poll thread. What
+        discovery no longer lists is kept (``keep_lost_gpus``): a GPU off the bus stays known, and
+        unhealthy, instead of being forgotten. The health monitor then tracks the new set (a GPU that
+        appeared starts Validating and is published once it passes; an XID on a new MIG instance is
+        attributed to that instance). The prepare index is rebuilt only when the set of GPUs changed:
+        in dynamic MIG it lists placements, whatever instances exist.
         """
         from dra_driver.nvml import discover
 
         with self._devices_lock:
-            devices = discover(self.nvml)
+            fresh = discover(self.nvml)
+            previous = self.devices
+            devices, lost = keep_lost_gpus(previous, fresh) if previous is not None else (fresh, ())
+            if previous is None or {g.uuid for g in devices.gpus} != {g.uuid for g in previous.gpus}:
+                self.device_index = index_devices(devices, self.config.dynamic_mig)
+                log.info("devices_rediscovered", node=self.config.node_name, gpus=len(devices.gpus),
+                         lost=[g.name for g in lost], preparable=len(self.device_index))
             self.devices = devices
             if self.health_monitor is not None:
                 self.health_monitor.set_devices(devices)
@@ -286,14 +315,15 @@ class KubeletPlugin:
         self._publish(unhealthy)
         self.broadcaster.publish(entries_from_map(self.config.node_name, self.device_index, unhealthy))
 
-    def _publish(self, unhealthy: Mapping[str, str]) -> None:
+    def _publish(self, unhealthy: Mapping[str, str], devices: NodeDevices | None = None) -> None:
         cfg = self.config
         with self._state_lock:
             self._unhealthy = dict(unhealthy)
-        assert self.devices is not None and self.publisher is not None
+        devices = devices or self.devices
+        assert devices is not None and self.publisher is not None
         options = SliceOptions(mig_mode="dynamic" if cfg.dynamic_mig else "static",
                                shared_gpus=self.fallback.shared_gpus, health_mode=self.fallback.health_mode)
-        slices = build_pool(self.devices, cfg.node_name, cfg.driver_name, options, unhealthy)
+        slices = build_pool(devices, cfg.node_name, cfg.driver_name, options, unhealthy)
         self.publisher.set_desired(slices)
         self.metrics.set_published(sum(len(s.devices) for s in slices), len(unhealthy))
 

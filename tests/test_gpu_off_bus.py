@@ -317,11 +317,6 @@ def test_plugin_restarted_while_a_gpu_is_off_the_bus_keeps_names_and_claims() ->
         _wait(lambda: set(_published(h, "restart-offbus")) == everything, "gpu-2 back after a restart")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "kubelet_plugin/daemon.py:121 KubeletPlugin.start discovers GPUs once; refresh_devices (daemon.py:252) runs "
-    "only after a dynamic MIG change, and HealthMonitor (dra_driver/health/monitor.py) tracks only the "
-    "GPUs it was given: a GPU absent when the plugin started is never published when it comes back "
-    "(reset/reseat) until the plugin restarts"))
 def test_gpu_that_returns_after_a_plugin_restart_without_it_is_published_again() -> None:
     with PluginHarness() as h:
         _plugin, sim, everything = _restart_while_off_the_bus(h, "return-offbus")
@@ -330,12 +325,6 @@ def test_gpu_that_returns_after_a_plugin_restart_without_it_is_published_again()
               timeout=20)  # with the plugin running through the fall it takes one poll (10 s)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "kubelet_plugin/daemon.py:262 refresh_devices re-reads the node with discover(), which no longer lists "
-    "a GPU off the bus, and HealthMonitor.set_devices (dra_driver/health/monitor.py:146) drops the names "
-    "that are gone: a dynamic MIG change while a GPU is off the bus makes the monitor forget it (no longer "
-    "reported unhealthy to the kubelet health stream), and after its reset it is published again only at "
-    "the next MIG change"))
 def test_dynamic_mig_change_while_a_gpu_is_off_the_bus_keeps_it_reported_unhealthy() -> None:
     node = "dyn-offbus"
     with PluginHarness() as h:
@@ -355,4 +344,18 @@ def test_dynamic_mig_change_while_a_gpu_is_off_the_bus_keeps_it_reported_unhealt
         assert "gpu-1" not in _published(h, node)
         assert "gpu-1" in plugin.health_monitor.snapshot().unhealthy(), \
             "the GPU off the bus is no longer tracked after the MIG change"
+        # Still UNHEALTHY on the kubelet health stream, and named in the GPUReady condition.
+        stream = {e.device_name: e.health for e in plugin.broadcaster.snapshot()}
+        assert stream.get("gpu-1") == "UNHEALTHY", stream.get("gpu-1")
+
+        def gpu_ready() -> Any:
+            status = kubernetes.client.CoreV1Api(h.api_client).read_node_status(node).status
+            return next((c for c in status.conditions or [] if c.type == "GPUReady"), None)
+
+        _wait(lambda: gpu_ready() is not None and gpu_ready().status == "False"
+              and "gpu-1" in gpu_ready().message, "GPUReady False naming gpu-1")
         assert h.kubelet(node).unprepare([("default", "mig-during-loss", uid)]) == {uid: ""}
+        # After the reset it returns by itself (the next poll), not at the next MIG change.
+        sim.faults.return_to_bus(1)
+        _wait(lambda: "gpu-1" in _published(h, node), "gpu-1 published again after its reset", timeout=40)
+        _wait(lambda: gpu_ready().status == "True", "GPUReady True again")

@@ -56,7 +56,20 @@ def register_events(nvml: Any, gpus: tuple[Gpu, ...]) -> Registration:
     """
     event_set = nvml.nvmlEventSetCreate()
     reg = Registration(event_set, {}, {})
+    register_more(nvml, reg, gpus)
+    return reg
+
+
+def register_more(nvml: Any, reg: Registration, gpus: tuple[Gpu, ...]) -> None:
+    """Add ``gpus`` to an existing event set (a GPU that appeared after start: returned, or new).
+
+    Called on the thread that waits on the set, between waits: the set is never changed under a
+    wait. A GPU already registered is skipped (registering it twice would deliver its events twice).
+    """
+    registered = set(reg.uuid_by_handle.values())
     for gpu in gpus:
+        if gpu.uuid in registered:
+            continue
         try:
             handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
             try:
@@ -67,12 +80,12 @@ def register_events(nvml: Any, gpus: tuple[Gpu, ...]) -> Registration:
             if not mask & XID_EVENT:
                 reg.unmonitored[gpu.uuid] = "the GPU does not report XID events"
                 continue
-            nvml.nvmlDeviceRegisterEvents(handle, mask, event_set)
+            nvml.nvmlDeviceRegisterEvents(handle, mask, reg.event_set)
             reg.uuid_by_handle[handle_key(handle)] = gpu.uuid
+            reg.unmonitored.pop(gpu.uuid, None)
         except pynvml.NVMLError as exc:
             reg.unmonitored[gpu.uuid] = f"event registration failed: {describe_nvml_error(exc)}"
             log.warning("health_events_unmonitored", device=gpu.name, reason=reg.unmonitored[gpu.uuid])
-    return reg
 
 
 def free_events(nvml: Any, reg: Registration | None) -> None:

@@ -6,7 +6,9 @@ Concurrency model: three daemon threads around one lock-protected table of :clas
   double-bit ECC event is classified and applied at once, and ``on_change`` is called from this
   thread: this is the withdrawal hot path (no sleeping, no I/O besides the callback).
 * **poll**: every ``poll_interval_s`` (or when woken by an event-wait error) checks NVML answers at
-  all, then each GPU's lasting conditions (GPU lost, Unknown Error, remapped rows, retired pages,
+  all, whether NVML lists other GPUs than last time (a GPU fell off the bus, returned after a reset,
+  or is new: ``on_inventory_change`` re-reads the node, see :meth:`HealthMonitor.set_devices`), then
+  each GPU's lasting conditions (GPU lost or off the bus, Unknown Error, remapped rows, retired pages,
   recovery action, fabric). While NVML cannot initialise it retries with backoff.
 * **validate**: runs the validation (NVML checks, then the CUDA probe in a child process under a
   time limit) for devices that need it: at start, while recovering, and optionally periodically.
@@ -27,6 +29,7 @@ from typing import Any
 import pynvml
 
 from dra_driver.devices import NodeDevices
+from dra_driver.health import inventory
 from dra_driver.health.events import (
     DBE_EVENT,
     XID_EVENT,
@@ -34,6 +37,7 @@ from dra_driver.health.events import (
     decode_event,
     free_events,
     register_events,
+    register_more,
 )
 from dra_driver.health.nvml_checks import (
     POLLED_KEYS,
@@ -78,7 +82,8 @@ class HealthMonitor:
                  on_change: Callable[[HealthSnapshot], None], clock: Callable[[], float] = time.monotonic,
                  *, dynamic_mig: bool = False, node_name: str = "",
                  device_nodes: ValidationConfig | None = None,
-                 on_xid: Callable[[str, str, int, bool], None] | None = None) -> None:
+                 on_xid: Callable[[str, str, int, bool], None] | None = None,
+                 on_inventory_change: Callable[[], None] | None = None) -> None:
         self._nvml = nvml
         # on_xid(device, gpu_uuid, xid, withdrew): every XID event, ignored ones too (metrics). The
         # device is the MIG device the event is attributed to, else the GPU.
@@ -110,6 +115,13 @@ class HealthMonitor:
         self._last_probe: dict[tuple[str, str], float] = {}
         self._threads: list[threading.Thread] = []
         self._event_thread: threading.Thread | None = None
+        # NVML's list of GPUs as the poll last saw it. When it changes, on_inventory_change re-reads
+        # the node (the plugin: discovery, then set_devices with what it knew merged in); without
+        # one the monitor re-reads it itself. Runs on the poll thread, never on the event thread.
+        self._listed = frozenset(g.uuid for g in devices.gpus)
+        self._on_inventory_change = on_inventory_change or self._rediscover
+        # Set when set_devices added GPUs: the event thread registers them between two waits.
+        self._register_wanted = threading.Event()
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -144,20 +156,46 @@ class HealthMonitor:
             self._nvml_ready = False
 
     def set_devices(self, devices: NodeDevices) -> None:
-        """Track a changed device set (dynamic MIG created or destroyed an instance).
+        """Track a re-read of the node (a dynamic MIG change, or NVML listing other GPUs than before).
 
         Names that persist keep their health (a dynamic MIG device has its placement's name); new
-        names start Validating; names gone are dropped. XIDs are then attributed to the new MIG
-        devices by GPU/compute instance. Event registration is per physical GPU and is unchanged.
+        names (a MIG instance, a GPU back from a reset, a new GPU) start Validating and are published
+        only once validated. A whole GPU missing from ``devices`` is *kept* (see
+        :func:`~dra_driver.health.inventory.keep_lost_gpus`) with its health, so it stays reported
+        unhealthy rather than vanishing from the health stream and GPUReady; the poll keeps judging
+        it (off the bus, lost, Unknown Error: a GPU NVML lists but discovery could not read is
+        missing too, and must keep its own reason). XIDs are then
+        attributed by the new topology; GPUs not yet registered for events are registered by the
+        event thread between two waits. Notifies ``on_change`` when the tracked set changed.
         """
-        with self._notify_lock, self._lock:
-            self._devices = devices
-            self._topo = node_topology(devices, self._dynamic_mig)
-            self._gpu_of = {n: t.gpu.uuid for t in self._topo.values() for n in t.device_names}
-            now = self._clock()
-            self._records = {n: self._records.get(n) or initial_record(n, now, self._policy)
-                             for n in self._gpu_of}
+        with self._notify_lock:
+            with self._lock:
+                merged, lost = inventory.keep_lost_gpus(self._devices, devices)
+                changed = inventory.gpu_set(merged) != inventory.gpu_set(self._devices)
+                self._devices = merged
+                self._topo = node_topology(merged, self._dynamic_mig)
+                self._gpu_of = {n: t.gpu.uuid for t in self._topo.values() for n in t.device_names}
+                now = self._clock()
+                records = {n: self._records.get(n) or initial_record(n, now, self._policy) for n in self._gpu_of}
+                changed = changed or records.keys() != self._records.keys()
+                self._records = records
+                notify = changed and not self._stop.is_set()
+                if notify:
+                    self._generation += 1
+                    snap = self._snapshot_locked(())
+            if notify:
+                self._notify(snap)
+        if lost:
+            log.info("gpus_kept_while_unlisted", node=self._node or None, devices=[g.name for g in lost])
+            self._poll_wake.set()  # judge them now, not at the next poll
+        self._register_wanted.set()
         self._validate_wake.set()
+
+    def _rediscover(self) -> None:
+        """Re-read the node and track it: the default ``on_inventory_change`` (no plugin around)."""
+        from dra_driver.nvml import discover  # the discovery layer, not needed by the rest of health
+
+        self.set_devices(discover(self._nvml))
 
     def wait_validated(self, timeout: float | None = None) -> bool:
         """Block until the first validation round has finished; False on timeout."""
@@ -205,14 +243,21 @@ class HealthMonitor:
                     return
                 self._generation += 1
                 snap = self._snapshot_locked(tuple(transitions))
-            for t in transitions:
-                (log.warning if t.new in (HealthState.UNHEALTHY, HealthState.UNKNOWN) else log.info)(
-                    "device_health_changed", device=t.device, node=self._node or None,
-                    old=t.old.value, new=t.new.value, reason=t.reason)
-            try:
-                self._on_change(snap)
-            except Exception:
-                log.error("health_on_change_failed", exc_info=True, node=self._node or None)
+            self._log_transitions(transitions)
+            self._notify(snap)
+
+    def _log_transitions(self, transitions: Iterable[Transition]) -> None:
+        for t in transitions:
+            (log.warning if t.new in (HealthState.UNHEALTHY, HealthState.UNKNOWN) else log.info)(
+                "device_health_changed", device=t.device, node=self._node or None,
+                old=t.old.value, new=t.new.value, reason=t.reason)
+
+    def _notify(self, snap: HealthSnapshot) -> None:
+        """Call ``on_change`` (the caller holds the notify lock, so snapshots arrive in order)."""
+        try:
+            self._on_change(snap)
+        except Exception:
+            log.error("health_on_change_failed", exc_info=True, node=self._node or None)
 
     def _fault(self, names: Iterable[str], fault: Fault) -> None:
         now = self._clock()
@@ -262,6 +307,9 @@ class HealthMonitor:
     def _event_loop(self, reg: Registration) -> None:
         errors = 0
         while not self._stop.is_set():
+            if self._register_wanted.is_set():
+                self._register_wanted.clear()
+                register_more(self._nvml, reg, self._devices.gpus)  # GPUs that appeared since start
             try:
                 event = self._nvml.nvmlEventSetWait_v2(reg.event_set, self._policy.event_wait_ms)
             except pynvml.NVMLError_Timeout:
@@ -353,7 +401,9 @@ class HealthMonitor:
         """Check NVML and every GPU's lasting conditions once, and apply what changed."""
         try:
             check_driver(self._nvml)
-            results = {uuid: check_gpu(self._nvml, t.gpu) for uuid, t in self._topo.items()}
+            self._check_inventory()
+            topos = self._topo  # replaced whole by set_devices: read it once
+            results = {uuid: check_gpu(self._nvml, t.gpu) for uuid, t in topos.items()}
         except NvmlUnavailable as exc:
             self._mark_nvml_down(str(exc))
             return
@@ -368,15 +418,39 @@ class HealthMonitor:
             return
         if self._node_problem is not None:
             self._set_nvml_up()
-        for uuid, faults in results.items():
-            topo = self._topo[uuid]
-            if self._device_nodes is None:
-                self._apply_conditions(topo, faults)
-                continue
+        owned = POLLED_KEYS
+        if self._device_nodes is not None:
             # Device nodes vanish and reappear at run time too (driver reload, a late nvidia-modprobe):
             # checked every poll, so the fault is found within a poll and clears once the node is back.
-            faults = faults + device_node_faults(topo.gpu, self._devices, self._device_nodes)
-            self._apply_conditions(topo, faults, POLLED_KEYS | {DEVICE_NODE_KEY})
+            owned = POLLED_KEYS | {DEVICE_NODE_KEY}
+        for uuid, faults in results.items():
+            topo = topos[uuid]
+            if self._device_nodes is not None:
+                faults = faults + device_node_faults(topo.gpu, self._devices, self._device_nodes)
+            self._apply_conditions(topo, faults, owned)
+
+    def _check_inventory(self) -> None:
+        """Re-read the node when NVML lists other GPUs than at the last poll.
+
+        Off the bus, a GPU is no longer listed; after a reset or reseat (or a GPU that was absent
+        when the plugin started) it is listed again: without this it would stay unpublished until
+        the plugin restarts. A failing re-read is retried at the next poll.
+        """
+        try:
+            listed = inventory.listed_uuids(self._nvml)
+        except pynvml.NVMLError as exc:
+            log.warning("nvml_list_failed", reason=describe_nvml_error(exc), node=self._node or None)
+            return
+        if listed == self._listed:
+            return
+        previous, self._listed = self._listed, listed
+        log.info("gpu_inventory_changed", node=self._node or None, appeared=sorted(listed - previous),
+                 gone=sorted(previous - listed))
+        try:
+            self._on_inventory_change()
+        except Exception:
+            self._listed = previous
+            log.error("gpu_rediscovery_failed", exc_info=True, node=self._node or None)
 
     def _apply_conditions(self, topo: GpuTopology, faults: list[Fault],
                           owned: frozenset[str] = POLLED_KEYS) -> None:
@@ -387,7 +461,9 @@ class HealthMonitor:
         def change() -> list[tuple[str, DeviceRecord]]:
             out = []
             for name in topo.device_names:
-                rec = self._records[name]
+                rec = self._records.get(name)
+                if rec is None:
+                    continue  # set_devices dropped the name meanwhile (a MIG device destroyed)
                 for key in owned - present:
                     rec = clear_condition(rec, key)
                 for f in faults:
@@ -470,7 +546,4 @@ class HealthMonitor:
             with self._lock:
                 self._generation += 1
                 snap = self._snapshot_locked(())
-            try:
-                self._on_change(snap)
-            except Exception:
-                log.error("health_on_change_failed", exc_info=True, node=self._node or None)
+            self._notify(snap)

@@ -16,6 +16,7 @@ from typing import Any
 import pynvml
 
 from dra_driver.devices import Gpu
+from dra_driver.health.inventory import off_bus_fault
 from dra_driver.health.state import Fault
 
 RECOVERY_ACTION_FIELD = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
@@ -122,7 +123,7 @@ def check_gpu(nvml: Any, gpu: Gpu) -> list[Fault]:
     try:
         handle = _call("nvmlDeviceGetHandleByUUID", nvml.nvmlDeviceGetHandleByUUID, gpu.uuid)
         if handle is None:
-            return [gpu_lost_fault("NVML no longer finds this GPU's UUID")]
+            return [off_bus_fault(gpu)]  # NVML no longer lists it: it fell off the bus
         # A cheap call that touches the GPU: lost GPUs fail here even when the handle is cached.
         _call("nvmlDeviceGetUUID", nvml.nvmlDeviceGetUUID, handle)
         faults: list[Fault] = []
