@@ -11,7 +11,8 @@ Concurrency model: three daemon threads around one lock-protected table of :clas
   each GPU's lasting conditions (GPU lost or off the bus, Unknown Error, remapped rows, retired pages,
   recovery action, fabric). While NVML cannot initialise it retries with backoff.
 * **validate**: runs the validation (NVML checks, then the CUDA probe in a child process under a
-  time limit) for devices that need it: at start, while recovering, and optionally periodically.
+  time limit) for devices that need it: at start, while recovering, and optionally periodically
+  (:class:`~dra_driver.health.validation_loop.ValidationLoop`, a mixin in its own module).
 
 ``on_change(snapshot)`` is called, in order, after every state transition (never under the table
 lock, always under a separate notify lock so snapshots arrive in the order they were taken).
@@ -19,11 +20,9 @@ lock, always under a separate notify lock so snapshots arrive in the order they 
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
 import pynvml
@@ -47,7 +46,7 @@ from dra_driver.health.nvml_checks import (
     describe_nvml_error,
 )
 from dra_driver.health.policy import HealthPolicy
-from dra_driver.health.probe import Prober, ProbeResult, prober_for
+from dra_driver.health.probe import Prober, prober_for
 from dra_driver.health.snapshot import DeviceHealth, HealthSnapshot
 from dra_driver.health.state import (
     DeviceRecord,
@@ -55,13 +54,13 @@ from dra_driver.health.state import (
     HealthState,
     Transition,
     apply_fault,
-    apply_validation,
     clear_condition,
     initial_record,
     transition,
 )
-from dra_driver.health.topology import GpuTopology, ProbeTarget, node_topology
+from dra_driver.health.topology import GpuTopology, node_topology
 from dra_driver.health.validation import DEVICE_NODE_KEY, ValidationConfig, device_node_faults
+from dra_driver.health.validation_loop import ValidationLoop
 from dra_driver.health.xid import XidAction
 from dra_driver.logs import get_logger
 
@@ -75,7 +74,7 @@ def _nvml_down_fault(detail: str) -> Fault:
                  key=NVML_KEY, unknown=True)
 
 
-class HealthMonitor:
+class HealthMonitor(ValidationLoop):
     """Watches a node's GPUs and reports every health change through ``on_change``."""
 
     def __init__(self, nvml: Any, devices: NodeDevices, policy: HealthPolicy, prober: Prober | None,
@@ -473,77 +472,3 @@ class HealthMonitor:
             return out
 
         self._update(change)
-
-    # ---- validation ------------------------------------------------------------------------
-
-    def _due(self, target: ProbeTarget, now: float) -> bool:
-        with self._lock:
-            recs = [self._records[n] for n in target.device_names]
-        if self._node_problem is not None:
-            return False
-        if any(r.conditions for r in recs):
-            return False  # the cause has not cleared: probing a lost GPU proves nothing
-        last = self._last_probe.get((target.gpu_uuid, target.label))
-        if any(r.state is HealthState.VALIDATING for r in recs) or last is None:
-            return True
-        if any(r.state is not HealthState.HEALTHY for r in recs):
-            return now - last >= self._policy.recheck_interval_s
-        interval = self._policy.revalidate_interval_s
-        return bool(interval) and now - last >= interval
-
-    def validate_once(self) -> None:
-        """Validate every target that is due now: NVML checks first, then the CUDA probes.
-
-        Probes of different targets run in parallel, so one hung GPU (killed at the probe timeout)
-        does not hold back the publication of the others.
-        """
-        due: list[ProbeTarget] = []
-        for topo in self._topo.values():
-            targets = [t for t in topo.probe_targets if self._due(t, self._clock())]
-            if not targets:
-                continue
-            try:
-                faults = check_gpu(self._nvml, topo.gpu)
-            except NvmlUnavailable as exc:
-                self._mark_nvml_down(str(exc))
-                return
-            if self._device_nodes is not None:
-                faults += device_node_faults(topo.gpu, self._devices, self._device_nodes)
-            self._apply_conditions(topo, faults, POLLED_KEYS | {DEVICE_NODE_KEY})
-            if not faults:
-                due.extend(targets)
-        if not due or self._stop.is_set():
-            return
-        # Bounded: dozens of MIG devices starting CUDA at once would starve each other (and the
-        # node) and turn slow starts into false timeouts.
-        workers = min(len(due), max(4, os.cpu_count() or 1), 16)
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="health-probe") as pool:
-            futures = {pool.submit(self._prober.probe, t, self._policy.probe_timeout_s): t for t in due}
-            for future in as_completed(futures):
-                target = futures[future]
-                self._last_probe[(target.gpu_uuid, target.label)] = self._clock()
-                self._apply_probe(target, future.result())
-
-    def _apply_probe(self, target: ProbeTarget, result: ProbeResult) -> None:
-        now = self._clock()
-        failure = None if result.ok else Fault(result.code, f"CUDA {result.reason} on {target.label}")
-        self._update(lambda: [(n, apply_validation(self._records[n], result.ok, now, self._policy, failure))
-                              for n in target.device_names])
-
-    def _validate_loop(self) -> None:
-        while not self._stop.is_set():
-            if self._reg is not None:
-                self.validate_once()
-                if not self._validated.is_set() and not self._stop.is_set():
-                    self._validated.set()
-                    self._notify_validated()
-            self._validate_wake.wait(min(self._policy.recheck_interval_s, 1.0))
-            self._validate_wake.clear()
-
-    def _notify_validated(self) -> None:
-        # The first round may change no state (a node with no GPUs); say it finished anyway.
-        with self._notify_lock:
-            with self._lock:
-                self._generation += 1
-                snap = self._snapshot_locked(())
-            self._notify(snap)
