@@ -202,3 +202,15 @@ def test_a_failing_re_read_is_retried_at_the_next_poll(sim: SimulatedNvml, monit
         time.sleep(0.05)
     time.sleep(0.5)
     assert len(calls) == 2  # once it succeeded, no more re-reads while the list stays the same
+
+
+@pytest.mark.gpu
+def test_real_nvml_lists_what_discovery_reads() -> None:
+    """On a real node the poll's list matches discovery (MIG devices are not listed): no re-reads."""
+    nvml = open_nvml("real")
+    devices = discover(nvml)
+    nvml.nvmlInit()
+    try:
+        assert listed_uuids(nvml) == {g.uuid for g in devices.gpus}
+    finally:
+        nvml.nvmlShutdown()
