@@ -67,28 +67,29 @@ def render(results: dict[str, list[dict[str, object]]], errors: dict[str, str],
         "# Benchmarks",
         "",
         "Regenerate with `python -m benchmarks.run_all` (this file is overwritten). Each benchmark",
-        "runs in its own process; median and p99 are over the `n` samples shown. The target is the",
+        "runs in its own process; median, p95 and p99 are over the `n` samples shown. The target is the",
         "figure the issue set; `met` says whether this run met it.",
         "",
         f"Machine: {'; '.join(machines) or 'unknown'}. Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
         "",
-        "| area | what was measured | n | median | p99 | unit | target | met | peers |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| area | what was measured | n | median | p95 | p99 | unit | target | met | peers |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for area, rows in results.items():
         for r in rows:
             met = {True: "yes", False: "**no**", None: ""}[r.get("met")]  # type: ignore[index]
             out.append(
-                f"| {area} | {r['name']} | {r['n']} | {_fmt(r['median'])} | {_fmt(r['p99'])} | "
+                f"| {area} | {r['name']} | {r['n']} | {_fmt(r['median'])} | {_fmt(r.get('p95'))} | "
+                f"{_fmt(r['p99'])} | "
                 f"{r['unit']} | {r.get('target', '')} | {met} | {r.get('peers', '')} |"
             )
     if gpu_rows:
         out += ["", "## On a real NVIDIA H200 (recorded on the GPU machine)", "",
-                "| what was measured | n | median | p99 | unit | target | met | machine |",
-                "|---|---|---|---|---|---|---|---|"]
+                "| what was measured | n | median | p95 | p99 | unit | target | met | machine |",
+                "|---|---|---|---|---|---|---|---|---|"]
         for r in gpu_rows:
             met = {True: "yes", False: "**no**", None: ""}[r.get("met")]  # type: ignore[index]
-            out.append(f"| {r['name']} | {r['n']} | {_fmt(r['median'])} | {_fmt(r['p99'])} | "
+            out.append(f"| {r['name']} | {r['n']} | {_fmt(r['median'])} | {_fmt(r.get('p95'))} | {_fmt(r['p99'])} | "
                        f"{r['unit']} | {r.get('target', '')} | {met} | {r.get('machine', '')} |")
     if errors:
         out += ["", "## Benchmarks that did not complete", ""]
