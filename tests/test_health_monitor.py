@@ -123,6 +123,27 @@ def test_publishes_only_after_validation(rig_factory: Callable[..., Rig]) -> Non
     assert len(snap.healthy_names()) == len(snap.devices) > 8  # GPUs + MIG devices
 
 
+def test_wait_validated_returns_only_after_on_change_saw_the_validated_round() -> None:
+    # The plugin republishes from on_change; a caller of wait_validated() then waiting for the
+    # slices must find the validated pool, not the empty one from before validation. A slow
+    # on_change (a loaded machine) makes the ordering observable.
+    sim: SimulatedNvml = open_nvml("sim:h200-141gb")
+    delivered: list[HealthSnapshot] = []
+
+    def slow_on_change(snap: HealthSnapshot) -> None:
+        if snap.validated:
+            time.sleep(0.3)
+        delivered.append(snap)
+
+    monitor = HealthMonitor(sim, discover(sim), HealthPolicy(**FAST), QuickProber(sim), slow_on_change)
+    monitor.start()
+    try:
+        assert monitor.wait_validated(20)
+        assert any(snap.validated and snap.healthy_names() for snap in delivered)
+    finally:
+        monitor.stop()
+
+
 def test_xid79_withdraws_the_gpu_within_milliseconds(rig_factory: Callable[..., Rig]) -> None:
     rig = rig_factory()
     rig.healthy_after_validation()

@@ -155,12 +155,14 @@ def test_an_xid_on_a_created_instance_withdraws_that_instance_only() -> None:
     with PluginHarness() as h:
         plugin = h.start_plugin(node, "sim:4xh200", mig_mode="dynamic", health_mode="withdraw")
         assert plugin.health_monitor.wait_validated(60)
-        assert plugin.publisher.wait_until_synced(20)
-        everything = _published(h, node)
         device = _placement(plugin, "1g.18gb", gpu="gpu-0", start=0)
         sibling = _placement(plugin, "1g.18gb", gpu="gpu-0", start=1)
         other_gpu = _placement(plugin, "1g.18gb", gpu="gpu-1", start=0)
-        assert {device, sibling, other_gpu, "gpu-0"} <= everything
+        # Validation ends before the plugin republishes what it validated: wait for the pool itself.
+        deadline = time.monotonic() + 30
+        while not {device, sibling, other_gpu, "gpu-0"} <= (everything := _published(h, node)):
+            assert time.monotonic() < deadline, f"validated devices never published: {sorted(everything)[:5]}"
+            time.sleep(0.05)
         uid = h.create_claim("hot", [("gpu", node, device)])
         assert h.kubelet(node).prepare([("default", "hot", uid)])[uid].ok
         mig = plugin.checkpoint.get(uid).mig[0]

@@ -106,6 +106,7 @@ class HealthMonitor(ValidationLoop):
         self._node_problem: str | None = None
         self._generation = 0
         self._validated = threading.Event()
+        self._validated_delivered = threading.Event()  # set after on_change saw the first round
         self._stop = threading.Event()
         self._poll_wake = threading.Event()
         self._validate_wake = threading.Event()
@@ -197,8 +198,9 @@ class HealthMonitor(ValidationLoop):
         self.set_devices(discover(self._nvml))
 
     def wait_validated(self, timeout: float | None = None) -> bool:
-        """Block until the first validation round has finished; False on timeout."""
-        return self._validated.wait(timeout)
+        """Block until the first validation round has finished and ``on_change`` has been given its
+        result; False on timeout."""
+        return self._validated_delivered.wait(timeout)
 
     def snapshot(self) -> HealthSnapshot:
         """The current health of every tracked device."""

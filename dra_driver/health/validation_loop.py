@@ -40,6 +40,7 @@ class ValidationLoop:
     _node_problem: str | None
     _generation: int
     _validated: threading.Event
+    _validated_delivered: threading.Event
     _stop: threading.Event
     _validate_wake: threading.Event
     _reg: Any
@@ -123,6 +124,9 @@ class ValidationLoop:
                 if not self._validated.is_set() and not self._stop.is_set():
                     self._validated.set()
                     self._notify_validated()
+                    # Only now may wait_validated() return: on_change has seen the validated
+                    # snapshot, so a caller that then waits for the slices sees the validated pool.
+                    self._validated_delivered.set()
             self._validate_wake.wait(min(self._policy.recheck_interval_s, 1.0))
             self._validate_wake.clear()
 
