@@ -8,38 +8,22 @@ know yet (1.36+ DRA fields). Thread-safe: urllib3's pool is.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from typing import Any
 
-import urllib3
-
+from dra_driver.kube_json import JSON_PATCH, MERGE_PATCH, ApiError, JsonApi
 from dra_driver.logs import get_logger
 
 log = get_logger(__name__)
 
-REQUEST_TIMEOUT = (5.0, 15.0)  # connect, read: a hung API server must not hang a controller thread
 WATCH_TIMEOUT_SECONDS = 300  # the server ends a watch after this; the informer reopens it
 COMPONENT = "gpuready-controller"
 
-MERGE_PATCH = "application/merge-patch+json"
-JSON_PATCH = "application/json-patch+json"
 
 RESOURCE_V1 = "/apis/resource.k8s.io/v1"
 CORE_V1 = "/api/v1"
 COORDINATION_V1 = "/apis/coordination.k8s.io/v1"
-
-
-class ApiError(Exception):
-    """A non-success answer from the API server (``status`` is the HTTP code, ``reason`` its Status reason)."""
-
-    def __init__(self, method: str, path: str, status: int, body: Any) -> None:
-        message = body.get("message", "") if isinstance(body, dict) else str(body)[:200]
-        super().__init__(f"{method} {path}: HTTP {status}: {message}")
-        self.status = status
-        self.reason = body.get("reason", "") if isinstance(body, dict) else ""
-        self.body = body
 
 
 def namespaced(prefix: str, plural: str, namespace: str, name: str = "", sub: str = "") -> str:
@@ -77,35 +61,8 @@ def make_api_client(kubeconfig: str = "") -> Any:
     return kubernetes.config.new_client_from_config()
 
 
-class KubeApi:
+class KubeApi(JsonApi):
     """JSON in, JSON out over an ``ApiClient``; errors raise :class:`ApiError`."""
-
-    def __init__(self, api_client: Any) -> None:
-        self.api_client = api_client
-
-    def _url(self, method: str, path: str, query: list[tuple[str, str]] | None,
-             content_type: str) -> tuple[str, dict[str, str]]:
-        _, url, headers, _, _ = self.api_client.param_serialize(
-            method=method, resource_path=path, query_params=query or None,
-            header_params={"Accept": "application/json", "Content-Type": content_type},
-            auth_settings=["BearerToken"],
-        )
-        return url, headers
-
-    def request(self, method: str, path: str, query: list[tuple[str, str]] | None = None,
-                body: Any = None, content_type: str = "application/json") -> Any:
-        """One request; returns the decoded JSON answer or raises :class:`ApiError`."""
-        url, headers = self._url(method, path, query, content_type)
-        response = self.api_client.call_api(method, url, header_params=headers, body=body,
-                                            _request_timeout=REQUEST_TIMEOUT)
-        data = response.read()
-        try:
-            decoded = json.loads(data) if data else None
-        except ValueError:
-            decoded = data.decode(errors="replace") if isinstance(data, bytes) else data
-        if not 200 <= response.status < 300:
-            raise ApiError(method, path, response.status, decoded)
-        return decoded
 
     def get(self, path: str) -> dict[str, Any] | None:
         """The object at ``path``, or None when it does not exist."""
@@ -128,21 +85,8 @@ class KubeApi:
         return result
 
     def stream(self, path: str, query: list[tuple[str, str]]) -> Any:
-        """An open streaming GET (a watch): the urllib3 response, to be read chunk by chunk."""
-        url, headers = self._url("GET", path, query, "application/json")
-        response = self.api_client.rest_client.pool_manager.request(
-            "GET", url, headers=headers, preload_content=False,
-            timeout=urllib3.Timeout(connect=REQUEST_TIMEOUT[0], read=WATCH_TIMEOUT_SECONDS + 30),
-        )
-        if response.status != 200:
-            data = response.read()
-            response.release_conn()
-            try:
-                body: Any = json.loads(data)
-            except ValueError:
-                body = data.decode(errors="replace")
-            raise ApiError("GET", path, response.status, body)
-        return response
+        """An open watch stream (the server ends it after ``WATCH_TIMEOUT_SECONDS``)."""
+        return self.open_stream(path, query, WATCH_TIMEOUT_SECONDS + 30)
 
     def event(self, obj: dict[str, Any], reason: str, message: str, event_type: str = "Warning") -> None:
         """Record a core/v1 Event on ``obj`` (a Pod, Node or claim dict). Best effort: logged, never raised."""

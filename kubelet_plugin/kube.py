@@ -8,7 +8,6 @@ validators), ``ResourceV1Api`` about 4 MB.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import uuid
@@ -16,8 +15,7 @@ from collections.abc import Callable, Iterable
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from kubernetes.client.exceptions import ApiException
-
+from dra_driver.kube_json import ApiError, JsonApi
 from dra_driver.logs import get_logger
 
 if TYPE_CHECKING:
@@ -26,56 +24,17 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 COMPONENT = "gpuready-kubelet-plugin"
-REQUEST_TIMEOUT = (5.0, 15.0)  # connect, read: a hung API server must not hang a prepare forever
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}"
 
 
-class ApiStatusError(ApiException):
-    """A non-2xx answer; ``status`` is the HTTP code, ``reason`` the Status reason.
-
-    An ``ApiException`` so callers written against the generated client handle it unchanged.
-    """
-
-    def __init__(self, method: str, path: str, status: int, body: Any) -> None:
-        message = body.get("message", "") if isinstance(body, dict) else str(body)[:200]
-        super().__init__(status=status, reason=body.get("reason", "") if isinstance(body, dict) else "")
-        self.body = json.dumps(body) if isinstance(body, dict) else str(body)
-        self.text = f"{method} {path}: HTTP {status}: {message}"
-
-    def __str__(self) -> str:
-        return self.text
-
-
-class RawApi:
-    """JSON requests over a ``kubernetes.client.ApiClient``. Thread-safe (urllib3's pool is)."""
-
-    def __init__(self, api_client: Any) -> None:
-        self.api_client = api_client
-
-    def request(self, method: str, path: str, body: Any = None,
-                content_type: str = "application/json") -> Any:
-        """One request; the decoded JSON answer, or :class:`ApiStatusError`."""
-        _, url, headers, _, _ = self.api_client.param_serialize(
-            method=method, resource_path=path,
-            header_params={"Accept": "application/json", "Content-Type": content_type},
-            auth_settings=["BearerToken"])
-        response = self.api_client.call_api(method, url, header_params=headers, body=body,
-                                            _request_timeout=REQUEST_TIMEOUT)
-        data = response.read()
-        try:
-            decoded = json.loads(data) if data else None
-        except ValueError:
-            decoded = data.decode(errors="replace") if isinstance(data, bytes) else data
-        if not 200 <= response.status < 300:
-            raise ApiStatusError(method, path, response.status, decoded)
-        return decoded
+ApiStatusError = ApiError  # the name the plugin's callers know
 
 
 class KubeClaims:
     """:class:`kubelet_plugin.prepare.ClaimSource` over the API server."""
 
     def __init__(self, api_client: Any, driver_name: str) -> None:
-        self.api = RawApi(api_client)
+        self.api = JsonApi(api_client)
         self.driver_name = driver_name
 
     def get(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -101,7 +60,7 @@ class KubeClaims:
             status["devices"] = kept + entries
             try:
                 # PUT with the resourceVersion read: a concurrent writer makes it fail with 409.
-                self.api.request("PUT", CLAIMS.format(ns=namespace, name=name) + "/status", claim)
+                self.api.request("PUT", CLAIMS.format(ns=namespace, name=name) + "/status", body=claim)
                 return
             except ApiStatusError as exc:
                 if exc.status != 409:
@@ -128,7 +87,7 @@ class KubeClaims:
                 return False
             status["devices"] = kept
             try:
-                self.api.request("PUT", path, claim)
+                self.api.request("PUT", path, body=claim)
                 return True
             except ApiStatusError as exc:
                 if exc.status == 404:  # deleted between the read and the write
@@ -142,16 +101,16 @@ class NodeStatusApi:
     """The two calls :class:`dra_driver.health.node_status.NodeStatusReporter` makes, without CoreV1Api."""
 
     def __init__(self, api_client: Any) -> None:
-        self.api = RawApi(api_client)
+        self.api = JsonApi(api_client)
 
     def patch_node_status(self, name: str, body: Any, _content_type: str = "application/strategic-merge-patch+json",
                           **_: Any) -> Any:
         """PATCH /api/v1/nodes/<name>/status."""
-        return self.api.request("PATCH", f"/api/v1/nodes/{name}/status", body, content_type=_content_type)
+        return self.api.request("PATCH", f"/api/v1/nodes/{name}/status", body=body, content_type=_content_type)
 
     def create_namespaced_event(self, namespace: str, body: Any, **_: Any) -> Any:
         """POST an Event."""
-        return self.api.request("POST", f"/api/v1/namespaces/{namespace}/events", body)
+        return self.api.request("POST", f"/api/v1/namespaces/{namespace}/events", body=body)
 
 
 class PodEventsApi(NodeStatusApi):
