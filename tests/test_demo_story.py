@@ -57,7 +57,9 @@ def test_default_demo_tells_the_whole_story() -> None:
     assert withdrawn and int(withdrawn.group(1)) < 1000, out
     assert "GPUReady: status=False reason=Xid79" in out
     assert "Warning GPUUnhealthy" in out and "Warning DeviceUnhealthy" in out
-    assert re.search(r"kubelet health stream \(v1\w*\): gpu-\d UNHEALTHY: XID 79", out), out
+    # Still UNHEALTHY while recovering (the message then says so): on a loaded machine the demo may
+    # read the stream after the fault cleared and the first re-validation began.
+    assert re.search(r"kubelet health stream \(v1\w*\): gpu-\d UNHEALTHY: (recovering after )?XID 79", out), out
     assert 'gpuready_withdrawn_devices{node="node-a"} 1.0' in out
     assert re.search(r'gpuready_device_health_state\{device="gpu-\d",node="node-a",state="Unhealthy"\} 1\.0', out)
     # Recovery and the end.
