@@ -62,6 +62,9 @@ class MigRecord:
     uuid: str | None = None
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
+    # The full-size instance of a whole MIG-enabled GPU (``device`` is then the GPU's name): claims
+    # sharing the GPU share it, so only the last one's unprepare destroys it.
+    whole_gpu: bool = False
 
 
 @dataclass

@@ -51,6 +51,15 @@ class NvmlMigOps:
     def _find(self, record: MigRecord) -> tuple[Gpu, MigDevice] | None:
         if record.uuid and record.uuid in self._created:
             return self._created[record.uuid]
+        return self._discover(record)
+
+    def existing(self, record: MigRecord) -> MigDevice | None:
+        """The instance a record names as it exists on the node now (by UUID, else by placement)."""
+        with self._lock:
+            found = self._discover(record)
+        return found[1] if found is not None else None
+
+    def _discover(self, record: MigRecord) -> tuple[Gpu, MigDevice] | None:
         # After a restart: look the instance up on the node, by UUID, else by placement (a crash
         # between creating it and recording its UUID).
         from dra_driver.nvml import discover

@@ -39,6 +39,13 @@ from kubelet_plugin.checkpoint import (
     MigRecord,
     PreparedDeviceRecord,
 )
+from kubelet_plugin.whole_gpu import (
+    full_instance_record,
+    full_placement,
+    gpu_locks,
+    needs_full_instance,
+    other_users,
+)
 
 log = get_logger(__name__)
 
@@ -69,6 +76,9 @@ class MigOps(Protocol):
 
     def destroy(self, record: MigRecord) -> bool:
         """Destroy the instance a record names (by UUID, else by placement); False if none existed."""
+
+    def existing(self, record: MigRecord) -> MigDevice | None:
+        """The instance a record names as it exists now (by UUID, else by placement), or None."""
 
 
 @dataclass(frozen=True)
@@ -211,6 +221,7 @@ class Preparer:
         """Critical section: check no other claim holds the devices, then record phase 1."""
         index = self.devices()
         mine = [(d, _occupancy(d.device)) for d in plan.devices]
+        whole = self._full_instances(plan)
         with self.checkpoint.update() as records:
             for other in records.values():
                 if other.uid == plan.uid:
@@ -235,7 +246,7 @@ class Preparer:
                                parent_minor=d.device.gpu.minor, profile=d.device.placement.profile.name,
                                gi_profile_id=d.device.placement.profile.gi_profile_id,
                                placement_start=d.device.placement.placement.start)
-                     for d in plan.devices if d.device.placement is not None])
+                     for d in plan.devices if d.device.placement is not None] + whole)
             records[plan.uid] = record
         return record
 
@@ -275,10 +286,27 @@ class Preparer:
         self.on_change()
         return ClaimOutcome(devices=tuple(answer))
 
+    def _full_instances(self, plan: ClaimPlan) -> list[MigRecord]:
+        """Records of the full-size instances this plan's whole MIG-enabled GPUs need (one per GPU)."""
+        result: dict[str, MigRecord] = {}
+        for d in plan.devices:
+            gpu = d.device.gpu
+            if d.device.kind != "gpu" or not needs_full_instance(gpu) or gpu.name in result:
+                continue
+            placement = full_placement(gpu)
+            if placement is None:
+                raise PrepareError("mig_full_profile_missing", f"ResourceClaim {plan.namespace}/{plan.name}: "
+                                   f"GPU {gpu.name} has MIG mode enabled but no MIG profile covering the whole "
+                                   "GPU, so it cannot run CUDA as a whole GPU; disable MIG mode on it or "
+                                   "allocate a MIG device instead")
+            result[gpu.name] = full_instance_record(gpu, placement)
+        return list(result.values())
+
     def _create_mig(self, plan: ClaimPlan, record: ClaimRecord) -> dict[str, MigDevice]:
         created: dict[str, MigDevice] = {}
         placements = [d.device for d in plan.devices if d.device.placement is not None]
-        if not placements:
+        wholes = [m for m in record.mig if m.whole_gpu]
+        if not placements and not wholes:
             return created
         if self.mig is None:
             raise PrepareError("mig_unsupported", "dynamic MIG placement allocated but this plugin has no "
@@ -299,7 +327,39 @@ class Preparer:
                     replace(m, uuid=mig.uuid, gpu_instance_id=mig.gpu_instance_id,
                             compute_instance_id=mig.compute_instance_id) if m.device == device.name else m
                     for m in rec.mig])
+        for whole in wholes:
+            created[whole.device] = self._full_instance(plan, whole)
         return created
+
+    def _full_instance(self, plan: ClaimPlan, whole: MigRecord) -> MigDevice:
+        """Create (or, when other claims share the GPU, reuse) a whole GPU's full-size instance."""
+        assert self.mig is not None
+        gpu = next(d.device.gpu for d in plan.devices if d.device.name == whole.device)
+        with gpu_locks(self._lock_dir, [gpu.name]):
+            users = other_users(self.checkpoint.records(), plan.uid, whole)
+            mig = self.mig.existing(whole) if users else None
+            if mig is None:
+                placement = full_placement(gpu)
+                assert placement is not None  # checked when the record was made
+                try:
+                    mig = self.mig.create(gpu, placement)
+                except Exception as exc:  # NVML's reason (an instance already there, no permission)
+                    raise PrepareError("mig_create_failed", f"ResourceClaim {plan.namespace}/{plan.name}: "
+                                       f"creating the full-size MIG instance {placement.profile.name} that "
+                                       f"runs CUDA on MIG-enabled GPU {gpu.name} failed: {exc}") from exc
+                log.info("mig_instance_created", claim_uid=plan.uid, device=gpu.name, uuid=mig.uuid,
+                         node=self.settings.pool, profile=placement.profile.name)
+            else:
+                log.info("mig_instance_reused", claim_uid=plan.uid, device=gpu.name, uuid=mig.uuid,
+                         node=self.settings.pool, shared_with=",".join(users))
+            with self.checkpoint.update() as records:
+                rec = records[plan.uid]
+                records[plan.uid] = replace(rec, mig=[
+                    replace(m, uuid=mig.uuid, gpu_instance_id=mig.gpu_instance_id,
+                            compute_instance_id=mig.compute_instance_id) if m is whole or
+                    (m.whole_gpu and m.device == whole.device) else m
+                    for m in rec.mig])
+        return mig
 
     def _write_mig_status(self, plan: ClaimPlan, created: Mapping[str, MigDevice]) -> None:
         if not self.settings.write_mig_status:
@@ -358,16 +418,25 @@ class Preparer:
     def undo(self, record: ClaimRecord) -> None:
         """Remove a claim's CDI spec, destroy the MIG instances it created, then drop its record."""
         remove_file(record.cdi_spec_file or self.spec_path(record.uid))
-        for mig in record.mig:
-            if self.mig is None:
-                log.warning("mig_instance_not_destroyed", claim_uid=record.uid, device=mig.device,
-                            node=self.settings.pool, reason="no MIG support in this plugin instance")
-                continue
-            if self.mig.destroy(mig):
-                log.info("mig_instance_destroyed", claim_uid=record.uid, device=mig.device, uuid=mig.uuid,
-                         node=self.settings.pool)
-        with self.checkpoint.update() as records:
-            records.pop(record.uid, None)
+        # A whole GPU's full-size instance is shared: decide, destroy and drop the record under its
+        # GPU lock, so a prepare reusing it never sees it half-gone.
+        with gpu_locks(self._lock_dir, [m.device for m in record.mig if m.whole_gpu]):
+            others = self.checkpoint.records() if any(m.whole_gpu for m in record.mig) else {}
+            for mig in record.mig:
+                users = other_users(others, record.uid, mig) if mig.whole_gpu else []
+                if users:
+                    log.info("mig_instance_kept", claim_uid=record.uid, device=mig.device, uuid=mig.uuid,
+                             node=self.settings.pool, still_used_by=",".join(users))
+                    continue
+                if self.mig is None:
+                    log.warning("mig_instance_not_destroyed", claim_uid=record.uid, device=mig.device,
+                                node=self.settings.pool, reason="no MIG support in this plugin instance")
+                    continue
+                if self.mig.destroy(mig):
+                    log.info("mig_instance_destroyed", claim_uid=record.uid, device=mig.device, uuid=mig.uuid,
+                             node=self.settings.pool)
+            with self.checkpoint.update() as records:
+                records.pop(record.uid, None)
 
     def write_spec(self, path: str, spec: Mapping[str, Any]) -> None:
         """Write a CDI spec atomically (the runtime never sees a partial file)."""
