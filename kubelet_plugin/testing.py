@@ -181,6 +181,28 @@ class PluginHarness:
         """Delete a claim."""
         self.resource.delete_namespaced_resource_claim(name, namespace, _preload_content=False)
 
+    def published_devices(self, node: str, timeout: float = 20.0) -> dict[str, dict[str, Any]]:
+        """device name -> device JSON of the node's pool, as a scheduler reads it: only the newest
+        pool generation, and only once all of its slices exist (a pool of several slices is written
+        one slice at a time, so a plain list can catch it half-written)."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            resp = self.resource.list_resource_slice(field_selector=f"spec.nodeName={node}",
+                                                     _preload_content=False)
+            slices = json.loads(resp.data)["items"]
+            newest = max((s["spec"]["pool"]["generation"] for s in slices), default=0)
+            current = [s for s in slices if s["spec"]["pool"]["generation"] == newest]
+            if not slices:
+                return {}
+            if len(current) == current[0]["spec"]["pool"]["resourceSliceCount"]:
+                return {d["name"]: d for s in current for d in s["spec"].get("devices") or []}
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"node {node}'s pool was not complete within {timeout}s "
+                                   f"({len(current)} slices of generation {newest})")
+            time.sleep(0.02)
+
     def cdi_files(self, node: str) -> list[str]:
         """Spec files in a node's CDI directory (names only, sorted)."""
         return sorted(f for f in os.listdir(self.node_dirs(node).cdi) if f.endswith(".json"))

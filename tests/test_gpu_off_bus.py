@@ -182,10 +182,7 @@ def test_discovery_after_the_fall_keeps_every_remaining_gpus_name() -> None:
 
 def _published(h: PluginHarness, node: str) -> dict[str, dict[str, Any]]:
     """device name -> its attributes, as the node's ResourceSlices publish them."""
-    slices = kubernetes.client.ResourceV1Api(h.api_client).list_resource_slice(
-        field_selector=f"spec.nodeName={node}", _preload_content=False)
-    return {d["name"]: d.get("attributes") or {}
-            for s in json.loads(slices.data)["items"] for d in s["spec"].get("devices") or []}
+    return {name: d.get("attributes") or {} for name, d in h.published_devices(node).items()}
 
 
 def _wait(pred: Callable[[], bool], what: str, timeout: float = 60.0) -> None:

@@ -9,14 +9,12 @@ nodes: the check runs against a fake /dev tree given with --dev-root, or is skip
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import time
 from collections.abc import Callable
 from typing import Any
 
-import kubernetes
 import pytest
 
 from dra_driver.nvml import discover, open_nvml
@@ -41,9 +39,7 @@ def _wait(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
 
 
 def _published(h: PluginHarness, node: str) -> set[str]:
-    slices = kubernetes.client.ResourceV1Api(h.api_client).list_resource_slice(
-        field_selector=f"spec.nodeName={node}", _preload_content=False)
-    return {d["name"] for s in json.loads(slices.data)["items"] for d in s["spec"].get("devices") or []}
+    return set(h.published_devices(node))
 
 
 def _touch(root: str, path: str) -> None:

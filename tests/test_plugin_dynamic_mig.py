@@ -141,11 +141,7 @@ def test_unprepare_removes_the_mig_status_entries_even_when_the_claim_is_gone(h:
 
 
 def _published(h: PluginHarness, node: str) -> set[str]:
-    import kubernetes
-
-    slices = kubernetes.client.ResourceV1Api(h.api_client).list_resource_slice(
-        field_selector=f"spec.nodeName={node}").items
-    return {d.name for s in slices for d in (s.spec.devices or [])}
+    return set(h.published_devices(node))
 
 
 def test_an_xid_on_a_created_instance_withdraws_that_instance_only() -> None:
@@ -163,6 +159,9 @@ def test_an_xid_on_a_created_instance_withdraws_that_instance_only() -> None:
         while not {device, sibling, other_gpu, "gpu-0"} <= (everything := _published(h, node)):
             assert time.monotonic() < deadline, f"validated devices never published: {sorted(everything)[:5]}"
             time.sleep(0.05)
+        assert plugin.publisher.wait_until_synced(20)
+        everything = _published(h, node)
+        assert {f"gpu-{i}" for i in range(4)} <= everything
         uid = h.create_claim("hot", [("gpu", node, device)])
         assert h.kubelet(node).prepare([("default", "hot", uid)])[uid].ok
         mig = plugin.checkpoint.get(uid).mig[0]

@@ -12,7 +12,6 @@ import logging
 import time
 from collections.abc import Callable
 
-import kubernetes
 import pytest
 
 from kubelet_plugin.testing import PluginHarness
@@ -27,10 +26,7 @@ def _wait(what: str, check: Callable[[], bool], timeout: float = 30.0) -> None:
 
 def _published(h: PluginHarness, node: str) -> dict[str, list[str]]:
     """device -> its taint keys, as the node's ResourceSlices publish them."""
-    slices = kubernetes.client.ResourceV1Api(h.api_client).list_resource_slice(
-        field_selector=f"spec.nodeName={node}", _preload_content=False)
-    return {d["name"]: [t["key"] for t in d.get("taints") or []]
-            for s in json.loads(slices.data)["items"] for d in s["spec"].get("devices") or []}
+    return {name: [t["key"] for t in d.get("taints") or []] for name, d in h.published_devices(node).items()}
 
 
 def _node_events(h: PluginHarness, node: str, reason: str) -> list[str]:

@@ -8,11 +8,9 @@ still names it is stale, and the claim fails with the device and the health reas
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 
-import kubernetes
 import pytest
 
 from kubelet_plugin.testing import PluginHarness
@@ -30,10 +28,7 @@ def _wait_unhealthy(plugin: object, device: str) -> str:
 
 def _published(h: PluginHarness, node: str) -> dict[str, list[str]]:
     """device -> its taint keys, as the node's ResourceSlices publish them."""
-    slices = kubernetes.client.ResourceV1Api(h.api_client).list_resource_slice(
-        field_selector=f"spec.nodeName={node}", _preload_content=False)
-    return {d["name"]: [t["key"] for t in d.get("taints") or []]
-            for s in json.loads(slices.data)["items"] for d in s["spec"].get("devices") or []}
+    return {name: [t["key"] for t in d.get("taints") or []] for name, d in h.published_devices(node).items()}
 
 
 def test_taint_mode_prepares_a_tainted_device_the_scheduler_allocated_and_warns(

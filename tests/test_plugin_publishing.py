@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import time
 
-import kubernetes
-
 from dra_driver.metrics.plugin import sample_value
 from kubelet_plugin.testing import PluginHarness
 
@@ -13,9 +11,7 @@ NODE = "pub"
 
 
 def _published(h: PluginHarness) -> set[str]:
-    slices = kubernetes.client.ResourceV1Api(h.api_client).list_resource_slice(
-        field_selector=f"spec.nodeName={NODE}").items
-    return {d.name for s in slices for d in (s.spec.devices or [])}
+    return set(h.published_devices(NODE))
 
 
 def test_slices_follow_health_and_metrics_count_prepares() -> None:
