@@ -187,20 +187,17 @@ class PluginHarness:
         one slice at a time, so a plain list can catch it half-written)."""
         import time
 
+        from dra_driver.slices import complete_pool_devices
+
         deadline = time.monotonic() + timeout
         while True:
             resp = self.resource.list_resource_slice(field_selector=f"spec.nodeName={node}",
                                                      _preload_content=False)
-            slices = json.loads(resp.data)["items"]
-            newest = max((s["spec"]["pool"]["generation"] for s in slices), default=0)
-            current = [s for s in slices if s["spec"]["pool"]["generation"] == newest]
-            if not slices:
-                return {}
-            if len(current) == current[0]["spec"]["pool"]["resourceSliceCount"]:
-                return {d["name"]: d for s in current for d in s["spec"].get("devices") or []}
+            devices = complete_pool_devices(json.loads(resp.data)["items"])
+            if devices is not None:
+                return devices
             if time.monotonic() > deadline:
-                raise TimeoutError(f"node {node}'s pool was not complete within {timeout}s "
-                                   f"({len(current)} slices of generation {newest})")
+                raise TimeoutError(f"node {node}'s pool was not complete within {timeout}s")
             time.sleep(0.02)
 
     def cdi_files(self, node: str) -> list[str]:

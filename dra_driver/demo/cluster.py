@@ -30,6 +30,7 @@ import yaml
 
 from dra_driver.demo.output import DemoFailure
 from dra_driver.logs import configure
+from dra_driver.slices import complete_pool_devices
 from kubelet_plugin.config import PluginConfig
 from kubelet_plugin.daemon import KubeletPlugin
 from kubelet_plugin.testing import NodeDirs
@@ -340,11 +341,19 @@ class DemoCluster:
     def _json(response: Any) -> Any:
         return json.loads(response.data)
 
-    def published(self, node: str) -> dict[str, dict[str, Any]]:
-        """Device name -> device (JSON) of everything ``node`` publishes now."""
-        items = self._json(self.resource.list_resource_slice(field_selector=f"spec.nodeName={node}",
-                                                             _preload_content=False))["items"]
-        return {d["name"]: d for s in items for d in (s["spec"].get("devices") or [])}
+    def published(self, node: str, timeout: float = 10.0) -> dict[str, dict[str, Any]]:
+        """Device name -> device (JSON) of everything ``node`` publishes now, as the scheduler sees
+        it: a pool the publisher is half-way through rewriting is read again until it is complete."""
+        deadline = time.monotonic() + timeout
+        while True:
+            items = self._json(self.resource.list_resource_slice(field_selector=f"spec.nodeName={node}",
+                                                                 _preload_content=False))["items"]
+            devices = complete_pool_devices(items)
+            if devices is not None:
+                return devices
+            if time.monotonic() > deadline:
+                raise DemoFailure(f"node {node}'s ResourceSlices stayed incomplete for {timeout:.0f}s")
+            time.sleep(0.02)
 
     def node(self, name: str) -> dict[str, Any]:
         """A Node as JSON."""

@@ -32,6 +32,7 @@ from .model import (
     format_quantity,
     node_owner_reference,
 )
+from .reading import complete_pool_devices
 
 __all__ = [
     "ATTR_NUMA_NODE",
@@ -52,6 +53,7 @@ __all__ = [
     "SliceSpec",
     "Version",
     "build_pool",
+    "complete_pool_devices",
     "counter_set_name",
     "format_quantity",
     "label_value",
