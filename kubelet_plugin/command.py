@@ -15,6 +15,7 @@ from kubelet_plugin.config import (
     DEFAULT_CDI_ROOT,
     DEFAULT_DRIVER,
     DEFAULT_PLUGINS_ROOT,
+    DEFAULT_POD_RESOURCES_SOCKET,
     DEFAULT_REGISTRAR_DIR,
     PluginConfig,
 )
@@ -122,6 +123,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--vram-interval", default=_env("VRAM_CHECK_INTERVAL", "15") or "15",
       help="check per-claim VRAM use against requests this often, seconds; 0 = only at scrape time "
            "(env VRAM_CHECK_INTERVAL)")
+    a("--pod-resources-socket", default=_env("POD_RESOURCES_SOCKET", DEFAULT_POD_RESOURCES_SOCKET),
+      help="the kubelet's PodResources API socket, for the container names of allocated devices "
+           "(metrics labels, VRAM accounting); empty = off (env POD_RESOURCES_SOCKET)")
 
 
 def _shared(value: str) -> bool | frozenset[str]:
@@ -152,7 +156,8 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         xid_fatal=_xids("--xid-fatal", args.xid_fatal), revalidate_interval=_number(args, "--revalidate-interval"),
         probe_timeout=_number(args, "--probe-timeout"), recovery_passes=_number(args, "--recovery-passes"),
         hold_down=_number(args, "--hold-down"), proc_root=args.proc_root,
-        vram_interval=_number(args, "--vram-interval"), dev_root=getattr(args, "dev_root", ""))
+        vram_interval=_number(args, "--vram-interval"), dev_root=getattr(args, "dev_root", ""),
+        pod_resources_socket=getattr(args, "pod_resources_socket", DEFAULT_POD_RESOURCES_SOCKET))
 
 
 def _port(port: int) -> int:

@@ -11,6 +11,7 @@ DEFAULT_DRIVER = "gpu.nvidia.com"
 DEFAULT_REGISTRAR_DIR = "/var/lib/kubelet/plugins_registry"
 DEFAULT_PLUGINS_ROOT = "/var/lib/kubelet/plugins"
 DEFAULT_CDI_ROOT = "/var/run/cdi"
+DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
@@ -50,6 +51,9 @@ class PluginConfig:
     # "" = "/" with real NVML, no check with the simulated one (its GPUs have no device nodes);
     # "off" = never checked; any other value is a root such as "/" or a fake tree in tests.
     dev_root: str = ""
+    # The kubelet's PodResources API socket: container names of allocated devices (metrics labels,
+    # VRAM accounting). "" = not asked; a missing socket is logged once and looked for again.
+    pod_resources_socket: str = DEFAULT_POD_RESOURCES_SOCKET
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -88,7 +92,8 @@ class PluginConfig:
                  ("--cdi-root", "CDI_ROOT", self.cdi_root),
                  ("--driver-root", "NVIDIA_DRIVER_ROOT", self.driver_root),
                  ("--host-driver-root", "NVIDIA_DRIVER_ROOT_HOST", self.host_driver_root),
-                 ("--proc-root", "PROC_ROOT", self.proc_root)]
+                 ("--proc-root", "PROC_ROOT", self.proc_root),
+                 ("--pod-resources-socket", "POD_RESOURCES_SOCKET", self.pod_resources_socket)]
         if self.dev_root != "off":
             paths.append(("--dev-root", "DEV_ROOT", self.dev_root))
         for flag, env, value in paths:

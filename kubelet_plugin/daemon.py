@@ -46,10 +46,13 @@ from dra_driver.metrics import (
     DeviceAllocation,
     GpuCollector,
     PluginMetrics,
+    PodResourcesCache,
+    PodResourcesReader,
     VramAccountant,
     allocations_from_claims,
     serve_metrics,
 )
+from dra_driver.metrics.pod_resources import single_pod_users
 from dra_driver.slices import SliceOptions, build_pool
 from kubelet_plugin.allocation import NodeDevice, index_devices
 from kubelet_plugin.checkpoint import CheckpointStore, read_boot_id
@@ -118,6 +121,11 @@ class KubeletPlugin:
         # The prepared claims with their pods and memory requests (API reads, cached): pod labels on
         # the DCGM series and per-claim VRAM accounting.
         self.claims = PreparedClaims(api_client, config.driver_name, config.node_name, self._claim_refs)
+        # The kubelet's PodResources API (cached a few seconds): which containers use which allocated
+        # device, for the container label and VRAM accounting. None when --pod-resources-socket is "".
+        self.pod_resources: PodResourcesCache | None = (
+            PodResourcesCache(PodResourcesReader(config.pod_resources_socket), config.driver_name, config.node_name)
+            if config.pod_resources_socket else None)
         self.vram: VramAccountant | None = None
         self._started = False
 
@@ -156,7 +164,7 @@ class KubeletPlugin:
         # Per-claim VRAM: Events on pods over their request (every vram_interval s) and, below, the
         # per-claim series at scrape time. Raw-JSON pod/event calls: CoreV1Api costs ~20 MB.
         self.vram = VramAccountant(self.nvml, self._node_devices, self.claims, core_api=PodEventsApi(self.api_client),
-                                   proc_root=cfg.proc_root, node=cfg.node_name)
+                                   proc_root=cfg.proc_root, node=cfg.node_name, pod_resources=self.pod_resources)
         if cfg.vram_interval > 0:
             self.vram.start(cfg.vram_interval)
         if self._own_metrics:
@@ -191,6 +199,8 @@ class KubeletPlugin:
             self.publisher.stop()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
+        if self.pod_resources is not None:
+            self.pod_resources.close()
         self._started = False
         log.info("plugin_stopped", node=self.config.node_name)
 
@@ -301,13 +311,19 @@ class KubeletPlugin:
         return [(r.namespace, r.name, r.uid) for r in self.checkpoint.records().values()]
 
     def _allocations(self) -> dict[str, list[DeviceAllocation]]:
-        """Prepared devices with their claim and pod (API), else claim only (checkpoint, API down)."""
-        out = allocations_from_claims(self.claims())
+        """Prepared devices with their claim, pod (API, else PodResources) and containers (PodResources);
+        claim only when neither answers (checkpoint, API down)."""
+        containers = self.pod_resources() if self.pod_resources is not None else None
+        out = allocations_from_claims(self.claims(), containers)
         known = {a.claim_uid for allocs in out.values() for a in allocs}
         for rec in self.checkpoint.records().values():
             if rec.uid not in known:
                 for device in rec.devices:
-                    out.setdefault(device, []).append(DeviceAllocation(device, rec.uid, rec.name, rec.namespace))
+                    users = single_pod_users(containers, (rec.namespace, rec.name, device)) if containers else None
+                    namespace, pod, names = users or ("", "", ())
+                    out.setdefault(device, []).append(DeviceAllocation(device, rec.uid, rec.name, rec.namespace,
+                                                                       pod=pod, pod_namespace=namespace,
+                                                                       containers=names))
         return out
 
     def set_unhealthy(self, unhealthy: Mapping[str, str]) -> None:

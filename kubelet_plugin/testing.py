@@ -103,7 +103,8 @@ class PluginHarness:
         # NVML is always simulated here: say so (a real-NVML config would check this machine's /dev).
         base = PluginConfig(node_name=node, driver_name=self.driver_name, registrar_dir=d.registry,
                             plugin_dir=d.plugin, cdi_root=d.cdi, health_mode="off", registration_retry=0.2,
-                            boot_id="test-boot", nvml="sim:8xh100")
+                            boot_id="test-boot", nvml="sim:8xh100",
+                            pod_resources_socket=self.pod_resources_socket(node))
         return replace(base, **overrides)
 
     def kubelet(self, node: str, timeout: float = 20.0, previous: Any = None) -> Any:
@@ -115,11 +116,21 @@ class PluginHarness:
         from dra_driver.kubelet_emulator import KubeletEmulator
 
         if node not in self.emulators:
-            self.emulators[node] = KubeletEmulator(self.node_dirs(node).registry, retry_initial=0.2).start()
+            self.emulators[node] = KubeletEmulator(self.node_dirs(node).registry, retry_initial=0.2,
+                                                   pod_resources_socket=self.pod_resources_socket(node)).start()
         emu = self.emulators[node]
         if previous is not None:
             emu.wait_for_deregistration(previous, timeout=timeout)
         return emu.wait_for_plugin(self.driver_name, timeout=timeout)
+
+    def pod_resources_socket(self, node: str) -> str:
+        """Where ``node``'s emulated kubelet serves the PodResources API (its plugin's default)."""
+        return os.path.join(self.node_dirs(node).root, "podres.sock")
+
+    def set_pod(self, node: str, name: str, containers: dict[str, list[str]], namespace: str = NAMESPACE) -> None:
+        """Run pod ``name`` on ``node`` as its kubelet's PodResources API reports it: container -> claim names."""
+        self.kubelet(node)  # the emulator, and its PodResources socket, exist from here on
+        self.emulators[node].set_pod(namespace, name, containers)
 
     def start_plugin(self, node: str, nvml: Any = "sim:8xh100", **overrides: Any) -> Any:
         """Start an in-process plugin for ``node`` (``nvml``: a spec string or an NVML object)."""

@@ -8,7 +8,7 @@ clone or an installed wheel needs no build step. Run after editing a ``.proto`` 
 
 protoc is run with the repository root as the include path and ``proto/<name>.proto`` as the file
 name. That has two effects we want: the descriptor-pool file names are ``proto/<name>.proto``
-(unique, so the five APIs never clash with each other or with another library's ``api.proto``),
+(unique, so the APIs never clash with each other or with another library's ``api.proto``),
 and the gRPC stubs import their messages as ``from proto import <name>_pb2`` (a package-relative
 import that works from an installed package) instead of grpc's default top-level ``import <name>_pb2``.
 """
@@ -28,7 +28,7 @@ REPO_ROOT = PROTO_DIR.parent
 PACKAGE = PROTO_DIR.name  # "proto": the import prefix protoc derives from the include path
 
 # The .proto sources, in dependency order (none imports another today).
-PROTO_FILES = ("pluginregistration", "dra_v1", "dra_v1beta1", "health_v1alpha1", "health_v1")
+PROTO_FILES = ("pluginregistration", "dra_v1", "dra_v1beta1", "health_v1alpha1", "health_v1", "podresources_v1")
 
 # Every file declares a service, so each yields messages, a type stub and gRPC stubs.
 SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")

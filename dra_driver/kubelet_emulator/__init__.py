@@ -7,7 +7,8 @@ Used by tests and by the demo::
         plugin = emu.wait_for_plugin("gpu.nvidia.com")
         results = plugin.prepare([("default", "my-claim", claim_uid)])
 
-Everything travels over real gRPC on Unix sockets with the wire-exact protos in ``proto/``.
+With ``pod_resources_socket`` it also serves the kubelet's PodResources API (``set_pod`` says which
+containers use which claims). Everything travels over real gRPC on Unix sockets with the wire-exact protos in ``proto/``.
 """
 
 from dra_driver.kubelet_emulator.emulator import KubeletEmulator, RegistrationAttempt
@@ -21,6 +22,7 @@ from dra_driver.kubelet_emulator.plugin import (
     PrepareResult,
     RegisteredPlugin,
 )
+from dra_driver.kubelet_emulator.pod_resources import PodResourcesServer, PreparedClaimDevice
 from dra_driver.kubelet_emulator.versions import (
     DRA_PLUGIN_TYPE,
     PluginChoice,
@@ -39,7 +41,9 @@ __all__ = [
     "KubeletError",
     "PluginCallError",
     "PluginChoice",
+    "PodResourcesServer",
     "PrepareResult",
+    "PreparedClaimDevice",
     "PreparedDevice",
     "RegisteredPlugin",
     "RegistrationAttempt",

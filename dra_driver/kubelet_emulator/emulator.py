@@ -25,13 +25,14 @@ import stat
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
 import grpc
 
 from dra_driver.kubelet_emulator.plugin import RegisteredPlugin
+from dra_driver.kubelet_emulator.pod_resources import PodResourcesServer
 from dra_driver.kubelet_emulator.versions import RegistrationRejected, validate_plugin_info
 from dra_driver.logs import get_logger
 from proto import pluginregistration_pb2, pluginregistration_pb2_grpc
@@ -65,6 +66,8 @@ class KubeletEmulator:
         retry_max: float = 5.0,
         wiping_delay: float = 30.0,
         on_driver_gone: Callable[[str], None] | None = None,
+        pod_resources_socket: str | None = None,
+        pod_resources_dynamic: bool = True,
     ) -> None:
         """Create an emulator for ``registry_dir``; nothing happens until ``start()``.
 
@@ -73,6 +76,11 @@ class KubeletEmulator:
         ``retry_initial`` seconds, doubling up to ``retry_max``. ``on_driver_gone`` is called (from
         a timer thread) ``wiping_delay`` seconds after a driver's last instance went away, unless
         one registered again meanwhile.
+
+        ``pod_resources_socket``: also serve the kubelet's PodResources API there (from ``start()``
+        to ``stop()``), answering from the claims its plugins prepared and the pods given to
+        :meth:`set_pod`; ``pod_resources_dynamic=False`` answers without DRA devices, like a
+        kubelet with the KubeletPodResourcesDynamicResources gate off.
         """
         self.registry_dir = registry_dir
         self._poll_interval = poll_interval
@@ -91,6 +99,9 @@ class KubeletEmulator:
         self._wiping_delay = wiping_delay
         self._on_driver_gone = on_driver_gone
         self._wipe_timers: dict[str, threading.Timer] = {}
+        self.pod_resources: PodResourcesServer | None = (
+            PodResourcesServer(pod_resources_socket, dynamic_resources=pod_resources_dynamic)
+            if pod_resources_socket else None)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -99,6 +110,8 @@ class KubeletEmulator:
         if self._watcher is not None:
             raise RuntimeError("KubeletEmulator.start() called twice")
         os.makedirs(self.registry_dir, exist_ok=True)
+        if self.pod_resources is not None:
+            self.pod_resources.start()
         self._watcher = threading.Thread(target=self._watch, name="kubelet-emu-watch", daemon=True)
         self._watcher.start()
         log.info("kubelet_emulator_started", registry_dir=self.registry_dir)
@@ -123,6 +136,8 @@ class KubeletEmulator:
             timer.cancel()
         for plugin in plugins:
             plugin.close()
+        if self.pod_resources is not None:
+            self.pod_resources.stop()
 
     def __enter__(self) -> KubeletEmulator:
         return self.start()
@@ -142,6 +157,21 @@ class KubeletEmulator:
         """
         with self._cond:
             self._rejects.append(reason)
+
+    def set_pod(self, namespace: str, name: str, containers: Mapping[str, Sequence[str]]) -> None:
+        """Run pod ``namespace/name`` here, for the PodResources API: container name -> claim names.
+
+        The emulator runs no containers; this stands for the pod spec the kubelet reads
+        (``spec.containers[].resources.claims``). Needs ``pod_resources_socket``.
+        """
+        if self.pod_resources is None:
+            raise RuntimeError("KubeletEmulator was created without pod_resources_socket")
+        self.pod_resources.set_pod(namespace, name, containers)
+
+    def remove_pod(self, namespace: str, name: str) -> None:
+        """The pod left the node (PodResources no longer lists it)."""
+        if self.pod_resources is not None:
+            self.pod_resources.remove_pod(namespace, name)
 
     @property
     def attempts(self) -> list[RegistrationAttempt]:
@@ -339,6 +369,7 @@ class KubeletEmulator:
             versions=versions,
             health_services=choice.health_services,
             registration_socket=path,
+            pod_resources=self.pod_resources,
         )
         with self._cond:
             if self._stop.is_set() or self._seen.get(path) != key:

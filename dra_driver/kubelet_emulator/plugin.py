@@ -14,6 +14,7 @@ from typing import Any, TypedDict
 
 import grpc
 
+from dra_driver.kubelet_emulator.pod_resources import PodResourcesServer, PreparedClaimDevice
 from dra_driver.logs import get_logger
 from proto import (
     dra_v1_pb2,
@@ -117,8 +118,11 @@ class RegisteredPlugin:
         versions: list[str],
         health_services: tuple[str, ...],
         registration_socket: str,
+        pod_resources: PodResourcesServer | None = None,
     ) -> None:
         self.driver_name = driver_name
+        # The emulated kubelet's PodResources API: it lists what this plugin prepared.
+        self.pod_resources = pod_resources
         self.endpoint = endpoint
         self.dra_service = dra_service
         self.versions = list(versions)
@@ -184,6 +188,12 @@ class RegisteredPlugin:
             ]
             results[uid] = PrepareResult(devices=[] if answer.error else devices, error=answer.error)
         _check_answered("NodePrepareResources", [uid for _, _, uid in claims], results)
+        if self.pod_resources is not None:
+            for ns, name, uid in claims:
+                if results[uid].ok:
+                    self.pod_resources.record_prepared(self.driver_name, ns, name, uid, [
+                        PreparedClaimDevice(self.driver_name, d["pool_name"], d["device_name"],
+                                            tuple(d["cdi_device_ids"])) for d in results[uid].devices])
         log.info(
             "kubelet_prepared",
             driver=self.driver_name,
@@ -205,6 +215,10 @@ class RegisteredPlugin:
             raise _rpc_error("NodeUnprepareResources", err) from None
         results = {uid: answer.error for uid, answer in response.claims.items()}
         _check_answered("NodeUnprepareResources", [uid for _, _, uid in claims], results)
+        if self.pod_resources is not None:
+            for uid, error in results.items():
+                if not error:
+                    self.pod_resources.forget_prepared(self.driver_name, uid)
         return results
 
     def watch_health(self, timeout: float | None = None) -> Iterator[list[DeviceHealthReport]]:

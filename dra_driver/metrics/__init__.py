@@ -9,11 +9,13 @@ Plugin wiring::
     metrics = PluginMetrics(node=node_name, driver_name=driver)          # own registry
     claims = ApiClaimsProvider(api_client, driver, node_name,
                                lambda: [(r.namespace, r.name, r.uid) for r in checkpoint.records().values()])
+    pod_resources = PodResourcesCache(PodResourcesReader("/var/lib/kubelet/pod-resources/kubelet.sock"),
+                                      driver, node_name)                 # container names, cached 5 s
     metrics.registry.register(GpuCollector(nvml, lambda: node_devices,
-                                           lambda: allocations_from_claims(claims()),
+                                           lambda: allocations_from_claims(claims(), pod_resources()),
                                            xid_provider=metrics.last_xids, node=node_name, driver_name=driver))
     vram = VramAccountant(nvml, lambda: node_devices, claims, core_api=CoreV1Api(api_client),
-                          proc_root="/host/proc", node=node_name)
+                          proc_root="/host/proc", node=node_name, pod_resources=pod_resources)
     metrics.registry.register(vram.collector()); vram.start(15.0)       # vram.stop() at shutdown
     server, thread = serve_metrics(metrics.registry, "0.0.0.0", 8080)
 
@@ -27,6 +29,12 @@ from prometheus_client import disable_created_metrics
 from dra_driver.metrics.controller import ControllerMetrics
 from dra_driver.metrics.gpu_collector import DeviceAllocation, GpuCollector
 from dra_driver.metrics.plugin import HEALTH_STATES, PluginMetrics
+from dra_driver.metrics.pod_resources import (
+    PodResourcesCache,
+    PodResourcesReader,
+    PodResourcesUnavailable,
+    claim_device_containers,
+)
 from dra_driver.metrics.server import metrics_url, serve_metrics
 from dra_driver.metrics.vram import (
     ApiClaimsProvider,
@@ -46,9 +54,13 @@ __all__ = [
     "DeviceAllocation",
     "GpuCollector",
     "PluginMetrics",
+    "PodResourcesCache",
+    "PodResourcesReader",
+    "PodResourcesUnavailable",
     "PreparedClaim",
     "VramAccountant",
     "allocations_from_claims",
+    "claim_device_containers",
     "metrics_url",
     "prepared_claim_from_api",
     "serve_metrics",

@@ -29,6 +29,7 @@ from dra_driver.devices import GIB, MigMode, NodeDevices
 from dra_driver.logs import get_logger
 from dra_driver.metrics.cgroup import CgroupIdentity, read_process_identity
 from dra_driver.metrics.gpu_collector import DeviceAllocation
+from dra_driver.metrics.pod_resources import ContainerMap, containers_of_pod, single_pod_users
 
 log = get_logger(__name__)
 
@@ -141,16 +142,28 @@ class ApiClaimsProvider:
         return prepared_claim_from_api(obj, self._driver, self._pool)
 
 
-def allocations_from_claims(claims: Sequence[PreparedClaim]) -> dict[str, list[DeviceAllocation]]:
-    """device name -> allocations with pod names, for :class:`~dra_driver.metrics.GpuCollector` labels."""
+def allocations_from_claims(claims: Sequence[PreparedClaim],
+                            containers: ContainerMap | None = None) -> dict[str, list[DeviceAllocation]]:
+    """device name -> allocations with pod and container names, for :class:`~dra_driver.metrics.GpuCollector` labels.
+
+    ``containers``: the kubelet's PodResources answer (:func:`~dra_driver.metrics.pod_resources.claim_device_containers`),
+    the only source of container names; None (not available) leaves them out. When the claim's
+    ``reservedFor`` could not be read, PodResources also names the pod if exactly one uses the device.
+    """
     out: dict[str, list[DeviceAllocation]] = {}
     for c in claims:
         pod = c.pods[0] if len(c.pods) == 1 else None
         for device in c.devices:
+            name, namespace, uid = (pod.name, pod.namespace, pod.uid) if pod else ("", "", "")
+            names: tuple[str, ...] = ()
+            key = (c.claim_namespace, c.claim_name, device)
+            if containers is not None and pod is not None:
+                names = containers_of_pod(containers, key, pod.namespace, pod.name)
+            elif containers is not None and not c.pods:
+                namespace, name, names = single_pod_users(containers, key) or ("", "", ())
             out.setdefault(device, []).append(DeviceAllocation(
-                device, c.claim_uid, c.claim_name, c.claim_namespace, pod=pod.name if pod else "",
-                pod_namespace=pod.namespace if pod else "", pod_uid=pod.uid if pod else "",
-                requested_memory_bytes=c.requested_for(device)))
+                device, c.claim_uid, c.claim_name, c.claim_namespace, pod=name, pod_namespace=namespace,
+                pod_uid=uid, containers=names, requested_memory_bytes=c.requested_for(device)))
     return out
 
 
@@ -236,13 +249,19 @@ class VramAccountant:
     ``claims_provider`` returns the plugin's prepared claims. ``core_api`` (a
     ``kubernetes.client.CoreV1Api``) is used for Events and container names; without it nothing is
     written. ``proc_root`` is where the host's /proc is visible (``/host/proc`` in the DaemonSet).
+    ``pod_resources`` returns the kubelet's PodResources map (a
+    :class:`~dra_driver.metrics.pod_resources.PodResourcesCache`), or None when not available: a
+    process's container is named from it when exactly one container of its pod uses the claim's
+    device, else from the pod's container statuses (an API read, keyed by the cgroup's container ID).
     """
 
     def __init__(self, nvml: Any, devices_provider: Callable[[], NodeDevices],
                  claims_provider: Callable[[], Sequence[PreparedClaim]], *, core_api: Any = None,
                  proc_root: str | Path = "/proc", node: str = "",
-                 component: str = "gpuready-kubelet-plugin") -> None:
+                 component: str = "gpuready-kubelet-plugin",
+                 pod_resources: Callable[[], ContainerMap | None] | None = None) -> None:
         self._nvml = nvml
+        self._pod_resources = pod_resources
         self._devices = devices_provider
         self._claims = claims_provider
         self._core = core_api
@@ -284,9 +303,10 @@ class VramAccountant:
     def report(self) -> VramReport:
         """Current per-claim VRAM use on this node."""
         report = attribute_vram(self.device_processes(), self._claims())
-        if self._core is None:
+        if self._core is None and self._pod_resources is None:
             return report
-        named = tuple(self._with_container_names(c) for c in report.claims)
+        containers = self._pod_resources() if self._pod_resources is not None else None
+        named = tuple(self._with_container_names(c, containers) for c in report.claims)
         return VramReport(claims=named, unattributed=report.unattributed)
 
     # --- warning ------------------------------------------------------------------------------
@@ -334,13 +354,21 @@ class VramAccountant:
             with self._lock:
                 self._reported.discard((usage.claim.claim_uid, usage.device))  # try again next round
 
-    def _with_container_names(self, usage: ClaimVram) -> ClaimVram:
+    def _with_container_names(self, usage: ClaimVram, containers: ContainerMap | None) -> ClaimVram:
         if not usage.processes:
             return usage
         procs = []
+        key = (usage.claim.claim_namespace, usage.claim.claim_name, usage.device)
         for p in usage.processes:
             pod = usage.pod_of(p)
-            name = self._container_name(pod, p.container_id) if pod and p.container_id else ""
+            name = ""
+            if pod is not None and containers is not None:
+                # PodResources names containers per claim device, not per process: it decides only
+                # when one container of the pod uses the device (else the container ID decides).
+                users = containers_of_pod(containers, key, pod.namespace, pod.name)
+                name = users[0] if len(users) == 1 else ""
+            if not name and pod is not None and p.container_id and self._core is not None:
+                name = self._container_name(pod, p.container_id)
             procs.append(ProcessVram(p.device, p.pid, p.used_bytes, p.pod_uid, p.container_id, name))
         return ClaimVram(usage.claim, usage.device, usage.used_bytes, usage.requested_bytes, tuple(procs))
 
