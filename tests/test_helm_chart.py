@@ -176,6 +176,24 @@ def test_daemonset_mounts_host_paths_at_the_same_paths_the_kubelet_uses() -> Non
     assert env["PROC_ROOT"] == "/host/proc" and env["NVIDIA_DRIVER_ROOT"] == "/driver-root"
 
 
+def test_daemonset_mounts_the_kubelets_pod_resources_directory_read_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Container names of allocated GPUs come from the kubelet's PodResources socket: the plugin sees
+    # the directory (the kubelet re-creates the socket on restart) at the path it dials.
+    pod = _plugin_pod({})
+    volume = next(v for v in pod["volumes"] if v["name"] == "pod-resources")
+    assert volume["hostPath"] == {"path": "/var/lib/kubelet/pod-resources", "type": "DirectoryOrCreate"}
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "pod-resources")
+    assert mount == {"name": "pod-resources", "mountPath": "/var/lib/kubelet/pod-resources", "readOnly": True}
+    config = _plugin_config_from_chart({}, monkeypatch)
+    assert config.pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    moved = {"kubeletPlugin": {"podResources": {"hostPath": "/data/kubelet/pod-resources/"}}}
+    assert _plugin_config_from_chart(moved, monkeypatch).pod_resources_socket == "/data/kubelet/pod-resources/kubelet.sock"
+    # Off: no mount, and the plugin is told not to ask (rather than look for a socket that is not there).
+    off = {"kubeletPlugin": {"podResources": {"enabled": False}}}
+    assert "pod-resources" not in {v["name"] for v in _plugin_pod(off)["volumes"]}
+    assert _plugin_config_from_chart(off, monkeypatch).pod_resources_socket == ""
+
+
 def test_daemonset_privileges_are_what_the_plugin_needs_and_no_more() -> None:
     pod = _plugin_pod({})
     for ns in ("hostNetwork", "hostPID", "hostIPC"):
@@ -461,6 +479,9 @@ def test_grafana_dashboard_is_valid_json_over_exported_metrics() -> None:
     ({"sharedGpus": ["0"]}, "/sharedGpus/0"),
     ({"migMode": "off"}, "/migMode"),
     ({"kubeletPlugin": {"vramCheckIntervalSeconds": -1}}, "/kubeletPlugin/vramCheckIntervalSeconds"),
+    ({"kubeletPlugin": {"podResources": {"hostPath": "var/lib/kubelet/pod-resources"}}},
+     "/kubeletPlugin/podResources/hostPath"),
+    ({"kubeletPlugin": {"podResources": {"enabled": "yes"}}}, "/kubeletPlugin/podResources/enabled"),
 ])
 def test_schema_rejects_wrong_values_naming_the_field(bad: dict[str, Any], field: str) -> None:
     with pytest.raises(helm.HelmValuesError) as info:
