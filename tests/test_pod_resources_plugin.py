@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dra_driver.devices import GIB
@@ -39,6 +40,12 @@ def _fb_used_labels(port: int, device: str) -> dict[str, str]:
     raise AssertionError(f"no DCGM_FI_DEV_FB_USED sample for {device}")
 
 
+def _labelled(port: int, device: str) -> dict[str, str] | None:
+    """The device's DCGM labels once they name a container (None before)."""
+    labels = _fb_used_labels(port, device)
+    return labels if labels.get("container") else None
+
+
 def _wait(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
     # The plugin caches the kubelet's answer for a few seconds: allow for one stale round.
     deadline = time.monotonic() + timeout
@@ -62,15 +69,35 @@ def test_dcgm_series_of_an_allocated_gpu_name_the_pod_and_container_from_pod_res
         # The pod's containers start; the kubelet now lists which of them reference the claim.
         h.set_pod(node, "trainer", {"main": ["train-gpu"], "logger": []})
 
-        def labelled() -> dict[str, str] | None:
-            labels = _fb_used_labels(port, "gpu-1")
-            return labels if labels.get("container") else None
-
-        labels = _wait("the container label on gpu-1", labelled)
+        labels = _wait("the container label on gpu-1", lambda: _labelled(port, "gpu-1"))
         assert (labels["pod"], labels["namespace"], labels["container"]) == ("trainer", NAMESPACE, "main")
         assert labels["dra_claim_name"] == "train-gpu" and labels["dra_claim_namespace"] == NAMESPACE
         # A device with no claim carries no pod labels.
         assert "container" not in _fb_used_labels(port, "gpu-2")
+
+
+def _reserved_claim(h: PluginHarness, name: str, node: str, device: str, pod: str, memory: str = "") -> str:
+    """A claim allocated ``device`` and reserved for ``pod`` (UID ``POD_UID``), as the scheduler leaves it;
+    ``memory``: a consumable-capacity share of a shared GPU."""
+    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}
+    claim = json.loads(h.resource.create_namespaced_resource_claim(NAMESPACE, body, _preload_content=False).data)
+    result: dict[str, Any] = {"request": "gpu", "driver": "gpu.nvidia.com", "pool": node, "device": device}
+    if memory:
+        result.update(shareID="9c3f4a2e-1b5d-4e6f-8a7b-0c1d2e3f4a5b", consumedCapacity={"memory": memory})
+    claim["status"] = {"allocation": {"devices": {"results": [result]}},
+                       "reservedFor": [{"resource": "pods", "name": pod, "uid": POD_UID}]}
+    h.resource.replace_namespaced_resource_claim_status(name, NAMESPACE, claim, _preload_content=False)
+    uid: str = claim["metadata"]["uid"]
+    return uid
+
+
+def _in_pod(proc_root: Path, pid: int) -> None:
+    """Put host process ``pid`` in pod ``POD_UID``'s container, as its /proc/<pid>/cgroup would say."""
+    (proc_root / str(pid)).mkdir()
+    (proc_root / str(pid) / "cgroup").write_text(
+        f"0::/kubepods.slice/kubepods-pod{POD_UID.replace('-', '_')}.slice/cri-containerd-{CID}.scope\n")
 
 
 def test_vram_process_is_named_by_pod_resources_without_reading_the_pod() -> None:
@@ -80,22 +107,10 @@ def test_vram_process_is_named_by_pod_resources_without_reading_the_pod() -> Non
         plugin = h.start_plugin(node, "sim:8xh100", shared_gpus=True, proc_root=str(proc_root), vram_interval=0.2)
         # The claim is reserved for a pod the API server has no object for: the container statuses
         # (the old route to the container's name) cannot be read; only PodResources can name it.
-        body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                "metadata": {"name": "share", "namespace": NAMESPACE},
-                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}
-        claim = json.loads(h.resource.create_namespaced_resource_claim(NAMESPACE, body, _preload_content=False).data)
-        claim["status"] = {
-            "allocation": {"devices": {"results": [{
-                "request": "gpu", "driver": "gpu.nvidia.com", "pool": node, "device": "gpu-0",
-                "shareID": "9c3f4a2e-1b5d-4e6f-8a7b-0c1d2e3f4a5b", "consumedCapacity": {"memory": "20Gi"}}]}},
-            "reservedFor": [{"resource": "pods", "name": "notebook-0", "uid": POD_UID}]}
-        h.resource.replace_namespaced_resource_claim_status("share", NAMESPACE, claim, _preload_content=False)
-        uid = claim["metadata"]["uid"]
+        uid = _reserved_claim(h, "share", node, "gpu-0", "notebook-0", memory="20Gi")
         assert h.kubelet(node).prepare([(NAMESPACE, "share", uid)])[uid].ok
         h.set_pod(node, "notebook-0", {"jupyter": ["share"]})
-        (proc_root / "4242").mkdir()
-        (proc_root / "4242" / "cgroup").write_text(
-            f"0::/kubepods.slice/kubepods-pod{POD_UID.replace('-', '_')}.slice/cri-containerd-{CID}.scope\n")
+        _in_pod(proc_root, 4242)
         plugin.nvml.add_process(plugin.devices.gpu_by_name("gpu-0").index, 4242, 25 * GIB)
 
         def named() -> list[str] | None:
@@ -127,3 +142,59 @@ def test_plugin_without_the_kubelet_socket_still_scrapes_and_labels_the_pod_from
         h.stop_plugin(node)
         off = h.start_plugin(node, "sim:8xh100", vram_interval=0, pod_resources_socket="")
         assert off.pod_resources is None
+
+
+_HOLD_VRAM = """
+import time
+try:
+    import torch
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+except ImportError:
+    import cupy
+    x = cupy.empty(1 << 30, dtype=cupy.uint8)
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.gpu
+def test_real_gpu_readings_and_a_real_cuda_process_carry_the_container_from_pod_resources() -> None:
+    import os
+    import subprocess
+    import sys
+
+    import pynvml
+
+    from dra_driver.nvml import open_nvml
+
+    node = "gpu-node"
+    port = _free_port()
+    proc_root = Path(tempfile.mkdtemp(prefix="proc-", dir="/tmp"))
+    with PluginHarness() as h:
+        plugin = h.start_plugin(node, open_nvml("real"), health_mode="off", metrics_port=port,
+                                metrics_host="127.0.0.1", proc_root=str(proc_root), vram_interval=0)
+        whole = [g for g in plugin.devices.gpus if g.name in plugin.device_index]
+        assert whole, f"no whole GPU to prepare (MIG mode on everywhere?): {plugin.devices.gpus}"
+        gpu = min(whole, key=lambda g: g.index)
+        uid = _reserved_claim(h, "real-gpu", node, gpu.name, "trainer")
+        assert h.kubelet(node).prepare([(NAMESPACE, "real-gpu", uid)])[uid].ok
+        h.set_pod(node, "trainer", {"main": ["real-gpu"]})
+        labels = _wait("the container label", lambda: _labelled(port, gpu.name))
+        assert (labels["pod"], labels["container"], labels["UUID"]) == ("trainer", "main", gpu.uuid)
+        # A real CUDA process on that GPU, placed in the pod's cgroup through the injectable proc root.
+        child = subprocess.Popen([sys.executable, "-c", _HOLD_VRAM], stdout=subprocess.PIPE, text=True,
+                                 env=dict(os.environ, CUDA_VISIBLE_DEVICES=gpu.uuid))
+        try:
+            assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+            pids = [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(
+                pynvml.nvmlDeviceGetHandleByUUID(gpu.uuid))]
+            if not pids:
+                pytest.skip("NVML lists no compute process here (container without the host PID namespace)")
+            for pid in pids:
+                _in_pod(proc_root, pid)
+            (usage,) = [c for c in plugin.vram.report().claims if c.device == gpu.name]
+            assert usage.used_bytes >= 1 << 30
+            assert {p.container for p in usage.processes} == {"main"}
+        finally:
+            child.kill()
+            child.wait()
