@@ -10,7 +10,9 @@ import sys
 import threading
 from typing import Any
 
+from dra_driver.devices import NodeDevices
 from dra_driver.logs import get_logger
+from dra_driver.slices.shared import SharedGpuNames, check_shared_gpu_names
 from kubelet_plugin.config import (
     DEFAULT_CDI_ROOT,
     DEFAULT_DRIVER,
@@ -137,6 +139,27 @@ def _shared(value: str) -> bool | frozenset[str]:
     return frozenset(v.strip() for v in value.split(",") if v.strip())
 
 
+def report_shared_gpu_names(config: PluginConfig, devices: NodeDevices | None) -> SharedGpuNames | None:
+    """Log once, at start, the ``--shared-gpus`` entries that share nothing on this node.
+
+    A typo (``gpu0``, ``GPU-0``) would otherwise publish no shared GPU without a word. Not fatal: the
+    other entries are shared and the plugin keeps running (a GPU that is off the bus at start is not
+    discovered, and its name is reported here too). Returns the check, None when there was none.
+    """
+    if devices is None or isinstance(config.shared_gpus, bool):
+        return None
+    mig_mode = "dynamic" if config.dynamic_mig else "static"
+    check = check_shared_gpu_names(config.shared_gpus, devices, mig_mode)
+    if check.unknown:
+        hints = ",".join(f"{u}->{s}" for u, s in check.suggestions) or None
+        log.error("shared_gpus_unknown_names", node=config.node_name, unknown=",".join(check.unknown),
+                  valid=",".join(check.valid), suggestions=hints, error=check.message())
+    elif check.mig_static:
+        log.warning("shared_gpus_mig_enabled", node=config.node_name, gpus=",".join(check.mig_static),
+                    error=check.message())
+    return check
+
+
 def _xids(flag: str, value: str) -> frozenset[int]:
     try:
         return frozenset(int(v) for v in value.replace(" ", "").split(",") if v)
@@ -219,6 +242,7 @@ def _start(config: PluginConfig, kubeconfig: str, stop: threading.Event, delay: 
             nvml = open_nvml(config.nvml)
             plugin = KubeletPlugin(config, _api_client(kubeconfig), nvml)
             plugin.start()
+            report_shared_gpu_names(config, plugin.devices)
             return plugin
         except (ValueError, ConfigException) as exc:
             # A setting that can never work (an unknown simulated profile, no kubeconfig): no retry.

@@ -165,7 +165,9 @@ def test_shared_gpus_offer_consumable_memory() -> None:
     assert shared["allowMultipleAllocations"] is True
     assert shared["capacity"]["memory"] == {
         "value": "143771Mi",
-        "requestPolicy": {"default": "2Gi", "validRange": {"min": "2Gi", "step": "1Gi"}}}
+        # A claim that names no memory (class gpu.nvidia.com) takes the whole GPU: 140 GiB of
+        # 140.4 GiB (the full memory rounded down to a step above min, as the API requires).
+        "requestPolicy": {"default": "140Gi", "validRange": {"min": "2Gi", "step": "1Gi"}}}
     plain = next(d for d in devices if d["name"] == "gpu-0")
     assert "allowMultipleAllocations" not in plain and "requestPolicy" not in plain["capacity"]["memory"]
     # In dynamic mode a shared GPU is published whole, without placements.

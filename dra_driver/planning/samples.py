@@ -49,7 +49,10 @@ def gpu_device(minor: int, memory: int = H100_MEMORY, product: str = "NVIDIA H10
     dev: dict[str, Any] = {"name": f"gpu-{minor}", "attributes": attrs, "capacity": capacity}
     if shared:
         dev["allowMultipleAllocations"] = True
-        capacity["memory"]["requestPolicy"] = {"default": str(GIB), "validRange": {"min": str(GIB), "step": str(GIB)}}
+        # As the plugin publishes it: a request that names no memory takes the whole GPU (stepped).
+        default = memory // GIB * GIB
+        capacity["memory"]["requestPolicy"] = {"default": str(default),
+                                               "validRange": {"min": str(GIB), "step": str(GIB)}}
     if taints:
         dev["taints"] = taints
     return dev

@@ -33,6 +33,7 @@ from .model import (
     node_owner_reference,
 )
 from .reading import complete_pool_devices
+from .shared import SharedGpuNames, check_shared_gpu_names, shared_memory_policy
 
 __all__ = [
     "ATTR_NUMA_NODE",
@@ -49,10 +50,12 @@ __all__ = [
     "DeviceSpec",
     "DeviceTaint",
     "RequestPolicy",
+    "SharedGpuNames",
     "SliceOptions",
     "SliceSpec",
     "Version",
     "build_pool",
+    "check_shared_gpu_names",
     "complete_pool_devices",
     "counter_set_name",
     "format_quantity",
@@ -60,6 +63,7 @@ __all__ = [
     "memory_slice_counter",
     "node_owner_reference",
     "semver",
+    "shared_memory_policy",
     "slice_name",
     "unhealthy_taint_key",
 ]

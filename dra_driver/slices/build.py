@@ -35,7 +35,8 @@ from .attributes import (
     placement_attributes,
 )
 from .counters import gpu_counter_set, placement_consumption, whole_gpu_consumption
-from .model import Capacity, CounterSet, DeviceSpec, DeviceTaint, RequestPolicy, SliceSpec
+from .model import Capacity, CounterSet, DeviceSpec, DeviceTaint, SliceSpec
+from .shared import shared_memory_policy
 
 MAX_DEVICES_PER_SLICE = 128
 MAX_LIMITED_DEVICES_PER_SLICE = 64  # when a device in the slice has taints or consumesCounters
@@ -54,8 +55,13 @@ class SliceOptions:
 
     ``shared_gpus``: ``True`` publishes every whole GPU as shareable (consumable ``memory`` with
     ``allowMultipleAllocations``), or a set of GPU names (``gpu-0``) shares just those; names not on
-    the node are ignored (a GPU may have dropped off the bus). A shared GPU is not partitioned:
+    the node are skipped here (a GPU may have dropped off the bus) and reported by
+    :func:`~dra_driver.slices.shared.check_shared_gpu_names`. A shared GPU is not partitioned:
     in dynamic MIG mode it is published whole, without placements.
+
+    A shared GPU's ``memory`` policy (:func:`~dra_driver.slices.shared.shared_memory_policy`):
+    ``min`` = ``shared_memory_min_bytes``, ``step`` = ``shared_memory_step_bytes``, ``default`` = the
+    whole memory rounded down to the step, so a claim that asks no memory takes the whole GPU.
     """
 
     mig_mode: Literal["static", "dynamic"] = "static"
@@ -148,8 +154,9 @@ def _whole_gpu(gpu: Gpu, devices: NodeDevices, options: SliceOptions, counter_se
     capacity = gpu_capacity(gpu)
     shared = options.is_shared(gpu)
     if shared:
-        minimum = min(options.shared_memory_min_bytes, gpu.memory_bytes)
-        policy = RequestPolicy(default=minimum, min=minimum, step=options.shared_memory_step_bytes)
+        # default = the whole GPU (stepped): a claim that asks no memory (gpu.nvidia.com) gets all of it.
+        policy = shared_memory_policy(gpu.memory_bytes, options.shared_memory_min_bytes,
+                                      options.shared_memory_step_bytes)
         capacity = (("memory", Capacity(gpu.memory_bytes, binary=True, request_policy=policy)),)
     device = DeviceSpec(
         name=gpu.name,

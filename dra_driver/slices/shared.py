@@ -1,0 +1,109 @@
+"""Shared GPUs (consumable ``memory``, Kubernetes 1.36+): the request policy and the name check. Pure.
+
+Request policy. A request that does not name a consumable capacity consumes the policy's
+``default`` (reference dra-api.md section 3.4; the kube-scheduler and the planner both do this). The
+``gpu.nvidia.com`` DeviceClass matches shared GPUs too, so a plain "one GPU" claim must take the
+whole GPU there, not a sliver: the default is the GPU's full memory, rounded down to the step so
+the API server accepts it (upstream validation: ``min <= default``, ``default - min`` a multiple
+of ``step``, ``min + step <= value``). What rounding leaves over is less than one step, so with
+``step <= min`` (the 1 GiB / 1 GiB default) no other claim fits beside a default-sized one. Claims
+that state ``capacity.requests.memory`` (the ``vram.gpu.nvidia.com`` class and its shaping) still
+pack by what they ask.
+
+Name check. ``--shared-gpus`` names GPUs by their published name (``gpu-<minor>``). A name that
+matches no GPU shares nothing; :func:`check_shared_gpu_names` says which entries those are, what
+the valid names are, and which entry was probably meant, so the plugin can log it once at start.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from dra_driver.devices import Gpu, MigMode, NodeDevices
+
+from .model import RequestPolicy
+
+
+def shared_memory_policy(memory_bytes: int, min_bytes: int, step_bytes: int) -> RequestPolicy:
+    """The ``memory`` request policy of a shared GPU with ``memory_bytes`` of VRAM.
+
+    ``min`` is ``min_bytes`` (at most the whole GPU); ``default`` is the largest ``min + n * step``
+    that fits in the GPU (the full memory, rounded down to the step). A step that would not fit
+    once above ``min`` (a GPU smaller than ``min + step``, rejected upstream as "one step is larger
+    than capacity value") is left out, and the default is then the exact memory.
+    """
+    if memory_bytes <= 0 or min_bytes <= 0 or step_bytes <= 0:
+        raise ValueError(f"memory_bytes={memory_bytes}, min_bytes={min_bytes}, step_bytes={step_bytes}: "
+                         "all must be positive byte counts")
+    minimum = min(min_bytes, memory_bytes)
+    if minimum + step_bytes > memory_bytes:
+        return RequestPolicy(default=memory_bytes, min=minimum)
+    default = minimum + (memory_bytes - minimum) // step_bytes * step_bytes
+    return RequestPolicy(default=default, min=minimum, step=step_bytes)
+
+
+@dataclass(frozen=True)
+class SharedGpuNames:
+    """What ``--shared-gpus`` names, against the GPUs discovered on the node.
+
+    ``unknown``: entries that match no GPU (nothing is shared for them); ``suggestions`` maps such
+    an entry to the name it most likely meant (``gpu0`` -> ``gpu-0``, a UUID -> its name);
+    ``valid``: every GPU name the option accepts on this node; ``mig_static``: named GPUs whose MIG
+    mode is on, published as their MIG devices in static MIG mode and so not shared.
+    """
+
+    unknown: tuple[str, ...] = ()
+    valid: tuple[str, ...] = ()
+    suggestions: tuple[tuple[str, str], ...] = ()
+    mig_static: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """Every entry names a GPU that is published shared."""
+        return not self.unknown and not self.mig_static
+
+    def message(self) -> str:
+        """One sentence for the log: the bad entries, the valid names and the fix."""
+        parts: list[str] = []
+        if self.unknown:
+            hints = dict(self.suggestions)
+            named = ", ".join(f"{u!r} (did you mean {hints[u]!r}?)" if u in hints else repr(u)
+                              for u in self.unknown)
+            valid = ", ".join(self.valid) or "none: no GPU was discovered"
+            parts.append(f"--shared-gpus (env SHARED_GPUS) names {named}, which match no GPU on this node, so "
+                         f"they are not shared; valid names here: {valid} (or 'all'). Fix the flag or the "
+                         "SHARED_GPUS environment variable (Helm value sharedGpus)")
+        if self.mig_static:
+            parts.append(f"--shared-gpus names {', '.join(self.mig_static)}, whose MIG mode is on: in static MIG "
+                         "mode they are published as their MIG devices, not shared")
+        return "; ".join(parts)
+
+
+def _normal(text: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", text.lower())
+
+
+def _suggest(entry: str, gpus: tuple[Gpu, ...]) -> str | None:
+    for gpu in gpus:
+        if entry.lower() == gpu.uuid.lower():
+            return gpu.name
+    norm = _normal(entry)
+    for gpu in gpus:
+        if norm in (_normal(gpu.name), str(gpu.minor)):
+            return gpu.name
+    return None
+
+
+def check_shared_gpu_names(shared_gpus: frozenset[str] | bool, devices: NodeDevices,
+                           mig_mode: str = "static") -> SharedGpuNames:
+    """Check a ``--shared-gpus`` list against the node's GPUs (``True``/``False`` are always fine)."""
+    gpus = tuple(sorted(devices.gpus, key=lambda g: g.minor))
+    valid = tuple(g.name for g in gpus)
+    if isinstance(shared_gpus, bool):
+        return SharedGpuNames(valid=valid)
+    unknown = tuple(sorted(n for n in shared_gpus if n not in valid))
+    suggestions = tuple((u, s) for u in unknown if (s := _suggest(u, gpus)) is not None)
+    mig_static = tuple(g.name for g in gpus if g.name in shared_gpus and mig_mode == "static"
+                       and g.mig_mode == MigMode.ENABLED)
+    return SharedGpuNames(unknown=unknown, valid=valid, suggestions=suggestions, mig_static=mig_static)
