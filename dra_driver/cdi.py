@@ -10,7 +10,10 @@ spec that uses a feature newer than its declared version.
 Device-level edits: the GPU's device node (a MIG device adds its parent's node and its
 ``nvidia-caps`` nodes), ``NVIDIA_VISIBLE_DEVICES`` with the UUIDs of the devices of the same
 request (identical for every device of a request, so a container given several of them sees one
-consistent value), and the claim's opaque config (env, ``visibleDevicesEnv``, sharing). Spec-level
+consistent value), and the claim's opaque config (env, ``visibleDevicesEnv``, sharing). A device
+shared with ``sharing.strategy: MPS`` also gets the claim's MPS daemon: ``CUDA_MPS_PIPE_DIRECTORY``
+and a read-write mount of the daemon's pipe directory at the same path, plus its shared-memory
+directory mounted on ``/dev/shm`` (see :mod:`kubelet_plugin.mps`). Spec-level
 edits (applied whenever any device of the claim is injected): the control device nodes
 (``/dev/nvidiactl``, ``/dev/nvidia-uvm``...) and read-only bind mounts of the NVIDIA driver files
 found under the configured driver root.
@@ -34,6 +37,8 @@ KNOWN_VERSIONS = ("0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0",
 BASE_VERSION = "0.3.0"
 HOOK_NAMES = ("createRuntime", "createContainer", "startContainer", "poststart", "poststop", "prestart")
 MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
+RW_MOUNT_OPTIONS = ("rw", "nosuid", "nodev", "bind")
+MPS_SHM_PATH = "/dev/shm"
 
 _VENDOR = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
 _CLASS = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
@@ -54,6 +59,10 @@ class CdiDevice:
     device_nodes: tuple[str, ...]  # /dev/nvidia<minor> first, then nvidia-caps nodes for MIG
     config: DeviceConfig = field(default_factory=DeviceConfig)
     memory_bytes: int = 0
+    # The claim's running MPS daemon (sharing.strategy: MPS): its pipe directory (same path on the host
+    # and in the container) and the directory its clients must see as /dev/shm ("" = none).
+    mps_pipe_dir: str = ""
+    mps_shm_dir: str = ""
 
 
 def cdi_vendor(driver_name: str) -> str:
@@ -114,8 +123,9 @@ def _device_env(device: CdiDevice, request_devices: Sequence[CdiDevice]) -> list
         env[name] = uuids
     if cfg.sharing is not None:
         env["GPUREADY_SHARING_STRATEGY"] = cfg.sharing.strategy
-        if cfg.sharing.strategy == "TimeSlicing":
-            env["GPUREADY_TIMESLICE_INTERVAL"] = cfg.sharing.timeslice_interval
+        if device.mps_pipe_dir:
+            env["CUDA_MPS_PIPE_DIRECTORY"] = device.mps_pipe_dir
+        # Client-side limits: they tighten the daemon's defaults for each process (the daemon enforces).
         mps = cfg.sharing.mps
         if mps.active_thread_percentage is not None:
             env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mps.active_thread_percentage)
@@ -128,6 +138,17 @@ def _device_env(device: CdiDevice, request_devices: Sequence[CdiDevice]) -> list
     return [f"{k}={v}" for k, v in env.items()]
 
 
+def _device_mounts(device: CdiDevice) -> list[dict[str, Any]]:
+    mounts = []
+    if device.mps_pipe_dir:
+        mounts.append({"hostPath": device.mps_pipe_dir, "containerPath": device.mps_pipe_dir, "type": "bind",
+                       "options": list(RW_MOUNT_OPTIONS)})
+    if device.mps_shm_dir:
+        mounts.append({"hostPath": device.mps_shm_dir, "containerPath": MPS_SHM_PATH, "type": "bind",
+                       "options": list(RW_MOUNT_OPTIONS)})
+    return mounts
+
+
 def claim_spec(driver_name: str, claim_uid: str, devices: Sequence[CdiDevice],
                control_device_nodes: Sequence[str], mounts: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """The CDI spec (as a JSON-ready dict) for one prepared claim."""
@@ -136,16 +157,14 @@ def claim_spec(driver_name: str, claim_uid: str, devices: Sequence[CdiDevice],
     by_request: dict[str, list[CdiDevice]] = {}
     for d in devices:
         by_request.setdefault(d.request, []).append(d)
-    cdi_devices = [
-        {
-            "name": cdi_device_name(claim_uid, d.name),
-            "containerEdits": {
-                "env": _device_env(d, by_request[d.request]),
-                "deviceNodes": [_device_node(p) for p in d.device_nodes],
-            },
-        }
-        for d in devices
-    ]
+    cdi_devices = []
+    for d in devices:
+        edits: dict[str, Any] = {"env": _device_env(d, by_request[d.request]),
+                                 "deviceNodes": [_device_node(p) for p in d.device_nodes]}
+        device_mounts = _device_mounts(d)
+        if device_mounts:
+            edits["mounts"] = device_mounts
+        cdi_devices.append({"name": cdi_device_name(claim_uid, d.name), "containerEdits": edits})
     top: dict[str, Any] = {"deviceNodes": [_device_node(p) for p in control_device_nodes]}
     if mounts:
         top["mounts"] = [dict(m) for m in mounts]

@@ -10,8 +10,7 @@ A ResourceClaim (or its DeviceClass) may carry ``opaque`` configuration for this
           apiVersion: gpu.nvidia.com/v1alpha1
           kind: GpuConfig                # or MigDeviceConfig
           sharing:
-            strategy: TimeSlicing        # or MPS
-            timeSlicing: {interval: Default}            # Default | Short | Medium | Long
+            strategy: MPS                # or TimeSlicing
             mps: {defaultActiveThreadPercentage: 50, defaultPinnedDeviceMemoryLimit: 20Gi}
           env: {MY_VAR: "value"}
           visibleDevicesEnv: CUDA_VISIBLE_DEVICES
@@ -21,11 +20,21 @@ names the field and the fix) and the controller's validating webhook reuses :fun
 the same mistake is refused when the claim is created. Unknown fields, wrong types and impossible
 values are errors: a typo silently ignored would leave a user wondering why a setting had no effect.
 
-What the settings do (see :mod:`dra_driver.cdi`): ``env`` and ``visibleDevicesEnv`` become container
-environment variables; MPS limits become the CUDA MPS client variables
-(``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``); the time-slicing
-interval is exported as ``GPUREADY_TIMESLICE_INTERVAL``. gpuready never changes GPU-wide settings
-(compute mode, scheduler time slice) itself.
+What the settings do (see :mod:`dra_driver.cdi` and :mod:`kubelet_plugin.mps`):
+
+- ``env`` and ``visibleDevicesEnv`` become container environment variables.
+- ``sharing.strategy: MPS``: the kubelet plugin starts one CUDA MPS control daemon per claim for the
+  claim's MPS devices, sets ``mps.defaultActiveThreadPercentage`` and
+  ``mps.defaultPinnedDeviceMemoryLimit`` as the daemon's defaults, and the CDI spec points the
+  containers at it (``CUDA_MPS_PIPE_DIRECTORY`` and a mount of its pipe directory); the limits are also
+  exported as the CUDA MPS client variables (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``,
+  ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``). If the daemon cannot start, the prepare fails: a claim that
+  asked for MPS never silently runs without it.
+- ``sharing.strategy: TimeSlicing``: the processes of claims sharing a GPU are time-sliced by the
+  GPU's default scheduler, which is what already happens; gpuready does not change GPU-wide settings
+  (compute mode, scheduler time slice), so ``timeSlicing.interval`` only accepts ``Default`` and any
+  other value is refused (set the time slice node-wide with ``nvidia-smi compute-policy
+  --set-timeslice``, outside gpuready, if needed).
 
 Pure: no I/O.
 """
@@ -43,7 +52,11 @@ KIND_GPU = "GpuConfig"
 KIND_MIG = "MigDeviceConfig"
 KINDS = (KIND_GPU, KIND_MIG)
 SHARING_STRATEGIES = ("TimeSlicing", "MPS")
+# NVIDIA's interval names; only Default is accepted (gpuready leaves the GPU's time slice alone).
 TIMESLICE_INTERVALS = ("Default", "Short", "Medium", "Long")
+TIMESLICE_FIX = ("remove timeSlicing.interval or set it to Default: gpuready leaves the GPU's time slice at "
+                 "its default and does not change GPU-wide scheduler settings; to change it for the whole node, "
+                 "run nvidia-smi compute-policy --set-timeslice on the node, outside gpuready")
 # Variables the driver itself sets: a user value would silently break device visibility.
 RESERVED_ENV = frozenset({"NVIDIA_VISIBLE_DEVICES"})
 MAX_ENV = 64
@@ -68,7 +81,7 @@ class OpaqueConfigError(ValueError):
 
 @dataclass(frozen=True)
 class MpsSettings:
-    """Client-side MPS limits (applied through the CUDA MPS environment variables)."""
+    """MPS limits: defaults of the claim's MPS control daemon, also exported as CUDA MPS client variables."""
 
     active_thread_percentage: int | None = None
     pinned_memory_limit_bytes: int | None = None
@@ -79,7 +92,6 @@ class Sharing:
     """How the containers of a claim share its devices."""
 
     strategy: str  # one of SHARING_STRATEGIES
-    timeslice_interval: str = "Default"
     mps: MpsSettings = field(default_factory=MpsSettings)
 
 
@@ -174,7 +186,6 @@ def _parse_sharing(raw: Any, path: str) -> Sharing:
     if strategy not in SHARING_STRATEGIES:
         raise OpaqueConfigError(f"{path}.strategy", f"unknown strategy {strategy!r}",
                                 f"use one of {', '.join(SHARING_STRATEGIES)}")
-    interval = "Default"
     if "timeSlicing" in raw:
         if strategy != "TimeSlicing":
             raise OpaqueConfigError(f"{path}.timeSlicing", f"set while strategy is {strategy}",
@@ -184,16 +195,17 @@ def _parse_sharing(raw: Any, path: str) -> Sharing:
         _check_unknown(ts, ("interval",), f"{path}.timeSlicing")
         interval = ts.get("interval", "Default")
         _expect_type(interval, str, f"{path}.timeSlicing.interval", "a string")
-        if interval not in TIMESLICE_INTERVALS:
-            raise OpaqueConfigError(f"{path}.timeSlicing.interval", f"unknown interval {interval!r}",
-                                    f"use one of {', '.join(TIMESLICE_INTERVALS)}")
+        if interval != "Default":
+            problem = (f"interval {interval} is not supported" if interval in TIMESLICE_INTERVALS
+                       else f"unknown interval {interval!r}")
+            raise OpaqueConfigError(f"{path}.timeSlicing.interval", problem, TIMESLICE_FIX)
     mps = MpsSettings()
     if "mps" in raw:
         if strategy != "MPS":
             raise OpaqueConfigError(f"{path}.mps", f"set while strategy is {strategy}",
                                     "remove mps or set strategy: MPS")
         mps = _parse_mps(raw["mps"], f"{path}.mps")
-    return Sharing(strategy=strategy, timeslice_interval=interval, mps=mps)
+    return Sharing(strategy=strategy, mps=mps)
 
 
 def _parse_env(raw: Any, path: str) -> tuple[tuple[str, str], ...]:

@@ -68,6 +68,27 @@ class MigRecord:
 
 
 @dataclass
+class MpsRecord:
+    """The MPS control daemon prepare runs for a claim (``sharing.strategy: MPS``).
+
+    Everything is fixed before the daemon starts (phase 1 names it), so a crash at any point leaves
+    enough to stop the daemon and remove its directories: ``pipe_dir`` is how the daemon is reached
+    (``echo quit | nvidia-cuda-mps-control`` with ``CUDA_MPS_PIPE_DIRECTORY`` set to it) and ``pid``
+    is the fallback when it no longer answers.
+    """
+
+    root: str  # the claim's directory; everything below is removed at unprepare
+    pipe_dir: str
+    log_dir: str
+    device_uuids: list[str]
+    shm_dir: str = ""  # the daemon's and its clients' /dev/shm ("" = the plugin's own /dev/shm)
+    active_thread_percentage: int | None = None
+    pinned_limits_mib: dict[str, int] = field(default_factory=dict)  # device UUID -> MiB
+    binary: str = ""  # the nvidia-cuda-mps-control that started it (set once started)
+    pid: int | None = None  # the control daemon's PID (set once started)
+
+
+@dataclass
 class PreparedDeviceRecord:
     """One device of the answer given to the kubelet (NodePrepareResourceResponse.devices[])."""
 
@@ -93,10 +114,15 @@ class ClaimRecord:
     answer: list[PreparedDeviceRecord] = field(default_factory=list)
     mig: list[MigRecord] = field(default_factory=list)
     updated_at: float = field(default_factory=time.time)
+    mps: MpsRecord | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """Plain JSON form."""
-        return asdict(self)
+        """Plain JSON form. ``mps`` is left out when unset, so a record without MPS reads the same
+        for a plugin version that predates the field (rolling update: both share the file)."""
+        data = asdict(self)
+        if data.get("mps") is None:
+            data.pop("mps", None)
+        return data
 
     @staticmethod
     def from_json(raw: dict[str, Any]) -> ClaimRecord:
@@ -105,6 +131,8 @@ class ClaimRecord:
         data["state"] = ClaimState(data["state"])
         data["answer"] = [PreparedDeviceRecord(**d) for d in data.get("answer", [])]
         data["mig"] = [MigRecord(**m) for m in data.get("mig", [])]
+        if data.get("mps") is not None:
+            data["mps"] = MpsRecord(**data["mps"])
         return ClaimRecord(**data)
 
 

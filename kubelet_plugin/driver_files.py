@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 
+BIN_DIRS = ("/usr/bin", "/usr/local/bin", "/bin")
 LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib/aarch64-linux-gnu", "/usr/lib")
 LIBRARIES = (
     "libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so", "libnvidia-nvvm.so",
@@ -36,3 +38,26 @@ def find_driver_files(driver_root: str) -> list[str]:
                 if os.path.isfile(host_path):  # follows symlinks: a dangling link is skipped
                     found.add(host_path[len(root):])
     return sorted(found)
+
+
+def find_driver_binary(name: str, driver_root: str, search_path: str | None = None) -> str | None:
+    """Where this process can run the driver tool ``name`` (e.g. ``nvidia-cuda-mps-control``), or None.
+
+    Looked for on ``search_path`` (default: ``$PATH``) first, then in the ``bin`` directories under
+    ``driver_root`` (the GPU operator's driver container keeps its tools there, off the plugin's PATH).
+    """
+    found = shutil.which(name, path=search_path)
+    if found:
+        return os.path.abspath(found)
+    root = driver_root.rstrip("/")
+    for bin_dir in BIN_DIRS:
+        candidate = f"{root}{bin_dir}/{name}"
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def driver_library_dirs(driver_root: str) -> list[str]:
+    """The library directories that exist under ``driver_root`` (for a tool run from a driver root)."""
+    root = driver_root.rstrip("/")
+    return [f"{root}{d}" for d in LIB_DIRS if os.path.isdir(f"{root}{d}")]

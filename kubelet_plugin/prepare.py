@@ -8,8 +8,10 @@ instances and writing the CDI spec happen outside it.
 
 Order of a prepare: fetch the claim (outside any lock) -> resolve it against this node
 (:func:`kubelet_plugin.allocation.plan_claim`) -> checkpoint phase 1 ``PrepareStarted`` naming what
-is about to be created -> create dynamic MIG instances -> write the CDI spec -> checkpoint phase 2
-``PrepareCompleted`` with the answer. A failure after phase 1 undoes what was done and drops the
+is about to be created -> create dynamic MIG instances -> start the claim's MPS control daemon
+(``sharing.strategy: MPS``, :mod:`kubelet_plugin.mps`) -> write the CDI spec -> checkpoint phase 2
+``PrepareCompleted`` with the answer. Unprepare undoes them in reverse (the MPS daemon stops before its
+MIG instance goes). A failure after phase 1 undoes what was done and drops the
 record, so the kubelet's retry starts clean; a crash after phase 1 is undone at the next start
 (:mod:`kubelet_plugin.recovery`).
 """
@@ -37,7 +39,19 @@ from kubelet_plugin.checkpoint import (
     ClaimRecord,
     ClaimState,
     MigRecord,
+    MpsRecord,
     PreparedDeviceRecord,
+)
+from kubelet_plugin.mps import (
+    MPS_FIELD,
+    MpsControl,
+    MpsControlSettings,
+    MpsDevice,
+    MpsError,
+    MpsOps,
+    claim_defaults,
+    plan_record,
+    with_devices,
 )
 from kubelet_plugin.whole_gpu import (
     full_instance_record,
@@ -95,6 +109,13 @@ class PrepareSettings:
     # only to claims that tolerate it, so an allocation naming it is the scheduler's decision: prepare
     # it (with a warning) instead of refusing as withdraw mode does.
     taint_mode: bool = False
+    # sharing.strategy: MPS (used when no MpsOps is passed to Preparer): the nvidia-cuda-mps-control to
+    # run ("" = MPS_CONTROL_PATH, PATH, then the driver root), where the driver files are ("" =
+    # NVIDIA_DRIVER_ROOT or /), and how long a daemon may take to come up.
+    mps_control: str = ""
+    driver_root: str = ""
+    mps_start_timeout: float = 10.0
+    mps_private_shm: bool | None = None  # None: MPS_PRIVATE_SHM (default true)
 
 
 @dataclass(frozen=True)
@@ -122,7 +143,7 @@ class Preparer:
     def __init__(self, settings: PrepareSettings, checkpoint: CheckpointStore, claims: ClaimSource,
                  devices: Callable[[], Mapping[str, NodeDevice]],
                  unhealthy: Callable[[], Mapping[str, str]], mig: MigOps | None = None,
-                 on_change: Callable[[], None] | None = None) -> None:
+                 on_change: Callable[[], None] | None = None, mps: MpsOps | None = None) -> None:
         self.settings = settings
         self.checkpoint = checkpoint
         self.claims = claims
@@ -131,8 +152,15 @@ class Preparer:
         self.mig = mig
         self.on_change = on_change or (lambda: None)
         self._locks: dict[str, list[Any]] = {}  # uid -> [Lock, users]
-        self._lock_dir = os.path.join(os.path.dirname(checkpoint.path) or ".", "locks")
+        self._data_dir = os.path.dirname(checkpoint.path) or "."
+        self._lock_dir = os.path.join(self._data_dir, "locks")
         self._locks_mutex = threading.Lock()
+        self.mps: MpsOps = mps or MpsControl(MpsControlSettings(
+            binary=settings.mps_control,
+            driver_root=settings.driver_root or os.environ.get("NVIDIA_DRIVER_ROOT", "") or "/",
+            start_timeout=settings.mps_start_timeout, private_shm=settings.mps_private_shm))
+        self._mps_private_shm = (settings.mps_private_shm if settings.mps_private_shm is not None
+                                 else MpsControlSettings().use_private_shm)
 
     # --- locks ------------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -181,6 +209,7 @@ class Preparer:
                               self.devices(), {} if self.settings.taint_mode else unhealthy)
             if self.settings.taint_mode:
                 self._warn_tainted(plan, unhealthy)
+            self._check_mps(plan)
             with self.claim_lock(uid):
                 recorded = self._recorded_answer(uid, locked=True)
                 if recorded is not None:
@@ -197,6 +226,57 @@ class Preparer:
             log.error("claim_prepare_error", exc_info=True, claim_uid=uid, node=self.settings.pool)
             return ClaimOutcome(error=f"internal error preparing ResourceClaim {namespace}/{name}: {exc}",
                                 reason="internal")
+
+    @staticmethod
+    def _mps_devices(plan: ClaimPlan) -> list[MpsDevice]:
+        """The claim's devices whose effective config says sharing.strategy: MPS (each once)."""
+        result: dict[str, MpsDevice] = {}
+        for d in plan.devices:
+            sharing = d.config.sharing
+            if sharing is not None and sharing.strategy == "MPS":
+                result.setdefault(d.device.name, MpsDevice(d.device.name, sharing.mps))
+        return list(result.values())
+
+    def _check_mps(self, plan: ClaimPlan) -> None:
+        """Before any state exists: refuse an MPS claim this node cannot serve (no binary, bad limits)."""
+        devices = self._mps_devices(plan)
+        if not devices:
+            return
+        ref = f"ResourceClaim {plan.namespace}/{plan.name}"
+        try:
+            claim_defaults(devices, ref)
+            self.mps.locate()
+        except MpsError as exc:
+            message = str(exc) if exc.reason == "invalid_config" else f"{ref}: {MPS_FIELD}: {exc}"
+            raise PrepareError(exc.reason, message) from exc
+
+    def _start_mps(self, plan: ClaimPlan, record: ClaimRecord,
+                   cdi_devices: dict[str, CdiDevice]) -> dict[str, CdiDevice]:
+        """Start the claim's MPS daemon (recorded first) and point its MPS devices' CDI edits at it."""
+        devices = self._mps_devices(plan)
+        if not devices or record.mps is None:
+            return cdi_devices
+        ref = f"ResourceClaim {plan.namespace}/{plan.name}"
+        planned = with_devices(record.mps, [cdi_devices[d.name].uuid for d in devices],
+                               {cdi_devices[d.name].uuid: d.settings for d in devices},
+                               claim_defaults(devices, ref))
+        self._set_mps_record(plan.uid, planned)
+        try:
+            started = self.mps.start(planned)
+        except MpsError as exc:
+            raise PrepareError(exc.reason, f"{ref}: {MPS_FIELD}: {exc}") from exc
+        self._set_mps_record(plan.uid, started)
+        log.info("claim_mps_started", claim_uid=plan.uid, claim=f"{plan.namespace}/{plan.name}",
+                 node=self.settings.pool, device=",".join(d.name for d in devices), pid=started.pid,
+                 pipe_dir=started.pipe_dir)
+        result = dict(cdi_devices)
+        for d in devices:
+            result[d.name] = replace(result[d.name], mps_pipe_dir=started.pipe_dir, mps_shm_dir=started.shm_dir)
+        return result
+
+    def _set_mps_record(self, uid: str, mps: MpsRecord) -> None:
+        with self.checkpoint.update() as records:
+            records[uid] = replace(records[uid], mps=mps)
 
     def _warn_tainted(self, plan: ClaimPlan, unhealthy: Mapping[str, str]) -> None:
         for d in plan.devices:
@@ -246,7 +326,8 @@ class Preparer:
                                parent_minor=d.device.gpu.minor, profile=d.device.placement.profile.name,
                                gi_profile_id=d.device.placement.profile.gi_profile_id,
                                placement_start=d.device.placement.placement.start)
-                     for d in plan.devices if d.device.placement is not None] + whole)
+                     for d in plan.devices if d.device.placement is not None] + whole,
+                mps=plan_record(self._data_dir, plan.uid, self._mps_private_shm) if self._mps_devices(plan) else None)
             records[plan.uid] = record
         return record
 
@@ -263,6 +344,7 @@ class Preparer:
                 cdi_devices[d.device.name] = CdiDevice(
                     name=d.device.name, request=d.request.split("/", 1)[0], uuid=mig.uuid if mig else gpu.uuid,
                     device_nodes=nodes, config=d.config, memory_bytes=d.device.memory_bytes)
+            cdi_devices = self._start_mps(plan, self.checkpoint.get(plan.uid) or record, cdi_devices)
             spec = claim_spec(self.settings.driver_name, plan.uid, list(cdi_devices.values()),
                               self.settings.control_device_nodes, self.settings.driver_mounts)
             self.write_spec(record.cdi_spec_file, spec)
@@ -403,6 +485,10 @@ class Preparer:
                     # left under the claim's deterministic file name.
                     if remove_file(self.spec_path(uid)):
                         log.info("claim_orphan_spec_removed", claim_uid=uid, node=self.settings.pool)
+                    orphan = plan_record(self._data_dir, uid, self._mps_private_shm)
+                    if os.path.isdir(orphan.root):  # an MPS daemon whose record was lost
+                        self.mps.stop(orphan)
+                        log.info("claim_orphan_mps_stopped", claim_uid=uid, node=self.settings.pool)
                     return ClaimOutcome()
                 self.undo(record)
                 if record.mig:  # under the lock: a prepare of this claim right after must keep its entries
@@ -416,8 +502,13 @@ class Preparer:
                                 reason="internal")
 
     def undo(self, record: ClaimRecord) -> None:
-        """Remove a claim's CDI spec, destroy the MIG instances it created, then drop its record."""
+        """Remove a claim's CDI spec, stop its MPS daemon, destroy the MIG instances it created, then drop
+        its record (a failure raises and keeps the record, so the kubelet's retry tries again)."""
         remove_file(record.cdi_spec_file or self.spec_path(record.uid))
+        if record.mps is not None:  # before MIG: the daemon's server holds contexts on the instance
+            self.mps.stop(record.mps)
+            log.info("claim_mps_stopped", claim_uid=record.uid, node=self.settings.pool, pid=record.mps.pid,
+                     pipe_dir=record.mps.pipe_dir)
         # A whole GPU's full-size instance is shared: decide, destroy and drop the record under its
         # GPU lock, so a prepare reusing it never sees it half-gone.
         with gpu_locks(self._lock_dir, [m.device for m in record.mig if m.whole_gpu]):

@@ -70,6 +70,27 @@ def test_config_env_reaches_the_container() -> None:
                  "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M", "GPUREADY_SHARING_STRATEGY=MPS"):
         assert want in env
     assert validate_spec(spec) == []
+    assert not any(e.startswith("CUDA_MPS_PIPE_DIRECTORY=") for e in env)  # no daemon given: none claimed
+
+
+def test_mps_device_points_at_its_daemon_and_timeslicing_exports_no_interval() -> None:
+    mps = parse_config({"apiVersion": API_VERSION, "kind": "GpuConfig",
+                        "sharing": {"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 30}}}).config
+    ts = parse_config({"apiVersion": API_VERSION, "kind": "GpuConfig",
+                       "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Default"}}}).config
+    pipe, shm = "/var/lib/kubelet/plugins/gpu.nvidia.com/mps/u/pipe", "/var/lib/kubelet/plugins/gpu.nvidia.com/mps/u/shm"
+    spec = claim_spec("gpu.nvidia.com", UID, [
+        CdiDevice("gpu-0", "a", "GPU-aaa", ("/dev/nvidia0",), mps, mps_pipe_dir=pipe, mps_shm_dir=shm),
+        CdiDevice("gpu-1", "b", "GPU-bbb", ("/dev/nvidia1",), ts)], NVIDIA_CONTROL_DEVICE_NODES)
+    assert validate_spec(spec) == []
+    mps_edits, ts_edits = (d["containerEdits"] for d in spec["devices"])
+    assert f"CUDA_MPS_PIPE_DIRECTORY={pipe}" in mps_edits["env"]
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30" in mps_edits["env"]  # client limit kept
+    assert mps_edits["mounts"] == [
+        {"hostPath": pipe, "containerPath": pipe, "type": "bind", "options": ["rw", "nosuid", "nodev", "bind"]},
+        {"hostPath": shm, "containerPath": "/dev/shm", "type": "bind", "options": ["rw", "nosuid", "nodev", "bind"]}]
+    assert "mounts" not in ts_edits
+    assert not any(e.startswith(("GPUREADY_TIMESLICE_INTERVAL=", "CUDA_MPS_")) for e in ts_edits["env"])
 
 
 def test_validation_catches_what_a_loader_rejects() -> None:

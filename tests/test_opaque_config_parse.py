@@ -48,7 +48,7 @@ def test_full_valid_config_is_typed() -> None:
          "p.sharing.mps.defaultActiveThreadPercentage", "an integer"),
         (_cfg(sharing={"strategy": "TimeSlicing", "mps": {}}), "p.sharing.mps", "strategy: MPS"),
         (_cfg(sharing={"strategy": "TimeSlicing", "timeSlicing": {"interval": "Forever"}}),
-         "p.sharing.timeSlicing.interval", "Default, Short"),
+         "p.sharing.timeSlicing.interval", "set it to Default"),
         (_cfg(env={"1BAD": "x"}), "p.env.1BAD", "do not start with a digit"),
         (_cfg(env={"A": 1}), "p.env.A", "quote numbers"),
         (_cfg(env={"NVIDIA_VISIBLE_DEVICES": "all"}), "p.env.NVIDIA_VISIBLE_DEVICES", "visibleDevicesEnv"),
@@ -95,3 +95,22 @@ def test_request_matching_and_quantities() -> None:
     assert not config_applies_to_request(["gpu/small"], "gpu/big")
     assert parse_quantity("512Mi", "x") == 512 * 1024**2
     assert parse_quantity("1G", "x") == 10**9
+
+
+@pytest.mark.parametrize("interval", ["Short", "Medium", "Long"])
+def test_non_default_timeslice_interval_is_refused_with_the_node_wide_alternative(interval: str) -> None:
+    # gpuready never changes the GPU's scheduler: accepting an interval would pretend it did.
+    with pytest.raises(OpaqueConfigError) as err:
+        parse_config(_cfg(sharing={"strategy": "TimeSlicing", "timeSlicing": {"interval": interval}}), path="p")
+    message = str(err.value)
+    assert err.value.path == "p.sharing.timeSlicing.interval"
+    assert f"interval {interval} is not supported" in message
+    assert "leaves the GPU's time slice at its default" in message
+    assert "nvidia-smi compute-policy --set-timeslice" in message and "outside gpuready" in message
+
+
+def test_timeslicing_with_default_interval_or_none_is_accepted() -> None:
+    for sharing in ({"strategy": "TimeSlicing"}, {"strategy": "TimeSlicing", "timeSlicing": {}},
+                    {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Default"}}):
+        cfg = parse_config(_cfg(sharing=sharing)).config
+        assert cfg.sharing is not None and cfg.sharing.strategy == "TimeSlicing"
