@@ -3,16 +3,19 @@
 :class:`NvmlMigOps` implements :class:`kubelet_plugin.prepare.MigOps` over the NVML layer
 (:func:`dra_driver.nvml.create_mig_device` / :func:`dra_driver.nvml.destroy_mig_device`), real or
 simulated. NVML MIG calls on one GPU are not safe to interleave, so they take one lock; a MIG
-create takes tens of milliseconds on real hardware, small next to a pod start.
+create takes tens of milliseconds on real hardware, small next to a pod start. That lock is the NVML
+handle's :func:`dra_driver.health.mig_probe.mig_gate`, shared with the health monitor's temporary
+probe instance: a change on a GPU being probed waits for the probe (at most its timeout), so prepare
+never meets the probe's instance and the probe never runs beside a claim's.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
 from dra_driver.devices import Gpu, MigDevice, MigPlacement
+from dra_driver.health.mig_probe import mig_gate
 from dra_driver.logs import get_logger
 from kubelet_plugin.checkpoint import MigRecord
 
@@ -29,14 +32,14 @@ class NvmlMigOps:
         self.nvml = nvml
         self.node = node
         self._on_change = on_change or (lambda: None)
-        self._lock = threading.Lock()
+        self._gate = mig_gate(nvml)
         self._created: dict[str, tuple[Gpu, MigDevice]] = {}  # MIG UUID -> (parent, device)
 
     def create(self, gpu: Gpu, placement: MigPlacement) -> MigDevice:
         """Create the instance for ``placement`` on ``gpu``."""
         from dra_driver.nvml import create_mig_device
 
-        with self._lock:
+        with self._gate.change(gpu.uuid):
             mig: MigDevice = create_mig_device(self.nvml, gpu, placement)
             self._created[mig.uuid] = (gpu, mig)
         self._changed(mig.name)
@@ -55,7 +58,7 @@ class NvmlMigOps:
 
     def existing(self, record: MigRecord) -> MigDevice | None:
         """The instance a record names as it exists on the node now (by UUID, else by placement)."""
-        with self._lock:
+        with self._gate.change(record.parent_uuid):
             found = self._discover(record)
         return found[1] if found is not None else None
 
@@ -81,7 +84,7 @@ class NvmlMigOps:
         """Destroy the instance a record names; False when it no longer exists."""
         from dra_driver.nvml import destroy_mig_device
 
-        with self._lock:
+        with self._gate.change(record.parent_uuid):
             found = self._find(record)
             if found is None:
                 return False

@@ -345,10 +345,12 @@ def test_dynamic_mig_attribution_follows_created_instances(rig_factory: Callable
 
     rig = rig_factory("4xh200")
     rig.monitor.stop()  # rebuild with dynamic MIG: every placement is a tracked (publishable) device
+    m = rig.rec.mark()  # the static-MIG monitor's snapshots are not this one's
     rig.monitor = HealthMonitor(rig.sim, rig.devices, HealthPolicy(**FAST), QuickProber(rig.sim), rig.rec,
                                 dynamic_mig=True)
     rig.monitor.start()
-    snap = rig.healthy_after_validation()
+    assert rig.monitor.wait_validated(20)
+    _, snap = rig.rec.wait_for(lambda s: s.all_healthy, after=m)
     gpu0 = rig.devices.gpus[0]
     assert len(snap.devices) == 4 * (1 + 25)
     placement = next(p for p in gpu0.placements() if p.profile.name == "1g.18gb" and p.placement.start == 3)

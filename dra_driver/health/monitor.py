@@ -231,16 +231,18 @@ class HealthMonitor(ValidationLoop):
                 return
             with self._lock:
                 transitions: list[Transition] = []
+                recoded = False  # same state, other code (a device validated by NVML only, now probed)
                 for name, new in change():
                     old = self._records[name]
                     self._records[name] = new
                     t = transition(old, new)
                     if t is not None:
                         transitions.append(t)
+                    recoded = recoded or old.code != new.code
                 problem_changed = node_problem is not False and node_problem != self._node_problem
                 if problem_changed:
                     self._node_problem = node_problem if isinstance(node_problem, str) else None
-                if not transitions and not problem_changed:
+                if not transitions and not problem_changed and not recoded:
                     return
                 self._generation += 1
                 snap = self._snapshot_locked(tuple(transitions))

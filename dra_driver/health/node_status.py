@@ -20,7 +20,7 @@ from typing import Any
 import kubernetes
 
 from dra_driver.health.snapshot import HealthSnapshot
-from dra_driver.health.state import HealthState
+from dra_driver.health.state import NOT_PROBED_CODE, HealthState
 from dra_driver.logs import get_logger
 
 log = get_logger(__name__)
@@ -77,8 +77,17 @@ def gpu_ready_condition(snapshot: HealthSnapshot) -> NodeCondition:
     bad = [(n, d) for n, d in sorted(snapshot.devices.items()) if not d.healthy]
     unreadable = [f"NVML index {i}: unreadable ({why})" for i, why in snapshot.unreadable]
     if not bad and not unreadable:
-        return NodeCondition("True", "AllGPUsReady",
-                             f"all {len(snapshot.devices)} GPU devices passed validation and are healthy")
+        # Devices published on NVML checks alone (no CUDA could reach them) are healthy as far as
+        # anyone can tell, but the condition must not claim they were probed.
+        unprobed = [(n, d.reason.removeprefix("passed NVML checks; ")) for n, d in sorted(snapshot.devices.items())
+                    if d.code == NOT_PROBED_CODE]
+        if not unprobed:
+            return NodeCondition("True", "AllGPUsReady",
+                                 f"all {len(snapshot.devices)} GPU devices passed validation and are healthy")
+        parts = [f"{', '.join(devices)}: {text}" for devices, text in _grouped(unprobed)]
+        return NodeCondition("True", "AllGPUsReady", _cap(
+            f"all {len(snapshot.devices)} GPU devices are healthy; {len(unprobed)} passed NVML checks "
+            f"without a CUDA probe: " + "; ".join(parts)))
     if bad:
         first = bad[0][1]
         reason = "Validating" if first.state is HealthState.VALIDATING else camel_reason(first.code)
@@ -103,7 +112,9 @@ def transition_events(snapshot: HealthSnapshot, previous_problem: str | None) ->
     items: list[tuple[str, tuple[str, str, str]]] = []
     for t in snapshot.transitions:
         if t.new is HealthState.HEALTHY:
-            if t.old is HealthState.VALIDATING:
+            if t.old is HealthState.VALIDATING and t.code == NOT_PROBED_CODE:
+                kind = ("GPUValidated", "Normal", f"{t.reason}; published")
+            elif t.old is HealthState.VALIDATING:
                 kind = ("GPUValidated", "Normal", "passed validation; published")
             else:
                 kind = ("GPURecovered", "Normal", f"{t.reason}; published again")

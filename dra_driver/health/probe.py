@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from dra_driver.health.topology import ProbeTarget
+from dra_driver.health.topology import ProbeMode, ProbeTarget
 from dra_driver.logs import get_logger
 
 log = get_logger(__name__)
@@ -33,8 +33,11 @@ class ProbeResult:
 
     ok: bool
     reason: str  # "probe ok in 0.37s on NVIDIA H200" / "probe timed out after 30s"
-    code: str  # CamelCase: "ProbeOk", "ProbeFailed", "ProbeTimedOut"
+    code: str  # CamelCase: "ProbeOk", "ProbeFailed", "ProbeTimedOut", "NotProbed", "ProbeCovered"
     seconds: float
+    # False: no CUDA ran (in use, unreachable, covered by its MIG devices). ``ok`` is then True only in
+    # the sense "no fault found": callers must not report it as a passed probe.
+    probed: bool = True
 
 
 class Prober(Protocol):
@@ -93,10 +96,26 @@ def run_probe_process(args: list[str], env: dict[str, str], timeout_s: float) ->
                        elapsed)
 
 
-def nvml_only_result(target: ProbeTarget) -> ProbeResult:
-    """The result for a target CUDA cannot reach (MIG on, no instance): NVML checks decide alone."""
-    return ProbeResult(True, f"{target.label} has MIG enabled, so CUDA sees only its MIG devices: "
-                       f"judged by NVML checks", "ProbeSkipped", 0.0)
+NOT_PROBED = "NotProbed"
+COVERED = "ProbeCovered"
+
+
+def not_probed(why: str) -> ProbeResult:
+    """No CUDA ran, for the reason given (``why`` reads after "not probed: ")."""
+    return ProbeResult(True, f"not probed: {why}", NOT_PROBED, 0.0, probed=False)
+
+
+def unprobed_result(target: ProbeTarget) -> ProbeResult:
+    """The result for a target without a CUDA device of its own, by its mode (no CUDA runs)."""
+    if target.mode is ProbeMode.COVERED:
+        return ProbeResult(True, f"{target.label} has MIG enabled: CUDA runs only in its MIG devices, each "
+                           "probed on its own", COVERED, 0.0, probed=False)
+    if target.mode is ProbeMode.IN_USE:
+        return not_probed("in use by a claim's MIG instance (a probe never runs inside a tenant's instance)")
+    if target.mode is ProbeMode.TEMPORARY:
+        return not_probed("MIG enabled and no MIG device; only a temporary instance could be probed")
+    return not_probed("MIG enabled and no MIG device, and no temporary instance may be made "
+                      "(static MIG, or --no-temporary-mig)")
 
 
 class CudaProber:
@@ -105,7 +124,7 @@ class CudaProber:
     def probe(self, target: ProbeTarget, timeout_s: float) -> ProbeResult:
         """Run the CUDA probe on ``target`` with ``CUDA_VISIBLE_DEVICES`` naming only it."""
         if target.cuda_uuid is None:
-            return nvml_only_result(target)
+            return unprobed_result(target)
         env = dict(os.environ)
         env["CUDA_VISIBLE_DEVICES"] = target.cuda_uuid
         result = run_probe_process(["--uuid", target.cuda_uuid], env, timeout_s)
@@ -126,8 +145,13 @@ class SimulatedProber:
     def probe(self, target: ProbeTarget, timeout_s: float) -> ProbeResult:
         """Run the probe child in simulation mode with the behaviour the simulated NVML reports."""
         if target.cuda_uuid is None:
-            return nvml_only_result(target)
-        behaviour = self._sim.probe_behaviour(target.cuda_uuid)
+            return unprobed_result(target)
+        try:
+            behaviour = self._sim.probe_behaviour(target.cuda_uuid)
+        except KeyError:
+            # As real CUDA answers for a UUID that names nothing (e.g. a MIG device destroyed since).
+            return ProbeResult(False, f"probe failed: CUDA sees no device for {target.cuda_uuid}",
+                               "ProbeFailed", 0.0)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
         return run_probe_process(["--uuid", target.cuda_uuid, "--simulate", behaviour], env, timeout_s)
 

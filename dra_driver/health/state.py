@@ -128,20 +128,34 @@ def clear_condition(rec: DeviceRecord, key: str) -> DeviceRecord:
     return replace(rec, conditions=tuple(c for c in rec.conditions if c.key != key))
 
 
+NOT_PROBED_CODE = "ValidatedNotProbed"
+
+
 def apply_validation(rec: DeviceRecord, passed: bool, now: float, policy: HealthPolicy,
-                     failure: Fault | None = None) -> DeviceRecord:
+                     failure: Fault | None = None, not_probed: str = "") -> DeviceRecord:
     """A validation ran. A pass moves the device towards Healthy; a failure is a fault.
 
     First validation: one pass publishes the device (it has no history to distrust). After a fault:
     the cause must have cleared (no lasting condition) and ``required_passes`` passes must span the
     device's hold-down.
+
+    ``not_probed``: the pass is NVML checks only (no CUDA could run: the reason why). It publishes a
+    device that is validating, as before, but says so in its reason and code; it never counts
+    towards recovery: a device withdrawn for a fault returns only after a real probe.
     """
     if not passed:
         return apply_fault(rec, failure or Fault("ValidationFailed", "validation failed"), now, policy)
     if rec.state is HealthState.VALIDATING:
+        if not_probed:
+            return replace(rec, state=HealthState.HEALTHY, reason=f"passed NVML checks; {not_probed}",
+                           code=NOT_PROBED_CODE, since=now)
         return replace(rec, state=HealthState.HEALTHY, reason="passed validation", code="Validated",
                        since=now)
+    if not_probed:
+        return rec  # keep the last result: NVML alone cannot prove a device healthy again
     if rec.state is HealthState.HEALTHY:
+        if rec.code == NOT_PROBED_CODE:  # probed at last: say so
+            return replace(rec, reason="passed validation", code="Validated")
         return rec
     if rec.conditions:
         return rec  # the cause has not cleared: a passing probe proves nothing yet

@@ -7,7 +7,9 @@ Stages, in order (each later stage only means something when the earlier ones pa
    writable; configured toolkit files exist.
 3. **plugin**: the kubelet plugin is registered with the kubelet (a flag or socket the plugin provides).
 4. per GPU: **nvml** (no lasting fault: lost, Unknown Error, pending/failed row remap, recovery action,
-   fabric), then **cuda** (the compute probe, in a child process under a time limit).
+   fabric), then **cuda** (the compute probe, in a child process under a time limit; on a MIG-enabled
+   GPU by MIG UUID, through a temporary instance, or reported "not probed" with the reason:
+   :mod:`dra_driver.health.mig_probe`).
 
 The same functions back ``gpuready validate`` and the monitor's start-up validation.
 """
@@ -22,8 +24,9 @@ from enum import StrEnum
 from typing import Any
 
 from dra_driver.devices import Gpu, NodeDevices
+from dra_driver.health.mig_probe import run_target
 from dra_driver.health.nvml_checks import NvmlUnavailable, check_driver, check_gpu
-from dra_driver.health.probe import Prober
+from dra_driver.health.probe import COVERED, Prober
 from dra_driver.health.state import Fault
 from dra_driver.health.topology import node_topology
 
@@ -44,6 +47,8 @@ class CheckResult:
     check: str  # "driver", "container", "plugin", "nvml", "cuda"
     status: CheckStatus
     detail: str
+    gpu: str = ""  # the physical GPU a per-device line belongs to ("gpu-0"); "" for node lines
+    not_probed: bool = False  # a cuda line where no CUDA could run (the detail says why)
 
     def line(self) -> str:
         """The report line: ``PASS gpu-0       cuda       probe ok in 0.37s on NVIDIA H200``."""
@@ -73,6 +78,15 @@ class ValidationReport:
     def ok(self) -> bool:
         """True when no check failed."""
         return all(r.status is not CheckStatus.FAIL for r in self.results)
+
+    def not_probed(self) -> dict[str, str]:
+        """GPU name -> why it was not probed, for GPUs with no failure and a target CUDA could not reach."""
+        failed = {r.gpu for r in self.results if r.status is CheckStatus.FAIL and r.gpu}
+        out: dict[str, str] = {}
+        for r in self.results:
+            if r.not_probed and r.gpu not in failed:
+                out.setdefault(r.gpu, r.detail.removeprefix("not probed: "))
+        return out
 
     def failed_devices(self) -> dict[str, str]:
         """Device name -> first failure reason."""
@@ -195,32 +209,43 @@ def check_plugin_stage(config: ValidationConfig) -> CheckResult:
 
 
 def check_gpu_stage(nvml: Any, devices: NodeDevices, prober: Prober, config: ValidationConfig,
-                    dynamic_mig: bool = False) -> list[CheckResult]:
-    """Per GPU: NVML conditions, then the CUDA probe on each probe target of a GPU that passed."""
+                    dynamic_mig: bool = False, temporary_mig: bool = True) -> list[CheckResult]:
+    """Per GPU: NVML conditions, then the CUDA probe on each probe target of a GPU that passed.
+
+    ``temporary_mig``: probe a MIG-enabled GPU with no instance through a temporary full-size
+    instance (see :mod:`dra_driver.health.mig_probe`); else it is reported not probed.
+    """
     results = []
-    for topo in node_topology(devices, dynamic_mig).values():
+    for topo in node_topology(devices, dynamic_mig, temporary_mig).values():
         name = topo.gpu.name
         try:
             faults = check_gpu(nvml, topo.gpu)
         except NvmlUnavailable as exc:
-            results.append(CheckResult(name, "nvml", CheckStatus.FAIL, str(exc)))
+            results.append(CheckResult(name, "nvml", CheckStatus.FAIL, str(exc), gpu=name))
             continue
         if faults:
-            results.append(CheckResult(name, "nvml", CheckStatus.FAIL, "; ".join(f.reason for f in faults)))
-            results.append(CheckResult(name, "cuda", CheckStatus.SKIP, "not probed: NVML reports a fault"))
+            results.append(CheckResult(name, "nvml", CheckStatus.FAIL, "; ".join(f.reason for f in faults),
+                                       gpu=name))
+            results.append(CheckResult(name, "cuda", CheckStatus.SKIP, "not probed: NVML reports a fault",
+                                       gpu=name))
             continue
-        results.append(CheckResult(name, "nvml", CheckStatus.PASS, f"{topo.gpu.uuid}: no faults reported"))
+        results.append(CheckResult(name, "nvml", CheckStatus.PASS, f"{topo.gpu.uuid}: no faults reported",
+                                   gpu=name))
         for target in topo.probe_targets:
-            r = prober.probe(target, config.probe_timeout_s)
+            r = run_target(nvml, topo.gpu, target, prober, config.probe_timeout_s)
+            if r.code == COVERED:
+                continue  # a static-MIG parent: its MIG devices' own lines say whether CUDA runs
+            if not r.probed:
+                results.append(CheckResult(target.label, "cuda", CheckStatus.SKIP, r.reason, gpu=name,
+                                           not_probed=True))
+                continue
             status = CheckStatus.PASS if r.ok else CheckStatus.FAIL
-            if r.code == "ProbeSkipped":
-                status = CheckStatus.SKIP
-            results.append(CheckResult(target.label, "cuda", status, r.reason))
+            results.append(CheckResult(target.label, "cuda", status, r.reason, gpu=name))
     return results
 
 
 def validate_node(nvml: Any, devices: NodeDevices, prober: Prober, config: ValidationConfig,
-                  dynamic_mig: bool = False) -> ValidationReport:
+                  dynamic_mig: bool = False, temporary_mig: bool = True) -> ValidationReport:
     """Run every stage in order; GPU checks run only when the driver answers."""
     results: list[CheckResult] = [check_driver_stage(nvml, devices)]
     if results[0].status is CheckStatus.FAIL:
@@ -228,5 +253,5 @@ def validate_node(nvml: Any, devices: NodeDevices, prober: Prober, config: Valid
     results.extend(check_container_stage(devices, config))
     results.append(check_plugin_stage(config))
     results.extend(check_unreadable(devices))
-    results.extend(check_gpu_stage(nvml, devices, prober, config, dynamic_mig))
+    results.extend(check_gpu_stage(nvml, devices, prober, config, dynamic_mig, temporary_mig))
     return ValidationReport(tuple(results))

@@ -14,14 +14,18 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
-from dra_driver.devices import NodeDevices
+from dra_driver.devices import Gpu, NodeDevices
+from dra_driver.health.mig_probe import run_target
 from dra_driver.health.nvml_checks import POLLED_KEYS, NvmlUnavailable, check_gpu
 from dra_driver.health.policy import HealthPolicy
-from dra_driver.health.probe import Prober, ProbeResult
+from dra_driver.health.probe import COVERED, Prober, ProbeResult
 from dra_driver.health.snapshot import HealthSnapshot
 from dra_driver.health.state import DeviceRecord, Fault, HealthState, Transition, apply_validation
-from dra_driver.health.topology import GpuTopology, ProbeTarget
+from dra_driver.health.topology import GpuTopology, ProbeMode, ProbeTarget
 from dra_driver.health.validation import DEVICE_NODE_KEY, ValidationConfig, device_node_faults
+from dra_driver.logs import get_logger
+
+log = get_logger(__name__)
 
 
 class ValidationLoop:
@@ -45,6 +49,7 @@ class ValidationLoop:
     _validate_wake: threading.Event
     _reg: Any
     _last_probe: dict[tuple[str, str], float]
+    _on_inventory_change: Callable[[], None]
 
     def _update(self, change: Callable[[], Iterable[tuple[str, DeviceRecord]]],
                 node_problem: str | bool | None = False) -> None:
@@ -84,7 +89,7 @@ class ValidationLoop:
         Probes of different targets run in parallel, so one hung GPU (killed at the probe timeout)
         does not hold back the publication of the others.
         """
-        due: list[ProbeTarget] = []
+        due: list[tuple[Gpu, ProbeTarget]] = []
         for topo in self._topo.values():
             targets = [t for t in topo.probe_targets if self._due(t, self._clock())]
             if not targets:
@@ -98,24 +103,56 @@ class ValidationLoop:
                 faults += device_node_faults(topo.gpu, self._devices, self._device_nodes)
             self._apply_conditions(topo, faults, POLLED_KEYS | {DEVICE_NODE_KEY})
             if not faults:
-                due.extend(targets)
+                due.extend((topo.gpu, t) for t in targets)
         if not due or self._stop.is_set():
             return
         # Bounded: dozens of MIG devices starting CUDA at once would starve each other (and the
         # node) and turn slow starts into false timeouts.
         workers = min(len(due), max(4, os.cpu_count() or 1), 16)
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="health-probe") as pool:
-            futures = {pool.submit(self._prober.probe, t, self._policy.probe_timeout_s): t for t in due}
+            # Targets CUDA cannot reach (in use, covered, unreachable) are decided without the prober,
+            # so its metrics count only probes that ran.
+            futures = {pool.submit(run_target, self._nvml, gpu, t, self._prober, self._policy.probe_timeout_s): t
+                       for gpu, t in due}
             for future in as_completed(futures):
                 target = futures[future]
                 self._last_probe[(target.gpu_uuid, target.label)] = self._clock()
                 self._apply_probe(target, future.result())
+        if any(t.mode is ProbeMode.TEMPORARY for _, t in due):
+            self._resync_after_temporary()
 
     def _apply_probe(self, target: ProbeTarget, result: ProbeResult) -> None:
         now = self._clock()
         failure = None if result.ok else Fault(result.code, f"CUDA {result.reason} on {target.label}")
-        self._update(lambda: [(n, apply_validation(self._records[n], result.ok, now, self._policy, failure))
+        # Not probed: publishes a validating device on NVML checks alone (as before), says so, and
+        # keeps any other device's last result. A static-MIG parent is covered by its MIG devices' probes.
+        why = result.reason if not result.probed and result.code != COVERED else ""
+        if why:
+            log.info("validation_not_probed", device=target.label, reason=why)
+        self._update(lambda: [(n, apply_validation(self._records[n], result.ok, now, self._policy, failure,
+                                                   not_probed=why))
                               for n in target.device_names if n in self._records])
+
+    def _resync_after_temporary(self) -> None:
+        """Re-read the node if a re-read during a probe saw its temporary instance (now destroyed).
+
+        A prepare on another GPU re-reads the node; if that happened while a temporary instance
+        existed, the topology (and the plugin's view) lists an instance that is gone: the GPU would
+        read as in use, and its MIG UUID would be probed. One re-read puts that right.
+        """
+        from dra_driver.health.mig_probe import mig_gate
+
+        gate = mig_gate(self._nvml)
+        stale = [t.gpu.name for t in self._topo.values()
+                 if t.gpu.mig_devices and any(p.mode is ProbeMode.IN_USE for p in t.probe_targets)
+                 and not gate.probing(t.gpu.uuid) and not _has_instances(self._nvml, t.gpu)]
+        if not stale:
+            return
+        log.info("health_resync_after_probe_instance", devices=stale)
+        try:
+            self._on_inventory_change()
+        except Exception:
+            log.error("gpu_rediscovery_failed", exc_info=True)
 
     def _validate_loop(self) -> None:
         while not self._stop.is_set():
@@ -137,3 +174,13 @@ class ValidationLoop:
                 self._generation += 1
                 snap = self._snapshot_locked(())
             self._notify(snap)
+
+
+def _has_instances(nvml: Any, gpu: Gpu) -> bool:
+    """Whether NVML lists any MIG device on the GPU now (True when it cannot tell: no re-read then)."""
+    from dra_driver.health.mig_probe import instance_count
+
+    try:
+        return instance_count(nvml, gpu) > 0
+    except Exception:
+        return True

@@ -98,14 +98,21 @@ class SimulatedNvml(DeviceApi, MigApi, EventApi):
     # ---- the simulated CUDA probe and processes -------------------------------------------------
 
     def probe_behaviour(self, uuid: str) -> str:
-        """How the compute probe behaves on the GPU (or the parent of the MIG device) with ``uuid``.
+        """How the compute probe behaves on the GPU or MIG device with ``uuid``.
 
-        A GPU off the bus fails the probe (``wrong``): CUDA cannot run on a GPU the driver lost.
+        A GPU off the bus fails the probe (``wrong``): CUDA cannot run on a GPU the driver lost. A
+        GPU-wide fault applies to its MIG devices; otherwise a MIG device behaves as its GPU
+        instance's fault says (``faults.probe(i, b, gpu_instance_id=...)``).
         """
         with self._lock:
             for gpu in self.gpus:
-                if gpu.uuid == uuid or any(ci.uuid == uuid for _, ci in gpu.mig_devices()):
-                    return "wrong" if gpu.off_bus else gpu.probe
+                if gpu.off_bus and (gpu.uuid == uuid or any(ci.uuid == uuid for _, ci in gpu.mig_devices())):
+                    return "wrong"
+                if gpu.uuid == uuid:
+                    return gpu.probe
+                for gi, ci in gpu.mig_devices():
+                    if ci.uuid == uuid:
+                        return gpu.probe if gpu.probe != "ok" else gpu.probe_gi.get(gi.id, "ok")
         raise KeyError(f"no simulated GPU or MIG device with UUID {uuid} on node {self.profile.name!r}")
 
     def add_process(self, gpu_index: int, pid: int, used_bytes: int, gpu_instance_id: int | None = None) -> None:

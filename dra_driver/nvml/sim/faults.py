@@ -109,12 +109,24 @@ class SimFaults:
             gpu.remap_pending = True
             gpu.remap_failed = gpu.remap_failed or failed
 
-    def probe(self, gpu_index: int, behaviour: str) -> None:
-        """How the simulated CUDA compute probe behaves on this GPU: ``ok``, ``hang`` or ``wrong``."""
+    def probe(self, gpu_index: int, behaviour: str, gpu_instance_id: int | None = None) -> None:
+        """How the simulated CUDA compute probe behaves: ``ok``, ``hang`` or ``wrong``.
+
+        Without ``gpu_instance_id`` on the whole GPU: itself and every MIG device on it, existing or
+        created later (a temporary probe instance too). With it, on the MIG device(s) of that GPU
+        instance only (also when the instance is created later, as GPU instance ids follow the
+        placement); a GPU-wide fault still applies to them. ``clear`` resets both.
+        """
         if behaviour not in PROBE_BEHAVIOURS:
             raise ValueError(f"probe behaviour must be one of {', '.join(PROBE_BEHAVIOURS)}, not {behaviour!r}")
         with self._sim._lock:
-            self._sim._gpu_by_index(gpu_index).probe = behaviour
+            gpu = self._sim._gpu_by_index(gpu_index)
+            if gpu_instance_id is None:
+                gpu.probe = behaviour
+            elif behaviour == "ok":
+                gpu.probe_gi.pop(gpu_instance_id, None)
+            else:
+                gpu.probe_gi[gpu_instance_id] = behaviour
 
     def nvml_init_fails(self, enabled: bool = True) -> None:
         """``nvmlInit`` raises ``NVMLError_DriverNotLoaded`` (the driver is gone) while enabled."""

@@ -91,6 +91,7 @@ class SimGpu:
     unknown_all: bool = False
     unknown_functions: set[str] = field(default_factory=set)
     probe: str = "ok"
+    probe_gi: dict[int, str] = field(default_factory=dict)  # GPU instance id -> probe behaviour there
     # Counters: (error type, counter type) -> count, as nvmlDeviceGetTotalEccErrors keys them.
     ecc: dict[tuple[int, int], int] = field(default_factory=dict)
     remap_correctable: int = 0
@@ -127,6 +128,7 @@ class SimGpu:
         self.unknown_all = False
         self.unknown_functions = set()
         self.probe = "ok"
+        self.probe_gi = {}
         for key in [k for k in self.ecc if k[1] == pynvml.NVML_VOLATILE_ECC]:
             del self.ecc[key]
         self.remap_pending = False
