@@ -237,3 +237,28 @@ def test_vram_sized_claims_still_pack_on_one_shared_gpu(srv: LocalApiServer) -> 
         assert result is not None and result["device"] == "gpu-0", reasons
     c.claim("one-too-many", VRAM, "20Gi")
     assert c.allocate("one-too-many")[0] is None
+
+
+@pytest.mark.gpu
+def test_real_gpus_published_shared_default_to_their_whole_memory_and_the_server_accepts_them() -> None:
+    devices = discover(open_nvml("real"))  # read-only: nothing on the GPU changes
+    assert devices.gpus
+    # Dynamic MIG mode publishes a shared GPU whole whatever its MIG mode, so every GPU is checked.
+    options = SliceOptions(mig_mode="dynamic", shared_gpus=True)
+    with LocalApiServer() as s:
+        api = client.ResourceV1Api(s.api_client())
+        for body in CLASSES:
+            api.create_device_class(body)
+        c = Cluster(s, "default")
+        created = c.core.create_node({"metadata": {"name": "gpu-node"}})
+        for sl in build_pool(devices, "gpu-node", DRIVER, options):
+            api.create_resource_slice(sl.to_k8s(1, created.metadata.uid))  # a 422 would raise
+        c.claim("whole", DRIVER, None)
+        result, reasons = c.allocate("whole")
+        assert result is not None, reasons
+        gpu = next(g for g in devices.gpus if g.name == result["device"])
+        assert parse_quantity(result["consumedCapacity"]["memory"]) == gpu.memory_bytes // GIB * GIB
+        # Nothing else fits on that GPU now: a 1 GiB share lands on another GPU, or nowhere.
+        c.claim("small", VRAM, "1Gi")
+        small, _ = c.allocate("small")
+        assert small is None or small["device"] != gpu.name

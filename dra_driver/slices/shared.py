@@ -71,9 +71,10 @@ class SharedGpuNames:
             named = ", ".join(f"{u!r} (did you mean {hints[u]!r}?)" if u in hints else repr(u)
                               for u in self.unknown)
             valid = ", ".join(self.valid) or "none: no GPU was discovered"
-            parts.append(f"--shared-gpus (env SHARED_GPUS) names {named}, which match no GPU on this node, so "
-                         f"they are not shared; valid names here: {valid} (or 'all'). Fix the flag or the "
-                         "SHARED_GPUS environment variable (Helm value sharedGpus)")
+            parts.append(f"--shared-gpus (env SHARED_GPUS) names {named}, which match no GPU discovered on "
+                         "this node, so they are not shared (a GPU off the bus at start is shared once it is "
+                         f"back); valid names here: {valid} (or 'all'). Fix the flag or the SHARED_GPUS "
+                         "environment variable (Helm value sharedGpus)")
         if self.mig_static:
             parts.append(f"--shared-gpus names {', '.join(self.mig_static)}, whose MIG mode is on: in static MIG "
                          "mode they are published as their MIG devices, not shared")
