@@ -92,10 +92,57 @@ def test_missing_optional_uvm_tools_node_is_not_a_failure(capsys: pytest.Capture
     assert line(lines, "node", "container").startswith("PASS")
 
 
+def test_hung_gpu_with_mig_enabled_fails_through_a_temporary_instance(capsys: pytest.CaptureFixture[str],
+                                                                     tmp_path: Path) -> None:
+    # Four H200 with MIG on and no instance (dynamic MIG): CUDA reaches each only through a MIG
+    # instance, so validate makes a temporary full-size one per GPU, probes it, and destroys it.
+    rc, lines = run(capsys, "--nvml", "sim:4xh200", "--sim-fault", "1:hang", "--probe-timeout", "2",
+                    "--cdi-dir", str(tmp_path / "cdi"))
+    assert rc == 1
+    assert line(lines, "gpu-1", "cuda").startswith("FAIL")
+    assert "probe timed out after 2s (on a temporary 7g.141gb MIG instance" in line(lines, "gpu-1", "cuda")
+    for gpu in ("gpu-0", "gpu-2", "gpu-3"):
+        assert line(lines, gpu, "cuda").startswith("PASS")
+    assert lines[-1].startswith("RESULT: NOT READY: gpu-1 (cuda: probe timed out after 2s")
+
+
+def test_one_static_mig_device_fails_alone(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # h100-7x1g: seven 1g.10gb devices, GPU instance ids 7..13 (placement starts 0..6).
+    rc, lines = run(capsys, "--nvml", "sim:h100-7x1g", "--sim-fault", "0/9:wrong", "--cdi-dir", str(tmp_path))
+    assert rc == 1
+    cuda = [ln for ln in lines if ln.split()[2:3] == ["cuda"]]
+    assert len(cuda) == 7  # one per MIG device, none for the parent CUDA cannot see
+    assert [ln.split()[1] for ln in cuda if ln.startswith("FAIL")] == ["gpu-0-mig-1g10gb-19-2"]
+    assert "kernel result wrong" in line(lines, "gpu-0-mig-1g10gb-19-2", "cuda")
+    assert main(["validate", "--nvml", "sim:h100-7x1g", "--sim-fault", "0/9:lost"]) == 2
+    assert "takes only hang or wrong" in capsys.readouterr().err
+
+
+def test_gpus_not_probed_are_said_and_counted_apart(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # Dynamic MIG with a MIG device present: it is a tenant's, so the GPU is not probed; not a failure.
+    rc, lines = run(capsys, "--nvml", "sim:h100-mixed-mig", "--dynamic-mig", "--cdi-dir", str(tmp_path))
+    assert rc == 0
+    assert line(lines, "gpu-0", "cuda").startswith("SKIP")
+    assert "not probed: in use by a claim's MIG instance" in line(lines, "gpu-0", "cuda")
+    assert lines[-1] == ("RESULT: 0 GPU(s) ready, 1 not probed (gpu-0: in use by a claim's MIG instance "
+                         "(a probe never runs inside a tenant's instance))")
+    rc, lines = run(capsys, "--nvml", "sim:4xh200", "--no-temporary-mig", "--sim-fault", "1:hang",
+                    "--cdi-dir", str(tmp_path))
+    assert rc == 0  # nothing could be probed, so nothing is known to fail: said, not hidden
+    assert lines[-1].startswith("RESULT: 0 GPU(s) ready, 4 not probed (gpu-0, gpu-1, gpu-2, gpu-3: MIG enabled")
+    rc, lines = run(capsys, "--nvml", "sim:4xh200", "--no-temporary-mig", "--require-probe",
+                    "--cdi-dir", str(tmp_path))
+    assert rc == 1
+    assert lines[-1].startswith("RESULT: NOT READY: not probed, and --require-probe is set (gpu-0, gpu-1")
+
+
 @pytest.mark.gpu
 def test_real_node_validates(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    rc, lines = run(capsys, "--cdi-dir", str(tmp_path / "cdi"), "--probe-timeout", "120")
+    # --require-probe: every GPU must really run the CUDA probe (the H200 has MIG disabled, so each is
+    # probed by its GPU UUID); a GPU skipped as "not probed" fails this test.
+    rc, lines = run(capsys, "--cdi-dir", str(tmp_path / "cdi"), "--probe-timeout", "120", "--require-probe")
     print("\n".join(lines))
     cuda = [ln for ln in lines if ln.split()[2:3] == ["cuda"]]
-    assert cuda and all(ln.startswith(("PASS", "SKIP")) for ln in cuda), lines
+    assert cuda and all(ln.startswith("PASS") for ln in cuda), lines
+    assert lines[-1].startswith("RESULT: all "), lines
     assert rc == 0, lines
