@@ -38,7 +38,7 @@ from controller.reconciler import EVICT, NONE, HealthReconciler
 from controller.webhook import WebhookServer
 from dra_driver.logs import get_logger
 from dra_driver.metrics.controller import ControllerMetrics
-from dra_driver.metrics.server import serve_metrics
+from dra_driver.metrics.server import serve_metrics, server_class_for
 from dra_driver.planning.planner import Policy
 
 log = get_logger(__name__)
@@ -157,7 +157,8 @@ class Controller:
             self._metrics_server, _ = serve_metrics(self.metrics.registry, cfg.bind_host, cfg.metrics_port)
         if cfg.health_port is not None:
             try:
-                server = ThreadingHTTPServer((cfg.bind_host, cfg.health_port), _HealthHandler)
+                server = server_class_for(cfg.bind_host, ThreadingHTTPServer)((cfg.bind_host, cfg.health_port),
+                                                                             _HealthHandler)
             except OSError as exc:
                 raise OSError(exc.errno, f"cannot serve /healthz on {cfg.bind_host}:{cfg.health_port} "
                                          f"({exc.strerror}); choose another port with --health-port") from exc

@@ -175,6 +175,7 @@ class ReviewClient:
 
     def __init__(self, url: str, cafile: str) -> None:
         host, port = url.removeprefix("https://").rsplit(":", 1)
+        host = host.removeprefix("[").removesuffix("]")  # an IPv6 literal, as in https://[::1]:8443
         self._context = ssl.create_default_context(cafile=cafile)
         self._conn = http.client.HTTPSConnection(host, int(port), context=self._context, timeout=10)
 

@@ -25,6 +25,7 @@ from typing import Any
 from controller.admission import Answer, mutate, mutation_failed, review, validate
 from dra_driver.logs import get_logger
 from dra_driver.metrics.controller import ControllerMetrics
+from dra_driver.metrics.server import server_class_for
 from dra_driver.planning import Inventory
 
 log = get_logger(__name__)
@@ -123,7 +124,7 @@ class WebhookServer:
         listener = self._new_context()
         listener.sni_callback = self._on_handshake
         try:
-            self._httpd = _TlsServer((host, port), _Handler, bind_and_activate=True)
+            self._httpd = server_class_for(host, _TlsServer)((host, port), _Handler, bind_and_activate=True)
         except OSError as exc:
             raise OSError(exc.errno, f"cannot serve the webhook on {host}:{port} ({exc.strerror}); "
                                      "choose another port with --webhook-port") from exc

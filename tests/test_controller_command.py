@@ -138,3 +138,33 @@ def test_process_serves_webhook_health_and_metrics_and_releases_the_lease_on_sig
                 proc.kill()
             output = proc.communicate()[0]
         assert "controller_started" in output and "lease_released" in output
+
+
+def test_an_ipv6_bind_address_serves_health_metrics_and_the_webhook() -> None:
+    """IPv6-only and dual-stack clusters set bindAddress "::": every server must listen there."""
+    tmp = tempfile.mkdtemp(prefix="gr-cmd6-", dir="/tmp")
+    cert, _key = self_signed_cert(tmp, hosts=("::1", "localhost"))
+    with LocalApiServer() as srv:
+        api = KubeApi(srv.api_client())
+        install_device_classes(api)
+        kubeconfig = srv.write_kubeconfig(os.path.join(tmp, "kubeconfig"))
+        webhook, metrics, health = free_port(), free_port(), free_port()
+        env = {k: v for k, v in os.environ.items() if k not in CHART_ENV}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dra_driver", "controller", "--kubeconfig", kubeconfig, "--bind-address", "::1",
+             "--webhook-port", str(webhook), "--webhook-cert-dir", tmp, "--metrics-port", str(metrics),
+             "--health-port", str(health), "--no-leader-elect"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            wait_for("/readyz 200 on [::1]", lambda: http_get(f"http://[::1]:{health}/readyz")[0] == 200)
+            assert "gpuready_controller" in http_get(f"http://[::1]:{metrics}/metrics")[1]
+            client = ReviewClient(f"https://[::1]:{webhook}", cert)
+            claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                     "metadata": {"name": "c", "namespace": "default"},
+                     "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}
+            assert client.post("/validate", admission_review(claim))["response"]["allowed"] is True
+            client.close()
+        finally:
+            proc.terminate()
+            output = proc.communicate(timeout=30)[0]
+        assert "controller_started" in output, output

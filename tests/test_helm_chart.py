@@ -654,3 +654,33 @@ def test_the_controller_accepts_the_configuration_the_chart_gives_it(values_name
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert (config.webhook_port, config.metrics_port, config.health_port) == (
         ports["webhook"], ports["metrics"], ports["health"])
+
+
+# Options a daemon reads that the chart deliberately leaves to their defaults: the kubeconfig (in a
+# cluster the service account is used), and the webhook's single-file TLS paths (the chart mounts a
+# directory, WEBHOOK_CERT_DIR, instead).
+_NOT_FOR_THE_CHART = {"KUBECONFIG", "WEBHOOK_CERT", "WEBHOOK_KEY"}
+
+
+@pytest.mark.parametrize("module_name,kind", [("kubelet_plugin.command", "DaemonSet"),
+                                              ("controller.command", "Deployment")])
+def test_every_option_the_daemon_reads_has_a_chart_setting(module_name: str, kind: str) -> None:
+    """values.yaml promises every daemon option: an option added without a chart value fails here."""
+    import inspect
+    import re
+
+    source = inspect.getsource(pytest.importorskip(module_name))
+    read = set(re.findall(r'(?:_env|environ\.get)\("([A-Z][A-Z0-9_]+)"', source))
+    assert read, f"no environment options found in {module_name}: the pattern is out of date"
+    container = one(VALUE_SETS["default"], kind)["spec"]["template"]["spec"]["containers"][0]
+    missing = read - set(_env(container)) - _NOT_FOR_THE_CHART
+    assert not missing, f"{module_name} reads {sorted(missing)} but the chart never sets them"
+
+
+def test_ipv6_and_resync_settings_reach_the_controller_and_the_plugin() -> None:
+    values = {"controller": {"bindAddress": "::", "resyncSeconds": 12},
+              "kubeletPlugin": {"healthStreamResendSeconds": 7, "devRoot": "off"}}
+    ctrl = _env(one(values, "Deployment")["spec"]["template"]["spec"]["containers"][0])
+    assert (ctrl["BIND_ADDRESS"], ctrl["RESYNC_SECONDS"]) == ("::", "12")
+    plugin = _env(one(values, "DaemonSet")["spec"]["template"]["spec"]["containers"][0])
+    assert (plugin["HEALTH_INTERVAL"], plugin["DEV_ROOT"]) == ("7", "off")

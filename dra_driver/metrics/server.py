@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import socket
 import threading
+from http.server import ThreadingHTTPServer
+from typing import TypeVar
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
+
+_Server = TypeVar("_Server", bound=ThreadingHTTPServer)
+
+
+def server_class_for(host: str, base: type[_Server]) -> type[_Server]:
+    """``base``, or a subclass listening on IPv6 when ``host`` is an IPv6 address (``::`` serves both
+    families on dual-stack hosts); the standard library's HTTP servers are IPv4-only otherwise."""
+    if ":" not in host:
+        return base
+    return type(f"{base.__name__}IPv6", (base,), {"address_family": socket.AF_INET6})
 
 
 def serve_metrics(registry: CollectorRegistry, host: str = "0.0.0.0", port: int = 8080
@@ -29,4 +42,6 @@ def metrics_url(server: WSGIServer, path: str = "/metrics") -> str:
     host, port = str(server.server_address[0]), server.server_address[1]
     if host in ("0.0.0.0", "::", ""):
         host = "127.0.0.1"
+    elif ":" in host:
+        host = f"[{host}]"
     return f"http://{host}:{port}{path}"
