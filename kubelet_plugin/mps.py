@@ -31,14 +31,17 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
+import stat
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 from dra_driver.logs import get_logger
 from dra_driver.opaque_config import MpsSettings
+from kubelet_plugin.allocation import ClaimPlan, PrepareError
 from kubelet_plugin.checkpoint import MpsRecord
 from kubelet_plugin.driver_files import driver_library_dirs, find_driver_binary
 
@@ -99,6 +102,7 @@ class MpsControlSettings:
     start_timeout: float = 10.0
     stop_timeout: float = 10.0
     private_shm: bool | None = None  # None = MPS_PRIVATE_SHM (default true)
+    node: str = ""  # for log lines
 
     @property
     def use_private_shm(self) -> bool:
@@ -155,6 +159,70 @@ def control_commands(record: MpsRecord) -> list[str]:
         if uuid in record.pinned_limits_mib:
             commands.append(f"set_default_device_pinned_mem_limit {uuid} {record.pinned_limits_mib[uuid]}M")
     return commands
+
+
+def claim_mps_devices(plan: ClaimPlan) -> list[MpsDevice]:
+    """The claim's devices whose effective config says sharing.strategy: MPS (each once)."""
+    result: dict[str, MpsDevice] = {}
+    for d in plan.devices:
+        sharing = d.config.sharing
+        if sharing is not None and sharing.strategy == "MPS":
+            result.setdefault(d.device.name, MpsDevice(d.device.name, sharing.mps))
+    return list(result.values())
+
+
+def check_claim(ops: MpsOps, plan: ClaimPlan) -> None:
+    """Before any state exists: refuse an MPS claim this node cannot serve (no binary, conflicting limits).
+
+    Raises :class:`~kubelet_plugin.allocation.PrepareError` naming the claim and the field.
+    """
+    devices = claim_mps_devices(plan)
+    if not devices:
+        return
+    ref = f"ResourceClaim {plan.namespace}/{plan.name}"
+    try:
+        claim_defaults(devices, ref)
+        ops.locate()
+    except MpsError as exc:
+        raise PrepareError(exc.reason, str(exc) if exc.reason == "invalid_config" else f"{ref}: {MPS_FIELD}: {exc}") \
+            from exc
+
+
+def start_for_claim(ops: MpsOps, plan: ClaimPlan, planned: MpsRecord, uuids: Mapping[str, str],
+                    save: Callable[[MpsRecord], None]) -> MpsRecord:
+    """Start a claim's daemon for its MPS devices (``uuids``: device name -> UUID, MIG instances created).
+
+    ``save`` records the completed record before the start (so a crash can find the daemon) and the
+    started one (with its PID) after. Raises :class:`~kubelet_plugin.allocation.PrepareError`.
+    """
+    devices = claim_mps_devices(plan)
+    ref = f"ResourceClaim {plan.namespace}/{plan.name}"
+    record = with_devices(planned, [uuids[d.name] for d in devices], {uuids[d.name]: d.settings for d in devices},
+                          claim_defaults(devices, ref))
+    save(record)
+    try:
+        started = ops.start(record)
+    except MpsError as exc:
+        raise PrepareError(exc.reason, f"{ref}: {MPS_FIELD}: {exc}") from exc
+    save(started)
+    return started
+
+
+def revive(ops: MpsOps, record: MpsRecord) -> MpsRecord | None:
+    """Start a prepared claim's daemon again if it is gone (the plugin's container restarted and took it
+    along); returns the new record, or None when it was running. Raises :class:`MpsError`.
+
+    Without it, new clients of the claim would find no daemon and CUDA would silently run them without
+    MPS (and without its limits).
+    """
+    if ops.running(record):
+        return None
+    for directory in (record.pipe_dir, record.shm_dir):  # a dead daemon's sockets, PID file, shm files
+        if directory and os.path.isdir(directory):
+            for name in os.listdir(directory):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(directory, name))
+    return ops.start(replace(record, pid=None))
 
 
 def _proc_cmdline(pid: int) -> str:
@@ -269,7 +337,7 @@ class MpsControl:
         started = replace(record, pid=pid, binary=binary)
         for cmd in control_commands(started):
             self._command(binary, env, cmd, max(deadline - time.monotonic(), 1.0))
-        log.info("mps_daemon_started", pid=pid, pipe_dir=record.pipe_dir, device=",".join(record.device_uuids))
+        log.info("mps_daemon_started", node=self.settings.node or None, pid=pid, pipe_dir=record.pipe_dir, device=",".join(record.device_uuids))
         return started
 
     def _wait_for_pid(self, record: MpsRecord, deadline: float) -> int | None:
@@ -298,8 +366,9 @@ class MpsControl:
         return self._command(binary, self._env(record, binary), command, self.settings.stop_timeout)
 
     def running(self, record: MpsRecord) -> bool:
-        """See :meth:`MpsOps.running`."""
-        return daemon_alive(record.pid or read_pid(record.pipe_dir))
+        """See :meth:`MpsOps.running`: the PID is alive here, or something answers on the pipe directory
+        (a daemon another plugin instance started is in that container's PID namespace, not ours)."""
+        return daemon_alive(record.pid or read_pid(record.pipe_dir)) or serving(record.pipe_dir)
 
     def stop(self, record: MpsRecord) -> None:
         """See :meth:`MpsOps.stop`."""
@@ -307,19 +376,25 @@ class MpsControl:
         # directory (one that hung before writing its PID file, or a crash before the PID was recorded).
         candidates = {record.pid, read_pid(record.pipe_dir), *find_daemons(record.pipe_dir)}
         pids = sorted(p for p in candidates if p is not None and daemon_alive(p))
-        if pids:
+        if pids or serving(record.pipe_dir):
             binary = record.binary if record.binary and os.path.isfile(record.binary) else self._find()
             if binary:
                 try:
                     subprocess.run([binary], input="quit\n", env=self._env(record, binary), capture_output=True,
                                    text=True, timeout=self.settings.stop_timeout, check=False)
                 except (OSError, subprocess.TimeoutExpired) as exc:
-                    log.warning("mps_quit_failed", pid=pids[0], pipe_dir=record.pipe_dir, error=str(exc))
+                    log.warning("mps_quit_failed", node=self.settings.node or None, pipe_dir=record.pipe_dir, error=str(exc))
             deadline = time.monotonic() + self.settings.stop_timeout
             for pid in pids:
                 if not _wait_gone(pid, deadline):
-                    _kill(pid, record.pipe_dir)
-            log.info("mps_daemon_stopped", pid=",".join(map(str, pids)), pipe_dir=record.pipe_dir)
+                    _kill(pid, record.pipe_dir, self.settings.node)
+            while serving(record.pipe_dir):  # a daemon outside our PID namespace: only quit reaches it
+                if time.monotonic() >= deadline:
+                    raise MpsError("mps_stop_failed", f"an MPS control daemon still answers on {record.pipe_dir} "
+                                   "after quit and it is not a process of this plugin instance (another "
+                                   "instance started it); it is retried at the next unprepare")
+                time.sleep(0.05)
+            log.info("mps_daemon_stopped", node=self.settings.node or None, pid=",".join(map(str, pids)), pipe_dir=record.pipe_dir)
         shutil.rmtree(record.root, ignore_errors=True)
 
     def _find(self) -> str | None:
@@ -327,6 +402,26 @@ class MpsControl:
             return self.locate()
         except MpsError:
             return None  # the binary went away: signals still stop the daemon
+
+
+def serving(pipe_dir: str) -> bool:
+    """Whether a Unix socket in ``pipe_dir`` accepts a connection (a daemon is listening there)."""
+    try:
+        names = os.listdir(pipe_dir)
+    except OSError:
+        return False
+    for name in names:
+        path = os.path.join(pipe_dir, name)
+        try:
+            if not stat.S_ISSOCK(os.lstat(path).st_mode):
+                continue
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                probe.settimeout(0.5)
+                probe.connect(path)
+                return True
+        except OSError:  # gone, refused (stale socket file): nobody serves it
+            continue
+    return False
 
 
 def find_daemons(pipe_dir: str) -> set[int]:
@@ -346,8 +441,8 @@ def find_daemons(pipe_dir: str) -> set[int]:
     return found
 
 
-def _kill(pid: int, pipe_dir: str) -> None:
-    log.warning("mps_daemon_killed", pid=pid, pipe_dir=pipe_dir, reason="did not quit in time")
+def _kill(pid: int, pipe_dir: str, node: str) -> None:
+    log.warning("mps_daemon_killed", node=node or None, pid=pid, pipe_dir=pipe_dir, reason="did not quit in time")
     for sig in (signal.SIGTERM, signal.SIGKILL):
         with contextlib.suppress(ProcessLookupError):  # it may exit between the check and the signal
             os.kill(pid, sig)

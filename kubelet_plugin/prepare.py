@@ -43,15 +43,14 @@ from kubelet_plugin.checkpoint import (
     PreparedDeviceRecord,
 )
 from kubelet_plugin.mps import (
-    MPS_FIELD,
     MpsControl,
     MpsControlSettings,
-    MpsDevice,
-    MpsError,
     MpsOps,
-    claim_defaults,
+    check_claim,
+    claim_mps_devices,
     plan_record,
-    with_devices,
+    revive,
+    start_for_claim,
 )
 from kubelet_plugin.whole_gpu import (
     full_instance_record,
@@ -158,7 +157,7 @@ class Preparer:
         self.mps: MpsOps = mps or MpsControl(MpsControlSettings(
             binary=settings.mps_control,
             driver_root=settings.driver_root or os.environ.get("NVIDIA_DRIVER_ROOT", "") or "/",
-            start_timeout=settings.mps_start_timeout, private_shm=settings.mps_private_shm))
+            start_timeout=settings.mps_start_timeout, private_shm=settings.mps_private_shm, node=settings.pool))
         self._mps_private_shm = (settings.mps_private_shm if settings.mps_private_shm is not None
                                  else MpsControlSettings().use_private_shm)
 
@@ -209,7 +208,7 @@ class Preparer:
                               self.devices(), {} if self.settings.taint_mode else unhealthy)
             if self.settings.taint_mode:
                 self._warn_tainted(plan, unhealthy)
-            self._check_mps(plan)
+            check_claim(self.mps, plan)
             with self.claim_lock(uid):
                 recorded = self._recorded_answer(uid, locked=True)
                 if recorded is not None:
@@ -227,56 +226,55 @@ class Preparer:
             return ClaimOutcome(error=f"internal error preparing ResourceClaim {namespace}/{name}: {exc}",
                                 reason="internal")
 
-    @staticmethod
-    def _mps_devices(plan: ClaimPlan) -> list[MpsDevice]:
-        """The claim's devices whose effective config says sharing.strategy: MPS (each once)."""
-        result: dict[str, MpsDevice] = {}
-        for d in plan.devices:
-            sharing = d.config.sharing
-            if sharing is not None and sharing.strategy == "MPS":
-                result.setdefault(d.device.name, MpsDevice(d.device.name, sharing.mps))
-        return list(result.values())
-
-    def _check_mps(self, plan: ClaimPlan) -> None:
-        """Before any state exists: refuse an MPS claim this node cannot serve (no binary, bad limits)."""
-        devices = self._mps_devices(plan)
-        if not devices:
-            return
-        ref = f"ResourceClaim {plan.namespace}/{plan.name}"
-        try:
-            claim_defaults(devices, ref)
-            self.mps.locate()
-        except MpsError as exc:
-            message = str(exc) if exc.reason == "invalid_config" else f"{ref}: {MPS_FIELD}: {exc}"
-            raise PrepareError(exc.reason, message) from exc
-
     def _start_mps(self, plan: ClaimPlan, record: ClaimRecord,
                    cdi_devices: dict[str, CdiDevice]) -> dict[str, CdiDevice]:
-        """Start the claim's MPS daemon (recorded first) and point its MPS devices' CDI edits at it."""
-        devices = self._mps_devices(plan)
-        if not devices or record.mps is None:
+        """Start the claim's MPS daemon (recorded before and after) and point its devices' CDI edits at it."""
+        if record.mps is None:
             return cdi_devices
-        ref = f"ResourceClaim {plan.namespace}/{plan.name}"
-        planned = with_devices(record.mps, [cdi_devices[d.name].uuid for d in devices],
-                               {cdi_devices[d.name].uuid: d.settings for d in devices},
-                               claim_defaults(devices, ref))
-        self._set_mps_record(plan.uid, planned)
-        try:
-            started = self.mps.start(planned)
-        except MpsError as exc:
-            raise PrepareError(exc.reason, f"{ref}: {MPS_FIELD}: {exc}") from exc
-        self._set_mps_record(plan.uid, started)
-        log.info("claim_mps_started", claim_uid=plan.uid, claim=f"{plan.namespace}/{plan.name}",
-                 node=self.settings.pool, device=",".join(d.name for d in devices), pid=started.pid,
-                 pipe_dir=started.pipe_dir)
-        result = dict(cdi_devices)
-        for d in devices:
-            result[d.name] = replace(result[d.name], mps_pipe_dir=started.pipe_dir, mps_shm_dir=started.shm_dir)
-        return result
 
-    def _set_mps_record(self, uid: str, mps: MpsRecord) -> None:
-        with self.checkpoint.update() as records:
-            records[uid] = replace(records[uid], mps=mps)
+        def save(mps: MpsRecord) -> None:
+            with self.checkpoint.update() as records:
+                records[plan.uid] = replace(records[plan.uid], mps=mps)
+
+        started = start_for_claim(self.mps, plan, record.mps, {n: d.uuid for n, d in cdi_devices.items()}, save)
+        log.info("claim_mps_started", claim_uid=plan.uid, claim=f"{plan.namespace}/{plan.name}",
+                 node=self.settings.pool, device=",".join(started.device_uuids), pid=started.pid,
+                 pipe_dir=started.pipe_dir)
+        return {name: replace(d, mps_pipe_dir=started.pipe_dir, mps_shm_dir=started.shm_dir)
+                if d.uuid in started.device_uuids else d for name, d in cdi_devices.items()}
+
+    def revive_all_mps(self) -> int:
+        """:meth:`revive_mps` for every recorded claim (start-up, and periodically: a rolling update's old
+        instance takes the daemons it started along when its container stops); how many were restarted."""
+        return sum(self.revive_mps(uid) for uid in self.checkpoint.records())
+
+    def revive_mps(self, uid: str) -> bool:
+        """Restart a completed claim's MPS daemon if it died (call at start-up); True if restarted.
+
+        Never raises: a failure is logged (the claim stays prepared; its new clients would run without
+        MPS until the daemon is back, which the log says).
+        """
+        seen = self.checkpoint.get(uid)
+        if seen is None or seen.mps is None:  # most claims: no lock needed
+            return False
+        with self.claim_lock(uid):
+            record = self.checkpoint.get(uid)
+            if record is None or record.mps is None or record.state is not ClaimState.PREPARE_COMPLETED:
+                return False
+            try:
+                started = revive(self.mps, record.mps)
+            except Exception as exc:
+                log.error("claim_mps_revive_failed", claim_uid=uid, claim=f"{record.namespace}/{record.name}",
+                          node=self.settings.pool, error=str(exc))
+                return False
+            if started is None:
+                return False
+            with self.checkpoint.update() as records:
+                if uid in records:
+                    records[uid] = replace(records[uid], mps=started)
+            log.warning("claim_mps_revived", claim_uid=uid, claim=f"{record.namespace}/{record.name}",
+                        node=self.settings.pool, pid=started.pid, reason="its MPS daemon was gone")
+            return True
 
     def _warn_tainted(self, plan: ClaimPlan, unhealthy: Mapping[str, str]) -> None:
         for d in plan.devices:
@@ -327,7 +325,7 @@ class Preparer:
                                gi_profile_id=d.device.placement.profile.gi_profile_id,
                                placement_start=d.device.placement.placement.start)
                      for d in plan.devices if d.device.placement is not None] + whole,
-                mps=plan_record(self._data_dir, plan.uid, self._mps_private_shm) if self._mps_devices(plan) else None)
+                mps=plan_record(self._data_dir, plan.uid, self._mps_private_shm) if claim_mps_devices(plan) else None)
             records[plan.uid] = record
         return record
 

@@ -62,6 +62,7 @@ def recover(preparer: Preparer, boot_id: str) -> RecoveryReport:
         except Exception as exc:
             report.failures.append(f"{uid}: {exc}")
             log.error("checkpoint_recovery_failed", exc_info=True, claim_uid=uid, node=preparer.settings.pool)
+    preparer.revive_all_mps()  # MPS daemons that went away with the plugin's previous container
     if previous_boot or store.file_boot_id is None:
         with store.update():
             pass  # stamp the file with this boot's ID

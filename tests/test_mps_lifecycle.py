@@ -174,7 +174,7 @@ def fake(h: PluginHarness, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> It
     monkeypatch.setenv("FAKE_MPS_RECORD", record)
     monkeypatch.setenv("PATH", bin_dir + os.pathsep + os.environ.get("PATH", ""))
     monkeypatch.delenv("MPS_CONTROL_PATH", raising=False)
-    h.plugins[NODE].preparer.mps = MpsControl(MpsControlSettings(start_timeout=5.0, stop_timeout=3.0))
+    h.plugins[NODE].preparer.mps = MpsControl(MpsControlSettings(start_timeout=5.0, stop_timeout=3.0, node=NODE))
     yield {"binary": binary, "record": record, "bin": bin_dir}
     for e in events(record):  # never leave a daemon behind, whatever the test did
         if e["kind"] == "daemon" and daemon_alive(e["pid"]):
@@ -325,15 +325,30 @@ def test_restarted_plugin_keeps_the_daemon_and_its_unprepare_stops_it(tmp_path: 
             with h.plugins[NODE].checkpoint.update() as records:
                 records[crashed] = replace(records[crashed], state=ClaimState.PREPARE_STARTED)
 
+            # A third claim whose daemon dies with the plugin (a container restart takes its processes).
+            killed = h.create_claim("mps-killed", [("gpu", NODE, "gpu-2")], config=[_mps(40, None)])
+            assert first.prepare([("default", "mps-killed", killed)])[killed].ok
+            killed_pid = read_pid(_claim_dirs(h, killed)["pipe"])
+
             h.stop_plugin(NODE)  # the plugin goes; its daemons keep serving the running pods
             assert daemon_alive(pid) and daemon_alive(crashed_pid)
+            assert killed_pid is not None
+            os.kill(killed_pid, signal.SIGKILL)  # leaves its PID file and socket behind, as a crash does
             h.start_plugin(NODE, "sim:8xh100")  # same directories, same checkpoint
-            # Start-up recovery rolled the half-done prepare back, daemon included.
+            # Start-up recovery rolled the half-done prepare back, daemon included...
             assert not daemon_alive(crashed_pid) and not os.path.exists(_claim_dirs(h, crashed)["root"])
+            # ...and started the dead daemon of the prepared claim again, on the same pipe directory.
+            revived = read_pid(_claim_dirs(h, killed)["pipe"])
+            assert revived != killed_pid and daemon_alive(revived)
+            killed_record = h.plugins[NODE].checkpoint.get(killed)
+            assert killed_record is not None and killed_record.mps is not None and killed_record.mps.pid == revived
             kubelet = h.kubelet(NODE, previous=first)
             assert kubelet.prepare([("default", "mps-restart", uid)])[uid] == result
-            assert len([e for e in events(record) if e["kind"] == "start"]) == 2  # one per claim, no more
+            # One start per claim plus the revival: the live daemon was not started twice.
+            assert len([e for e in events(record) if e["kind"] == "start"]) == 4
             assert daemon_alive(pid)
+            assert kubelet.unprepare([("default", "mps-killed", killed)]) == {killed: ""}
+            assert not daemon_alive(revived) and not os.path.exists(_claim_dirs(h, killed)["root"])
 
             assert kubelet.unprepare([("default", "mps-restart", uid)]) == {uid: ""}
             assert not daemon_alive(pid)

@@ -114,3 +114,20 @@ def test_timeslicing_with_default_interval_or_none_is_accepted() -> None:
                     {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Default"}}):
         cfg = parse_config(_cfg(sharing=sharing)).config
         assert cfg.sharing is not None and cfg.sharing.strategy == "TimeSlicing"
+
+
+def test_admission_webhook_refuses_an_interval_at_claim_creation() -> None:
+    # The controller's validating webhook runs the same parser: the user learns at kubectl apply time.
+    from controller.admission import validate
+
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": "ts", "namespace": "default"},
+             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}],
+                                  "config": [{"requests": ["gpu"], "opaque": {"driver": "gpu.nvidia.com", "parameters": _cfg(
+                                      sharing={"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}})}}]}}}
+    answer = validate({"uid": "u1", "kind": {"kind": "ResourceClaim"}, "operation": "CREATE", "object": claim},
+                      "gpu.nvidia.com")
+    assert answer.response["allowed"] is False
+    message = answer.response["status"]["message"]
+    assert "spec.devices.config[0].opaque.parameters.sharing.timeSlicing.interval" in message
+    assert "nvidia-smi compute-policy --set-timeslice" in message
