@@ -78,9 +78,10 @@ class Policy:
                    for r in self.spec["matchConstraints"]["resourceRules"])
 
     def admit(self, user: str, extra: dict[str, list[str]], operation: str,
-              obj: dict[str, Any] | None, old: dict[str, Any] | None) -> tuple[bool, str]:
-        """(allowed, message) for a ResourceSlice write."""
-        if not self.matches(operation, "resource.k8s.io", "resourceslices"):
+              obj: dict[str, Any] | None, old: dict[str, Any] | None,
+              group: str = "resource.k8s.io", resource: str = "resourceslices") -> tuple[bool, str]:
+        """(allowed, message) for a write of ``resource`` (a ResourceSlice unless named)."""
+        if not self.matches(operation, group, resource):
             return True, "not matched"
         request = {"operation": operation, "userInfo": {"username": user, "extra": extra}}
         act: dict[str, Any] = {"request": celpy.json_to_cel(request), "object": celpy.json_to_cel(obj),
@@ -260,3 +261,29 @@ def test_policy_follows_a_custom_driver_name() -> None:
     assert rbac_allows(objs, ctrl, "arbitrary-node:update", "resource.k8s.io", "resourceclaims/driver",
                        "gpu.example.com")
     assert not rbac_allows(objs, ctrl, "arbitrary-node:update", "resource.k8s.io", "resourceclaims/driver", DRIVER)
+
+
+def test_plugin_updates_only_its_own_nodes_status() -> None:
+    objs = _render_objs({})
+    plugin = _service_account_user(objs, "kubelet-plugin")
+    assert rbac_allows(objs, plugin, "patch", "", "nodes/status")  # RBAC: any node...
+    policy = Policy(_get(objs, "ValidatingAdmissionPolicy", "node-status"))
+    binding = _get(objs, "ValidatingAdmissionPolicyBinding", "node-status")
+    assert binding["spec"]["policyName"].endswith("node-status") and binding["spec"]["validationActions"] == ["Deny"]
+
+    def update(token_node: str | None, node: str, user: str = plugin) -> tuple[bool, str]:
+        extra = {NODE_NAME_KEY: [token_node]} if token_node else {}
+        obj = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}
+        return policy.admit(user, extra, "UPDATE", obj, obj, group="", resource="nodes/status")
+
+    assert update("node-a", "node-a")[0]  # ...admission: its own only
+    allowed, message = update("node-a", "node-b")
+    assert not allowed and '"node-a" may only update the status of its own Node, not "node-b"' in message
+    assert not update(None, "node-a")[0]  # a token without a node name
+    assert update(None, "node-b", user="system:node:node-b")[0]  # the kubelet itself is not affected
+
+
+def test_no_node_status_policy_without_a_health_monitor() -> None:
+    objs = _render_objs({"healthMode": "off"})
+    assert not [o for o in objs if o["kind"].startswith("ValidatingAdmissionPolicy")
+                and o["metadata"]["name"].endswith("node-status")]
