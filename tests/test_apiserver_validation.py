@@ -138,8 +138,8 @@ def test_claim_validation(r: client.ResourceV1Api) -> None:
         {"name": "gpu", "firstAvailable": []},
         {"name": "Bad"}]}}}
     assert sorted(rejected(r.create_namespaced_resource_claim, "default", claim)) == [
+        ("spec.devices.requests[1]", "FieldValueDuplicate"),  # on the entry, like the real server
         ("spec.devices.requests[1]", "FieldValueRequired"),
-        ("spec.devices.requests[1].name", "FieldValueDuplicate"),
         ("spec.devices.requests[2]", "FieldValueRequired"),
         ("spec.devices.requests[2].name", "FieldValueInvalid"),
     ]

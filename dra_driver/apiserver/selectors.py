@@ -112,6 +112,22 @@ def _field_value(obj: dict[str, Any], path: str) -> str:
 FieldPredicate = Callable[[dict[str, Any]], bool]
 
 
+# Kinds for which the real server registers a field-label conversion that answers "field label not
+# supported: <label>" (core v1 Pod, Node, Event, Namespace; events.k8s.io Event). ResourceSlice's names
+# its group/version/kind; every other kind falls back to apimachinery's default, which lists only the
+# two metadata labels whatever the kind's scope.
+_CONVERSION_FUNC_KINDS = {("", "Pod"), ("", "Node"), ("", "Event"), ("", "Namespace"), ("events.k8s.io", "Event")}
+
+
+def _unsupported_field_label(rt: ResourceType, label: str) -> str:
+    """The real server's 400 message for a field selector label the kind does not support."""
+    if rt.kind == "ResourceSlice":
+        return f"field label not supported for {rt.group_version}, Kind={rt.kind}: {label}"
+    if (rt.group, rt.kind) in _CONVERSION_FUNC_KINDS:
+        return f"field label not supported: {label}"
+    return f'"{label}" is not a known field selector: only "metadata.name", "metadata.namespace"'
+
+
 def parse_field_selector(text: str | None, rt: ResourceType) -> list[tuple[str, str, str]]:
     """Parse ``a=b,c!=d``; 400 BadRequest naming the label when the kind does not support it."""
     if not text:
@@ -123,10 +139,7 @@ def parse_field_selector(text: str | None, rt: ResourceType) -> list[tuple[str, 
             raise bad_request(f"invalid selector: '{text}'; can't understand '{part}'")
         label, op, value = m.group(1).strip(), m.group(2), m.group(3).strip()
         if label not in rt.supported_field_labels():
-            if rt.group:
-                raise bad_request(f"field label not supported for {rt.group_version}, Kind={rt.kind}: {label}")
-            raise bad_request(f'"{label}" is not a known field selector: only '
-                              + ", ".join(f'"{x}"' for x in rt.supported_field_labels()))
+            raise bad_request(_unsupported_field_label(rt, label))
         out.append((label, "!=" if op == "!=" else "=", value))
     return out
 

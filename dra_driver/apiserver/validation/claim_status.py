@@ -31,6 +31,7 @@ from dra_driver.apiserver.validation.common import (
 )
 from dra_driver.apiserver.validation.status_fields import (
     MAX_DATA_LENGTH,
+    binding_conditions,
     conditions,
     device_name,
     driver_name,
@@ -44,7 +45,6 @@ MAX_RESERVED_FOR = 256
 MAX_RESULTS = 32
 MAX_ALLOCATION_CONFIGS = 64  # class configs + claim configs
 MAX_DEVICE_CONDITIONS = 8
-MAX_BINDING_CONDITIONS = 4
 MAX_OPAQUE_PARAMETERS = 10 * 1024
 CONFIG_SOURCES = ["FromClaim", "FromClass"]
 REQUEST_REF_MSG = "must be the name of a request in the claim or the name of a request and a subrequest separated by '/'"
@@ -116,7 +116,7 @@ def request_names(spec: Any) -> dict[str, set[str] | None]:
     return out
 
 
-def _request_ref(field: str, name: Any, names: dict[str, set[str] | None]) -> list[Cause]:
+def request_ref(field: str, name: Any, names: dict[str, set[str] | None]) -> list[Cause]:
     if not isinstance(name, str):
         return [invalid(field, name, REQUEST_REF_MSG)]
     segments = name.split("/")
@@ -135,14 +135,11 @@ def _request_ref(field: str, name: Any, names: dict[str, set[str] | None]) -> li
 # --- a new allocation ---------------------------------------------------------------------------------
 def _result(field: str, r: Any, names: dict[str, set[str] | None]) -> list[Cause]:
     r = _dict(r)
-    out = _request_ref(f"{field}.request", r.get("request"), names)
+    out = request_ref(f"{field}.request", r.get("request"), names)
     out += driver_name(f"{field}.driver", r.get("driver"))
     out += pool_name(f"{field}.pool", r.get("pool"))
     out += device_name(f"{field}.device", r.get("device"))
-    for key in ("bindingConditions", "bindingFailureConditions"):
-        items = _list(r.get(key))
-        if len(items) > MAX_BINDING_CONDITIONS:
-            out.append(too_many(f"{field}.{key}", len(items), MAX_BINDING_CONDITIONS))
+    out += binding_conditions(field, r.get("bindingConditions"), r.get("bindingFailureConditions"))
     if r.get("shareID") is not None:
         out += uuid_field(f"{field}.shareID", r["shareID"])
     return out
@@ -158,7 +155,7 @@ def _config(field: str, c: Any, names: dict[str, set[str] | None]) -> list[Cause
         out.append(not_supported(f"{field}.source", source, CONFIG_SOURCES))
     seen: set[Any] = set()
     for j, name in enumerate(_list(c.get("requests"))):
-        out += _request_ref(f"{field}.requests[{j}]", name, names)
+        out += request_ref(f"{field}.requests[{j}]", name, names)
         if name in seen:
             out.append(duplicate(f"{field}.requests[{j}]", name))
         seen.add(name)

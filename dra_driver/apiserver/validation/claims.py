@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 from dra_driver.apiserver.errors import Cause
+from dra_driver.apiserver.validation.claim_status import request_names, request_ref, semantic
 from dra_driver.apiserver.validation.common import (
     dns_label,
     dns_subdomain,
     duplicate,
     immutable,
     invalid,
+    invalid_rendered,
     not_supported,
     required,
     too_many,
 )
+from dra_driver.apiserver.validation.status_fields import attribute_name, driver_name, raw_extension
 
 MAX_REQUESTS = 32
 MAX_SUBREQUESTS = 8
@@ -25,6 +29,8 @@ MAX_CONFIGS = 32
 MAX_TOLERATIONS = 16
 MAX_CEL_LENGTH = 10 * 1024
 ALLOCATION_MODES = ["All", "ExactCount"]
+MAX_OPAQUE_PARAMETERS = 10 * 1024  # OpaqueParametersMaxLength
+RequestNames = dict[str, set[str] | None]  # request name -> its firstAvailable subrequest names
 
 
 @functools.lru_cache(maxsize=1024)
@@ -63,15 +69,88 @@ def _selectors(field: str, selectors: Any) -> list[Cause]:
     return out
 
 
-def _configs(field: str, configs: Any) -> list[Cause]:
-    configs = configs or []
-    return [too_many(field, len(configs), MAX_CONFIGS)] if len(configs) > MAX_CONFIGS else []
+def _opaque(field: str, entry: dict[str, Any], stored: bool) -> list[Cause]:
+    """``opaque`` of a config entry: required; its driver a driver name, its parameters a JSON object of
+    at most 10 KiB (the size only on create: stored parameters are grandfathered)."""
+    opaque = entry.get("opaque")
+    if not isinstance(opaque, dict):
+        return [required(f"{field}.opaque")]
+    limit = MAX_OPAQUE_PARAMETERS if not stored else 2**62
+    return (driver_name(f"{field}.opaque.driver", opaque.get("driver"))
+            + raw_extension(f"{field}.opaque.parameters", opaque.get("parameters"), limit))
 
 
-def validate_device_class(obj: dict[str, Any]) -> list[Cause]:
-    """Causes for an invalid DeviceClass (selectors must compile, limits)."""
+def _duplicates(field: str, items: list[Any], key: Callable[[Any], Any]) -> list[Cause]:
+    """FieldValueDuplicate on the list entry (not its key field), as the real server's validateSet."""
+    seen: set[Any] = set()
+    out: list[Cause] = []
+    for i, item in enumerate(items):
+        k = key(item)
+        if not isinstance(k, str | int):
+            continue
+        if k in seen:
+            out.append(duplicate(f"{field}[{i}]", k))
+        seen.add(k)
+    return out
+
+
+def _request_refs(field: str, refs: Any, names: RequestNames) -> list[Cause]:
+    """A config's or constraint's ``requests``: ≤32 unique names of requests (or ``<request>/<sub>``
+    of a firstAvailable subrequest) in this claim."""
+    refs = refs if isinstance(refs, list) else []
+    if len(refs) > MAX_REQUESTS:
+        return [too_many(field, len(refs), MAX_REQUESTS)]  # entries are not looked at then
+    out: list[Cause] = []
+    for j, ref in enumerate(refs):
+        out += request_ref(f"{field}[{j}]", ref, names)
+    return out + _duplicates(field, refs, lambda ref: ref)
+
+
+def _configs(field: str, configs: Any, names: RequestNames | None, stored: bool = False) -> list[Cause]:
+    """``config[]`` of a claim (``names`` given: entries may name requests) or of a DeviceClass."""
+    configs = configs if isinstance(configs, list) else []
+    if len(configs) > MAX_CONFIGS:
+        return [too_many(field, len(configs), MAX_CONFIGS)]
+    out: list[Cause] = []
+    for i, entry in enumerate(configs):
+        entry = entry if isinstance(entry, dict) else {}
+        if names is not None:
+            out += _request_refs(f"{field}[{i}].requests", entry.get("requests"), names)
+        out += _opaque(f"{field}[{i}]", entry, stored)
+    return out
+
+
+def _constraints(field: str, constraints: Any, names: RequestNames) -> list[Cause]:
+    """``constraints[]``: request references, and ``matchAttribute`` or else ``distinctAttribute`` a fully
+    qualified attribute name. Like the real server (DRAConsumableCapacity on), a constraint with neither
+    is refused; one with both is checked for ``matchAttribute`` only."""
+    constraints = constraints if isinstance(constraints, list) else []
+    if len(constraints) > MAX_CONSTRAINTS:
+        return [too_many(field, len(constraints), MAX_CONSTRAINTS)]
+    out: list[Cause] = []
+    for i, c in enumerate(constraints):
+        cfield = f"{field}[{i}]"
+        c = c if isinstance(c, dict) else {}
+        out += _request_refs(f"{cfield}.requests", c.get("requests"), names)
+        if c.get("matchAttribute") is not None:
+            out += attribute_name(f"{cfield}.matchAttribute", c["matchAttribute"], fully_qualified=True)
+        elif c.get("distinctAttribute") is not None:
+            out += attribute_name(f"{cfield}.distinctAttribute", c["distinctAttribute"], fully_qualified=True)
+        else:
+            # The real server's wording, "multiple" included, for a constraint that sets neither.
+            out.append(required(cfield, 'exactly one of "matchAttribute" or "distinctAttribute" is required, '
+                                        "but multiple fields are set"))
+    return out
+
+
+def validate_device_class(obj: dict[str, Any], old: dict[str, Any] | None = None) -> list[Cause]:
+    """Causes for an invalid DeviceClass (selectors must compile, config entries, limits). Config that an
+    update leaves as it was is not size-checked again."""
     spec = obj.get("spec") or {}
-    return _selectors("spec.selectors", spec.get("selectors")) + _configs("spec.config", spec.get("config"))
+    old_spec = (old or {}).get("spec") or {}
+    stored = old is not None and semantic(spec.get("config")) == semantic(old_spec.get("config"))
+    return (_selectors("spec.selectors", spec.get("selectors"))
+            + _configs("spec.config", spec.get("config"), None, stored=stored))
 
 
 def _exact(field: str, req: Any, subrequest: bool = False) -> list[Cause]:
@@ -86,6 +165,8 @@ def _exact(field: str, req: Any, subrequest: bool = False) -> list[Cause]:
         out.append(not_supported(f"{field}.allocationMode", mode, ALLOCATION_MODES))
     elif mode == "ExactCount" and req.get("count") is not None and req["count"] <= 0:
         out.append(invalid(f"{field}.count", req["count"], "must be greater than zero"))
+    elif mode == "All" and req.get("count") not in (None, 0):
+        out.append(invalid(f"{field}.count", req["count"], "must not be specified when allocationMode is 'All'"))
     out += _selectors(f"{field}.selectors", req.get("selectors"))
     tol = req.get("tolerations") or []
     if len(tol) > MAX_TOLERATIONS:
@@ -99,8 +180,8 @@ def _claim_spec(prefix: str, spec: Any) -> list[Cause]:
     out: list[Cause] = []
     rfield = f"{prefix}.devices.requests"
     if len(requests) > MAX_REQUESTS:
-        out.append(too_many(rfield, len(requests), MAX_REQUESTS))
-    names: set[str] = set()
+        out.append(too_many(rfield, len(requests), MAX_REQUESTS))  # entries are not looked at then
+        requests = []
     for i, req in enumerate(requests):
         field = f"{rfield}[{i}]"
         req = req if isinstance(req, dict) else {}
@@ -108,17 +189,19 @@ def _claim_spec(prefix: str, spec: Any) -> list[Cause]:
             out.append(required(f"{field}.name"))
         else:
             out += dns_label(f"{field}.name", req["name"])
-            if req["name"] in names:
-                out.append(duplicate(f"{field}.name", req["name"]))
-            names.add(req["name"])
-        has_exact, first = req.get("exactly") is not None, req.get("firstAvailable")
-        if has_exact == bool(first):
+        has_exact = req.get("exactly") is not None
+        raw_first = req.get("firstAvailable")
+        first: list[Any] = raw_first if isinstance(raw_first, list) else []
+        if has_exact and first:
+            out.append(invalid_rendered(field, "null", "exactly one of `exactly` or `firstAvailable` is required, "
+                                                       "but multiple fields are set"))
+        elif not has_exact and not first:
             out.append(required(field, "exactly one of `exactly` or `firstAvailable` is required"))
-        if has_exact:
+        elif has_exact:
             out += _exact(f"{field}.exactly", req["exactly"])
-        if first:
-            if len(first) > MAX_SUBREQUESTS:
-                out.append(too_many(f"{field}.firstAvailable", len(first), MAX_SUBREQUESTS))
+        elif len(first) > MAX_SUBREQUESTS:
+            out.append(too_many(f"{field}.firstAvailable", len(first), MAX_SUBREQUESTS))
+        else:
             for j, sub in enumerate(first):
                 sfield = f"{field}.firstAvailable[{j}]"
                 if not (sub or {}).get("name"):
@@ -126,23 +209,28 @@ def _claim_spec(prefix: str, spec: Any) -> list[Cause]:
                 else:
                     out += dns_label(f"{sfield}.name", sub["name"])
                 out += _exact(sfield, sub, subrequest=True)
-    constraints = devices.get("constraints") or []
-    if len(constraints) > MAX_CONSTRAINTS:
-        out.append(too_many(f"{prefix}.devices.constraints", len(constraints), MAX_CONSTRAINTS))
-    out += _configs(f"{prefix}.devices.config", devices.get("config"))
+            out += _duplicates(f"{field}.firstAvailable", first, lambda s: (s or {}).get("name"))
+    out += _duplicates(rfield, requests, lambda r: r.get("name") if isinstance(r, dict) else None)
+    names = request_names(spec)
+    out += _constraints(f"{prefix}.devices.constraints", devices.get("constraints"), names)
+    out += _configs(f"{prefix}.devices.config", devices.get("config"), names)
     return out
 
 
 def validate_claim(obj: dict[str, Any], old: dict[str, Any] | None, template: bool) -> list[Cause]:
-    """Causes for an invalid ResourceClaim or ResourceClaimTemplate; a claim's spec is immutable, and a
-    change of its status (only the ``/status`` subresource can make one: a create drops status, a main
-    write keeps the stored one) is checked like the real server's status strategy does."""
-    if template:
-        return _claim_spec("spec.spec", (obj.get("spec") or {}).get("spec"))
-    out = _claim_spec("spec", obj.get("spec"))
-    if old is not None and obj.get("spec") != old.get("spec"):
+    """Causes for an invalid ResourceClaim or ResourceClaimTemplate. The spec is checked in full on
+    create; on update only that it did not change (both specs are immutable, and the real server does not
+    re-validate what it already stored). A claim's status change (only the ``/status`` subresource can
+    make one: a create drops status, a main write keeps the stored one) is checked like the real server's
+    status strategy does."""
+    if old is None:
+        if template:
+            return _claim_spec("spec.spec", (obj.get("spec") or {}).get("spec"))
+        return _claim_spec("spec", obj.get("spec"))
+    out: list[Cause] = []
+    if semantic(obj.get("spec")) != semantic(old.get("spec")):
         out.append(immutable("spec", "<object>"))
-    if old is not None and obj.get("status") != old.get("status"):
+    if not template and obj.get("status") != old.get("status"):
         from dra_driver.apiserver.validation.claim_status import validate_claim_status_update
 
         out += validate_claim_status_update(obj, old)

@@ -99,17 +99,65 @@ def dns_subdomain(field: str, value: Any, max_len: int = 253) -> list[Cause]:
     return out
 
 
+_QNAME_FMT = "([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
+_QNAME_MSG = ("must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
+              "alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation "
+              f"is '{_QNAME_FMT}')")
+LABEL_VALUE_MSG = ("a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', "
+                   "and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or "
+                   f"'12345', regex used for validation is '({_QNAME_FMT})?')")
+
+
+def qualified_name_errors(value: str) -> list[str]:
+    """apimachinery's IsQualifiedName messages for ``[prefix/]name`` (label keys, condition types):
+    the name part ≤63 characters of [-A-Za-z0-9_.] starting and ending alphanumeric, the prefix a
+    DNS subdomain."""
+    parts = value.split("/")
+    errs: list[str] = []
+    if len(parts) > 2:
+        return [f"a qualified name {_QNAME_MSG} with an optional DNS subdomain prefix and '/' "
+                "(e.g. 'example.com/MyName')"]
+    name = parts[-1]
+    if len(parts) == 2:
+        prefix = parts[0]
+        if not prefix:
+            errs.append("prefix part must be non-empty")
+        else:
+            if len(prefix) > 253:
+                errs.append("prefix part must be no more than 253 characters")
+            if not DNS1123_SUBDOMAIN.fullmatch(prefix):
+                errs.append("prefix part " + SUBDOMAIN_MSG)
+    if not name:
+        errs.append("name part must be non-empty")
+    elif len(name) > 63:
+        errs.append("name part must be no more than 63 characters")
+    if not QUALIFIED_NAME_PART.fullmatch(name):
+        errs.append("name part " + _QNAME_MSG)
+    return errs
+
+
 def qualified_name(field: str, value: str) -> list[Cause]:
-    """A label key: ``[prefix/]name`` (name ≤63, prefix a DNS subdomain)."""
-    prefix, _, name = value.rpartition("/")
+    """A label key / condition type (metav1 ValidateLabelName): one cause per problem, each naming the
+    whole value."""
+    return [invalid(field, value, msg) for msg in qualified_name_errors(value)]
+
+
+def label_value(field: str, value: Any) -> list[Cause]:
+    """A label value (IsValidLabelValue): ≤63 characters, empty or alphanumeric at both ends with
+    [-A-Za-z0-9_.] between."""
+    if not isinstance(value, str):
+        return [invalid(field, value, "must be a string")]
     out = []
-    if prefix:
-        out += dns_subdomain(field, prefix)
-    if not name or len(name) > 63 or not QUALIFIED_NAME_PART.fullmatch(name):
-        out.append(invalid(field, value, "name part must consist of alphanumeric characters, '-', '_' or '.', "
-                                         "and must start and end with an alphanumeric character, and be no "
-                                         "more than 63 characters"))
+    if len(value) > 63:
+        out.append(invalid(field, value, "must be no more than 63 characters"))
+    if not LABEL_VALUE.fullmatch(value):
+        out.append(invalid(field, value, LABEL_VALUE_MSG))
     return out
+
+
+def invalid_rendered(field: str, rendered: str, detail: str) -> Cause:
+    """FieldValueInvalid whose value is already rendered the way Go prints it (``[]string(nil)``)."""
+    return Cause(field, "FieldValueInvalid", f"Invalid value: {rendered}: {detail}")
 
 
 def _label_map(field: str, labels: Any) -> list[Cause]:
@@ -120,10 +168,7 @@ def _label_map(field: str, labels: Any) -> list[Cause]:
     out = []
     for k, v in labels.items():
         out += qualified_name(field, k)
-        if not isinstance(v, str) or len(v) > 63 or not LABEL_VALUE.fullmatch(v):
-            out.append(invalid(field, v, "a valid label must be an empty string or consist of alphanumeric "
-                                         "characters, '-', '_' or '.', and must start and end with an "
-                                         "alphanumeric character, and be no more than 63 characters"))
+        out += label_value(field, v)
     return out
 
 

@@ -41,7 +41,7 @@ def validate(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) 
     if rt.kind == "DeviceClass":
         from dra_driver.apiserver.validation.claims import validate_device_class
 
-        return validate_device_class(obj)
+        return validate_device_class(obj, old)
     if rt.kind == "Pod":
         return _validate_pod(obj)
     if rt.kind in ("ResourceClaim", "ResourceClaimTemplate"):

@@ -8,15 +8,15 @@ import re
 from typing import Any
 
 from dra_driver.apiserver.errors import Cause
+from dra_driver.apiserver.validation.capacity import validate_capacity
 from dra_driver.apiserver.validation.common import (
-    C_IDENT_MSG,
-    C_IDENTIFIER,
     dns_label,
     dns_subdomain,
     duplicate,
     forbidden,
     immutable,
     invalid,
+    label_value,
     not_supported,
     qualified_name,
     required,
@@ -24,22 +24,19 @@ from dra_driver.apiserver.validation.common import (
     too_many,
 )
 from dra_driver.apiserver.validation.quantity import quantity_string_ok, validate_quantity
+from dra_driver.apiserver.validation.status_fields import attribute_name, binding_conditions, driver_name
 
 MAX_DEVICES = 128
 MAX_DEVICES_WITH_TAINTS_OR_COUNTERS = 64
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_ATTRIBUTE_VALUES = 48
 MAX_STRING_LENGTH = 64
-MAX_ID_LENGTH = 32
-MAX_DOMAIN_LENGTH = 63
 MAX_DRIVER_NAME_LENGTH = 63
 MAX_POOL_NAME_LENGTH = 253
 MAX_COUNTER_SETS = 8
 MAX_COUNTERS_PER_SET = 32
 MAX_CONSUMES_COUNTERS = 2
 MAX_TAINTS = 16
-MAX_BINDING_CONDITIONS = 4
-MAX_VALID_VALUES = 10
 TAINT_EFFECTS = ["NoSchedule", "NoExecute", "None"]
 NODE_FIELDS = ("nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection")
 
@@ -62,38 +59,19 @@ def validate_attribute_name(field: str, name: str) -> list[Cause]:
     """A QualifiedName: C identifier ≤32, optionally prefixed by ``<DNS subdomain ≤63>/``."""
     if type(name) is str and _attribute_name_ok(name):
         return []
-    return _attribute_name_causes(field, name)
+    return attribute_name(field, name)
 
 
 # A node publishes the same few dozen attribute names and values on every device of every write: whether
 # one is valid is decided once, and only an invalid one is checked again to name the field.
 @functools.lru_cache(maxsize=4096)
 def _attribute_name_ok(name: str) -> bool:
-    return not _attribute_name_causes("", name)
+    return not attribute_name("", name)
 
 
 @functools.lru_cache(maxsize=4096)
 def _semver_ok(value: str) -> bool:
     return SEMVER.fullmatch(value) is not None
-
-
-def _attribute_name_causes(field: str, name: str) -> list[Cause]:
-    domain, sep, ident = name.partition("/")
-    if not sep:
-        domain, ident = "", name
-    out: list[Cause] = []
-    if sep:
-        if not domain:
-            out.append(required(field, "the domain must not be empty"))
-        elif len(domain) > MAX_DOMAIN_LENGTH:
-            out.append(too_long(field, MAX_DOMAIN_LENGTH))
-        else:
-            out += dns_subdomain(field, domain)
-    if len(ident) > MAX_ID_LENGTH:
-        out.append(too_long(field, MAX_ID_LENGTH))
-    if not C_IDENTIFIER.fullmatch(ident):
-        out.append(invalid(field, ident, C_IDENT_MSG))
-    return out
 
 
 def _dns_label_ok(value: Any) -> bool:
@@ -163,35 +141,6 @@ def _validate_attribute(field: str, attr: Any) -> tuple[list[Cause], int]:
     return out, len(values)
 
 
-def _validate_capacity(field: str, cap: Any, multi: bool) -> list[Cause]:
-    if not isinstance(cap, dict):
-        return [invalid(field, cap, "must be an object")]
-    out = validate_quantity(f"{field}.value", cap.get("value"), required_value=True)
-    policy = cap.get("requestPolicy")
-    if policy is None:
-        return out
-    pfield = f"{field}.requestPolicy"
-    if not multi:
-        return [*out, forbidden(pfield, "allowed only when allowMultipleAllocations is true")]
-    if policy.get("default") is not None:
-        out += validate_quantity(f"{pfield}.default", policy["default"])
-    vv, vr = policy.get("validValues"), policy.get("validRange")
-    if vv and vr:
-        out.append(invalid(pfield, "", "exactly one of `validValues` or `validRange` may be set"))
-    if vv:
-        if len(vv) > MAX_VALID_VALUES:
-            out.append(too_many(f"{pfield}.validValues", len(vv), MAX_VALID_VALUES))
-        for i, q in enumerate(vv):
-            out += validate_quantity(f"{pfield}.validValues[{i}]", q)
-    if vr:
-        if vr.get("min") is None:
-            out.append(required(f"{pfield}.validRange.min"))
-        for k in ("min", "max", "step"):
-            if vr.get(k) is not None:
-                out += validate_quantity(f"{pfield}.validRange.{k}", vr[k])
-    return out
-
-
 def _validate_counters(field: str, counters: Any) -> list[Cause]:
     if not isinstance(counters, dict):
         return [required(field)] if counters is None else [invalid(field, counters, "must be a map")]
@@ -217,9 +166,8 @@ def _validate_taint(field: str, taint: Any) -> list[Cause]:
         out.append(required(f"{field}.key"))
     else:
         out += qualified_name(f"{field}.key", taint["key"])
-    value = taint.get("value") or ""
-    if len(value) > 63:
-        out.append(invalid(f"{field}.value", value, "must be no more than 63 characters"))
+    if taint.get("value"):
+        out += label_value(f"{field}.value", taint["value"])
     effect = taint.get("effect")
     if not effect:
         out.append(required(f"{field}.effect"))
@@ -262,7 +210,7 @@ def _validate_device(field: str, dev: Any, per_device_nodes: bool) -> list[Cause
                 and cap.get("requestPolicy") is None and _quantity_ok(cap.get("value")):
             continue  # valid: skip building the field paths
         out += validate_attribute_name(f"{field}.capacity", key)
-        out += _validate_capacity(f"{field}.capacity[{key}]", caps[key], multi)
+        out += validate_capacity(f"{field}.capacity[{key}]", caps[key], multi)
     consumes = dev.get("consumesCounters") or []
     if len(consumes) > MAX_CONSUMES_COUNTERS:
         out.append(too_many(f"{field}.consumesCounters", len(consumes), MAX_CONSUMES_COUNTERS))
@@ -281,10 +229,7 @@ def _validate_device(field: str, dev: Any, per_device_nodes: bool) -> list[Cause
         out.append(too_many(f"{field}.taints", len(taints), MAX_TAINTS))
     for i, t in enumerate(taints):
         out += _validate_taint(f"{field}.taints[{i}]", t)
-    for key in ("bindingConditions", "bindingFailureConditions"):
-        conds = dev.get(key) or []
-        if len(conds) > MAX_BINDING_CONDITIONS:
-            out.append(too_many(f"{field}.{key}", len(conds), MAX_BINDING_CONDITIONS))
+    out += binding_conditions(field, dev.get("bindingConditions"), dev.get("bindingFailureConditions"))
     set_nodes = [f for f in ("nodeName", "nodeSelector", "allNodes") if _is_set(dev, f)]
     if per_device_nodes:
         if len(set_nodes) != 1:
@@ -352,13 +297,7 @@ def validate_slice(obj: dict[str, Any], old: dict[str, Any] | None) -> list[Caus
     if not isinstance(spec, dict):
         return [required("spec")]
     out: list[Cause] = []
-    driver = spec.get("driver")
-    if not driver:
-        out.append(required("spec.driver"))
-    elif len(driver) > MAX_DRIVER_NAME_LENGTH:
-        out.append(too_long("spec.driver", MAX_DRIVER_NAME_LENGTH))
-    else:
-        out += dns_subdomain("spec.driver", driver.lower())
+    out += driver_name("spec.driver", spec.get("driver"))
     out += _validate_pool(spec.get("pool"))
     out += _validate_node_fields(spec)
     devices = spec.get("devices") or []

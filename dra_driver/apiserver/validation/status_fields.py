@@ -11,10 +11,15 @@ from typing import Any
 
 from dra_driver.apiserver.errors import Cause
 from dra_driver.apiserver.validation.common import (
+    C_IDENT_MSG,
+    C_IDENTIFIER,
+    DNS1123_SUBDOMAIN,
+    SUBDOMAIN_MSG,
     dns_label,
     dns_subdomain,
     duplicate,
     invalid,
+    invalid_rendered,
     not_supported,
     qualified_name,
     required,
@@ -28,6 +33,8 @@ MAX_DATA_LENGTH = 10 * 1024  # AllocatedDeviceStatusDataMaxLength
 MAX_INTERFACE_NAME_LENGTH = 256
 MAX_HARDWARE_ADDRESS_LENGTH = 128
 MAX_IPS = 16
+MAX_ATTRIBUTE_ID_LENGTH = 32
+MAX_BINDING_CONDITIONS = 4  # each of bindingConditions and bindingFailureConditions
 MAX_CONDITION_REASON_LENGTH = 1024
 MAX_CONDITION_MESSAGE_LENGTH = 32 * 1024
 CONDITION_STATUSES = ["False", "True", "Unknown"]  # sorted, as the real server lists them
@@ -49,9 +56,13 @@ def driver_name(field: str, value: Any) -> list[Cause]:
         return [required(field)]
     if not isinstance(value, str):
         return [invalid(field, value, "must be a string")]
-    if len(value) > MAX_DRIVER_NAME_LENGTH:
-        return [too_long(field, MAX_DRIVER_NAME_LENGTH)]
-    return dns_subdomain(field, value.lower())
+    out = [too_long(field, MAX_DRIVER_NAME_LENGTH)] if len(value) > MAX_DRIVER_NAME_LENGTH else []
+    # Checked in lower case (upper case is allowed, only discouraged), reported as written.
+    if len(value) > 253:
+        out.append(invalid(field, value, "must be no more than 253 characters"))
+    if not DNS1123_SUBDOMAIN.fullmatch(value.lower()):
+        out.append(invalid(field, value, SUBDOMAIN_MSG))
+    return out
 
 
 def pool_name(field: str, value: Any) -> list[Cause]:
@@ -193,4 +204,70 @@ def network_data(field: str, data: Any) -> list[Cause]:
         if ip in seen:
             out.append(duplicate(f"{field}.ips[{i}]", ip))
         seen.add(ip)
+    return out
+
+
+def binding_conditions(field: str, conds: Any, failure_conds: Any) -> list[Cause]:
+    """``bindingConditions`` / ``bindingFailureConditions`` of a device (or of an allocation result made
+    from one): each at most 4 condition types (label names), no duplicates, no type in both lists, and
+    either list only together with the other."""
+    conds_l = conds if isinstance(conds, list) else []
+    fail_l = failure_conds if isinstance(failure_conds, list) else []
+    out: list[Cause] = []
+    for key, items in (("bindingConditions", conds_l), ("bindingFailureConditions", fail_l)):
+        if len(items) > MAX_BINDING_CONDITIONS:
+            out.append(too_many(f"{field}.{key}", len(items), MAX_BINDING_CONDITIONS))
+            continue  # the real server checks no entries of an over-long list
+        for i, c in enumerate(items):
+            out += qualified_name(f"{field}.{key}[{i}]", c) if isinstance(c, str) else \
+                [invalid(f"{field}.{key}[{i}]", c, "must be a string")]
+    for key, items in (("bindingConditions", conds_l), ("bindingFailureConditions", fail_l)):
+        seen: set[Any] = set()
+        for i, c in enumerate(items):
+            if not isinstance(c, str):
+                continue
+            if c in seen:
+                out.append(duplicate(f"{field}.{key}[{i}]", c))
+            seen.add(c)
+            if key == "bindingFailureConditions" and c in conds_l:
+                out.append(invalid(f"{field}.{key}[{i}]", c,
+                                   "bindingFailureConditions must not overlap with bindingConditions"))
+    # Go prints the other (empty) list with %#v: nil when absent, empty when sent as [].
+    if not conds_l and fail_l:
+        out.append(invalid_rendered(f"{field}.bindingConditions", _go_strings(conds),
+                                    "bindingConditions are required to use bindingFailureConditions"))
+    if not fail_l and conds_l:
+        out.append(invalid_rendered(f"{field}.bindingFailureConditions", _go_strings(failure_conds),
+                                    "bindingFailureConditions are required to use bindingConditions"))
+    return out
+
+
+def _go_strings(value: Any) -> str:
+    return "[]string{}" if isinstance(value, list) else "[]string(nil)"
+
+
+def attribute_name(field: str, name: Any, fully_qualified: bool = False) -> list[Cause]:
+    """A QualifiedName (``<C identifier ≤32>`` or ``<driver-style domain>/<C identifier>``); with
+    ``fully_qualified`` (constraints' matchAttribute/distinctAttribute) the domain is mandatory."""
+    if not isinstance(name, str):
+        return [invalid(field, name, "must be a string")]
+    parts = name.split("/")
+    out: list[Cause] = []
+    if len(parts) > 2:
+        out.append(invalid(field, name, "must not contain more than one slash"))
+    elif len(parts) == 2:
+        domain, ident = parts
+        out += driver_name(field, domain) if domain else [invalid(field, "", "the domain must not be empty")]
+        out += _c_identifier(field, ident) if ident else [invalid(field, "", "the name must not be empty")]
+    else:
+        out += _c_identifier(field, name)
+    if fully_qualified and "/" not in name:
+        out.append(invalid(field, name, "a fully qualified name must be a domain and a name separated by a slash"))
+    return out
+
+
+def _c_identifier(field: str, ident: str) -> list[Cause]:
+    out = [too_long(field, MAX_ATTRIBUTE_ID_LENGTH)] if len(ident) > MAX_ATTRIBUTE_ID_LENGTH else []
+    if not C_IDENTIFIER.fullmatch(ident):
+        out.append(invalid(field, ident, C_IDENT_MSG))
     return out
