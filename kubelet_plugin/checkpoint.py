@@ -12,7 +12,9 @@ Each claim record goes through two phases: ``PrepareStarted`` is written *before
 (creating a MIG instance, writing a CDI file) and names what is about to be done; ``PrepareCompleted``
 is written after all of them with the answer given to the kubelet. A record still in
 ``PrepareStarted`` after a restart is a prepare that crashed half-way and is rolled back
-(:mod:`kubelet_plugin.recovery`). A file that cannot be read or fails its checksum is quarantined
+(:mod:`kubelet_plugin.recovery`). A claim shared with ``sharing.strategy: MPS`` records its MPS control
+daemon (:class:`MpsRecord`: directories before the daemon starts, its PID after), so an unprepare,
+even by a restarted plugin, stops exactly that daemon and a repeated prepare never starts a second. A file that cannot be read or fails its checksum is quarantined
 (renamed ``checkpoint.json.corrupt-<time>``) and the plugin starts clean instead of crash-looping.
 
 Several plugin instances (rolling update) share the file: every update takes an exclusive

@@ -36,13 +36,14 @@ import stat
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 from dra_driver.logs import get_logger
 from dra_driver.opaque_config import MpsSettings
 from kubelet_plugin.allocation import ClaimPlan, PrepareError
-from kubelet_plugin.checkpoint import MpsRecord
+from kubelet_plugin.checkpoint import CheckpointStore, ClaimState, MpsRecord
 from kubelet_plugin.driver_files import driver_library_dirs, find_driver_binary
 
 log = get_logger(__name__)
@@ -223,6 +224,36 @@ def revive(ops: MpsOps, record: MpsRecord) -> MpsRecord | None:
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(directory, name))
     return ops.start(replace(record, pid=None))
+
+
+def revive_claim(uid: str, checkpoint: CheckpointStore, claim_lock: Callable[[str], AbstractContextManager[None]],
+                 ops: MpsOps, node: str) -> bool:
+    """:func:`revive` for one completed claim, under its lock, recording the new PID; never raises.
+
+    True if the daemon was restarted. A failure is logged: the claim stays prepared, and its new
+    clients would run without MPS until the daemon is back.
+    """
+    seen = checkpoint.get(uid)
+    if seen is None or seen.mps is None:  # most claims: no lock needed
+        return False
+    with claim_lock(uid):
+        record = checkpoint.get(uid)
+        if record is None or record.mps is None or record.state is not ClaimState.PREPARE_COMPLETED:
+            return False
+        try:
+            started = revive(ops, record.mps)
+        except Exception as exc:
+            log.error("claim_mps_revive_failed", claim_uid=uid, claim=f"{record.namespace}/{record.name}",
+                      node=node, error=str(exc))
+            return False
+        if started is None:
+            return False
+        with checkpoint.update() as records:
+            if uid in records:
+                records[uid] = replace(records[uid], mps=started)
+        log.warning("claim_mps_revived", claim_uid=uid, claim=f"{record.namespace}/{record.name}", node=node,
+                    pid=started.pid, reason="its MPS daemon was gone")
+        return True
 
 
 def _proc_cmdline(pid: int) -> str:

@@ -49,7 +49,7 @@ from kubelet_plugin.mps import (
     check_claim,
     claim_mps_devices,
     plan_record,
-    revive,
+    revive_claim,
     start_for_claim,
 )
 from kubelet_plugin.whole_gpu import (
@@ -249,32 +249,8 @@ class Preparer:
         return sum(self.revive_mps(uid) for uid in self.checkpoint.records())
 
     def revive_mps(self, uid: str) -> bool:
-        """Restart a completed claim's MPS daemon if it died (call at start-up); True if restarted.
-
-        Never raises: a failure is logged (the claim stays prepared; its new clients would run without
-        MPS until the daemon is back, which the log says).
-        """
-        seen = self.checkpoint.get(uid)
-        if seen is None or seen.mps is None:  # most claims: no lock needed
-            return False
-        with self.claim_lock(uid):
-            record = self.checkpoint.get(uid)
-            if record is None or record.mps is None or record.state is not ClaimState.PREPARE_COMPLETED:
-                return False
-            try:
-                started = revive(self.mps, record.mps)
-            except Exception as exc:
-                log.error("claim_mps_revive_failed", claim_uid=uid, claim=f"{record.namespace}/{record.name}",
-                          node=self.settings.pool, error=str(exc))
-                return False
-            if started is None:
-                return False
-            with self.checkpoint.update() as records:
-                if uid in records:
-                    records[uid] = replace(records[uid], mps=started)
-            log.warning("claim_mps_revived", claim_uid=uid, claim=f"{record.namespace}/{record.name}",
-                        node=self.settings.pool, pid=started.pid, reason="its MPS daemon was gone")
-            return True
+        """Restart a completed claim's MPS daemon if it died; True if restarted. Never raises."""
+        return revive_claim(uid, self.checkpoint, self.claim_lock, self.mps, self.settings.pool)
 
     def _warn_tainted(self, plan: ClaimPlan, unhealthy: Mapping[str, str]) -> None:
         for d in plan.devices:
