@@ -102,15 +102,16 @@ class MpsControlSettings:
     driver_root: str = "/"
     start_timeout: float = 10.0
     stop_timeout: float = 10.0
-    private_shm: bool | None = None  # None = MPS_PRIVATE_SHM (default true)
     node: str = ""  # for log lines
 
-    @property
-    def use_private_shm(self) -> bool:
-        """Whether daemons get the claim's own /dev/shm."""
-        if self.private_shm is not None:
-            return self.private_shm
-        return os.environ.get(PRIVATE_SHM_ENV, "true").strip().lower() not in ("0", "false", "no", "off")
+
+def private_shm_default() -> bool:
+    """Whether a claim's daemon gets the claim's own /dev/shm: ``MPS_PRIVATE_SHM`` (default true).
+
+    The claim's :class:`MpsRecord` then carries the decision (``shm_dir``), so a setting changed
+    later never confuses the stop of a daemon started before.
+    """
+    return os.environ.get(PRIVATE_SHM_ENV, "true").strip().lower() not in ("0", "false", "no", "off")
 
 
 def claim_defaults(devices: Sequence[MpsDevice], where: str) -> int | None:

@@ -49,6 +49,7 @@ from kubelet_plugin.mps import (
     check_claim,
     claim_mps_devices,
     plan_record,
+    private_shm_default,
     revive_claim,
     start_for_claim,
 )
@@ -157,9 +158,9 @@ class Preparer:
         self.mps: MpsOps = mps or MpsControl(MpsControlSettings(
             binary=settings.mps_control,
             driver_root=settings.driver_root or os.environ.get("NVIDIA_DRIVER_ROOT", "") or "/",
-            start_timeout=settings.mps_start_timeout, private_shm=settings.mps_private_shm, node=settings.pool))
+            start_timeout=settings.mps_start_timeout, node=settings.pool))
         self._mps_private_shm = (settings.mps_private_shm if settings.mps_private_shm is not None
-                                 else MpsControlSettings().use_private_shm)
+                                 else private_shm_default())
 
     # --- locks ------------------------------------------------------------------------------------
     @contextlib.contextmanager

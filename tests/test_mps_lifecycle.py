@@ -357,3 +357,30 @@ def test_restarted_plugin_keeps_the_daemon_and_its_unprepare_stops_it(tmp_path: 
         for e in events(record):
             if e["kind"] == "daemon" and daemon_alive(e["pid"]):
                 os.kill(e["pid"], signal.SIGKILL)
+
+
+def test_without_private_shm_the_daemon_keeps_the_plugins_dev_shm_and_the_spec_leaves_it_alone(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    bin_dir = str(tmp_path / "bin")
+    write_fake(bin_dir)
+    record = str(tmp_path / "record.jsonl")
+    monkeypatch.setenv("FAKE_MPS_RECORD", record)
+    monkeypatch.setenv("PATH", bin_dir + os.pathsep + os.environ.get("PATH", ""))
+    monkeypatch.setenv("MPS_PRIVATE_SHM", "false")  # a plugin without CAP_SYS_ADMIN
+    try:
+        with PluginHarness() as h:
+            h.start_plugin(NODE, "sim:8xh100")
+            uid = h.create_claim("mps-shared-shm", [("gpu", NODE, "gpu-0")], config=[_mps()])
+            assert h.kubelet(NODE).prepare([("default", "mps-shared-shm", uid)])[uid].ok
+            daemon = next(e for e in events(record) if e["kind"] == "daemon")
+            assert os.path.exists(os.path.join("/dev/shm", daemon["shm_marker"]))
+            assert not os.path.exists(_claim_dirs(h, uid)["shm"])
+            mounts = h.read_spec(NODE, uid)["devices"][0]["containerEdits"]["mounts"]
+            assert [m["containerPath"] for m in mounts] == [_claim_dirs(h, uid)["pipe"]]
+            assert h.kubelet(NODE).unprepare([("default", "mps-shared-shm", uid)]) == {uid: ""}
+            assert not daemon_alive(daemon["pid"])
+            assert not os.path.exists(os.path.join("/dev/shm", daemon["shm_marker"]))
+    finally:
+        for e in events(record):
+            if e["kind"] == "daemon" and daemon_alive(e["pid"]):
+                os.kill(e["pid"], signal.SIGKILL)
