@@ -2,7 +2,8 @@
 
 Concurrency model: **threads**, and only threads. gRPC requests run on the DRA server's thread pool
 (``grpc_workers`` threads; each open health stream holds one); the health monitor, the slice
-publisher, the VRAM accounting check and the registration retry timer run their own daemon threads;
+publisher, the VRAM accounting check, the MPS daemon watch and the registration retry timer run their
+own daemon threads;
 /metrics scrapes run on the metrics server's thread. Shared state is guarded by locks: per-claim
 locks plus the checkpoint lock in :class:`~kubelet_plugin.prepare.Preparer`, ``_state_lock`` here
 for the current health view, and ``_devices_lock`` to re-read the node after a dynamic MIG change or
@@ -127,6 +128,7 @@ class KubeletPlugin:
             PodResourcesCache(PodResourcesReader(config.pod_resources_socket), config.driver_name, config.node_name)
             if config.pod_resources_socket else None)
         self.vram: VramAccountant | None = None
+        self._mps_stop = threading.Event()
         self._started = False
 
     # --- lifecycle --------------------------------------------------------------------------------
@@ -145,7 +147,7 @@ class KubeletPlugin:
             PrepareSettings(driver_name=cfg.driver_name, pool=cfg.node_name, cdi_root=cfg.cdi_root,
                             control_device_nodes=tuple(self.devices.control_device_nodes),
                             driver_mounts=tuple(mounts), write_mig_status=cfg.write_mig_status,
-                            taint_mode=cfg.health_mode == "taint"),
+                            taint_mode=cfg.health_mode == "taint", driver_root=cfg.driver_root),
             self.checkpoint, KubeClaims(self.api_client, cfg.driver_name),
             devices=lambda: self.device_index, unhealthy=self._unhealthy_for_prepare,
             mig=NvmlMigOps(self.nvml, on_change=self.refresh_devices, node=cfg.node_name) if cfg.dynamic_mig else None)
@@ -167,6 +169,7 @@ class KubeletPlugin:
                                    proc_root=cfg.proc_root, node=cfg.node_name, pod_resources=self.pod_resources)
         if cfg.vram_interval > 0:
             self.vram.start(cfg.vram_interval)
+        threading.Thread(target=self._watch_mps, name="mps-watch", daemon=True).start()
         if self._own_metrics:
             # Per-GPU readings under dcgm-exporter's names, read at scrape time only. Not when the
             # registry is shared by several plugins (the demo): the families would collide.
@@ -180,8 +183,19 @@ class KubeletPlugin:
         log.info("plugin_started", node=cfg.node_name, driver=cfg.driver_name, dra_socket=self.paths.dra,
                  registration_socket=self.paths.registration)
 
+    mps_watch_interval_s = 30.0  # how often dead MPS daemons of prepared claims are looked for
+
+    def _watch_mps(self) -> None:
+        """Restart MPS control daemons of prepared claims that died: during a rolling update the old
+        instance's container takes the daemons it started with it, and CUDA would then run new clients
+        without MPS or its limits, silently."""
+        while not self._mps_stop.wait(self.mps_watch_interval_s):
+            if self.preparer is not None and any(r.mps for r in self.checkpoint.records().values()):
+                self.preparer.revive_all_mps()
+
     def stop(self) -> None:
         """Deregister (remove the registration socket), stop serving, stop background threads."""
+        self._mps_stop.set()
         if self.registration is not None:
             self.registration.stop()
         self.broadcaster.stop()

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -380,6 +381,41 @@ def test_without_private_shm_the_daemon_keeps_the_plugins_dev_shm_and_the_spec_l
             assert h.kubelet(NODE).unprepare([("default", "mps-shared-shm", uid)]) == {uid: ""}
             assert not daemon_alive(daemon["pid"])
             assert not os.path.exists(os.path.join("/dev/shm", daemon["shm_marker"]))
+    finally:
+        for e in events(record):
+            if e["kind"] == "daemon" and daemon_alive(e["pid"]):
+                os.kill(e["pid"], signal.SIGKILL)
+
+
+def test_a_running_plugin_restarts_a_claims_daemon_that_died(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """During a rolling update the old plugin's container takes its daemons along; the new plugin,
+    already running, must bring them back without a restart of its own."""
+    from kubelet_plugin.daemon import KubeletPlugin
+
+    bin_dir = str(tmp_path / "bin")
+    write_fake(bin_dir)
+    record = str(tmp_path / "record.jsonl")
+    monkeypatch.setenv("FAKE_MPS_RECORD", record)
+    monkeypatch.setenv("PATH", bin_dir + os.pathsep + os.environ.get("PATH", ""))
+    monkeypatch.delenv("MPS_CONTROL_PATH", raising=False)
+    monkeypatch.setattr(KubeletPlugin, "mps_watch_interval_s", 0.2)
+    try:
+        with PluginHarness() as h:
+            h.start_plugin(NODE, "sim:8xh100")
+            uid = h.create_claim("mps-watch", [("gpu", NODE, "gpu-0")], config=[_mps(40, None)])
+            assert h.kubelet(NODE).prepare([("default", "mps-watch", uid)])[uid].ok
+            pipe = _claim_dirs(h, uid)["pipe"]
+            pid = read_pid(pipe)
+            assert pid is not None and daemon_alive(pid)
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 20
+            while (revived := read_pid(pipe)) in (None, pid) or not daemon_alive(revived):
+                assert time.monotonic() < deadline, "the plugin never restarted the claim's MPS daemon"
+                time.sleep(0.1)
+            record_now = h.plugins[NODE].checkpoint.get(uid)
+            assert record_now is not None and record_now.mps is not None and record_now.mps.pid == revived
+            assert h.kubelet(NODE).unprepare([("default", "mps-watch", uid)]) == {uid: ""}
+            assert not daemon_alive(revived)
     finally:
         for e in events(record):
             if e["kind"] == "daemon" and daemon_alive(e["pid"]):
