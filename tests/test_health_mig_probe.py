@@ -114,6 +114,25 @@ def test_dynamic_mig_failing_gpu_stays_unpublished_naming_cuda_and_leaves_no_ins
     assert instances(sim) == {g.name: [] for g in devices.gpus}  # every temporary instance is gone
 
 
+def test_stopping_mid_probe_still_destroys_the_temporary_instance() -> None:
+    from dra_driver.health.mig_probe import mig_gate
+
+    sim: SimulatedNvml = open_nvml("sim:4xh200")
+    devices = discover(sim)
+    sim.faults.probe(1, "hang")
+    monitor = HealthMonitor(sim, devices, HealthPolicy(**FAST), SimulatedProber(sim), lambda s: None,
+                            dynamic_mig=True)
+    monitor.start()
+    deadline = time.monotonic() + 20
+    while not mig_gate(sim).probing(devices.gpus[1].uuid):
+        assert time.monotonic() < deadline, "the hung probe never started"
+        time.sleep(0.01)
+    assert len(instances(sim)["gpu-1"]) == 1
+    monitor.stop()  # NVML stays open until the killed probe's instance is destroyed
+    sim.nvmlInit()  # (the monitor shut its NVML session down: open one to look)
+    assert instances(sim) == {g.name: [] for g in devices.gpus}
+
+
 class BlockingProber:
     """Stands in for a CUDA probe that takes as long as the test says (the lock is what is tested)."""
 

@@ -59,6 +59,11 @@ class MigGate:
             self._cond.wait_for(lambda: gpu_uuid not in self._probing)
             yield
 
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no temporary probe instance exists (False if one still does after ``timeout``)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._probing, timeout)
+
     def probing(self, gpu_uuid: str) -> bool:
         """Whether a temporary probe instance exists on the GPU now."""
         with self._cond:

@@ -38,6 +38,7 @@ from dra_driver.health.events import (
     register_events,
     register_more,
 )
+from dra_driver.health.mig_probe import mig_gate
 from dra_driver.health.nvml_checks import (
     POLLED_KEYS,
     NvmlUnavailable,
@@ -148,6 +149,10 @@ class HealthMonitor(ValidationLoop):
             t.join(timeout=max(2.0, self._policy.event_wait_ms / 1000 * 3))
         free_events(self._nvml, self._reg)
         self._reg = None
+        # A probe still running on a temporary MIG instance destroys it when it ends: keep NVML open
+        # until then (at most the probe timeout), or the instance would outlive the plugin.
+        if not mig_gate(self._nvml).wait_idle(self._policy.probe_timeout_s + 5.0):
+            log.error("health_probe_instance_outlives_stop", node=self._node or None)
         if self._nvml_ready:
             try:
                 self._nvml.nvmlShutdown()
