@@ -211,6 +211,18 @@ class PluginHarness:
                 raise TimeoutError(f"node {node}'s pool was not complete within {timeout}s")
             time.sleep(0.02)
 
+    def wait_published(self, node: str, expected: set[str], timeout: float = 30.0) -> dict[str, dict[str, Any]]:
+        """The node's complete pool once it includes every device in ``expected``. Validation finishing
+        does not mean the publisher has written its result yet: wait for what a scheduler would see."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while not expected <= set(devices := self.published_devices(node, timeout)):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"node {node} never published {sorted(expected - set(devices))}")
+            time.sleep(0.05)
+        return devices
+
     def cdi_files(self, node: str) -> list[str]:
         """Spec files in a node's CDI directory (names only, sorted)."""
         return sorted(f for f in os.listdir(self.node_dirs(node).cdi) if f.endswith(".json"))

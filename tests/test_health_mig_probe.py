@@ -219,10 +219,9 @@ def test_plugin_prepares_while_gpus_are_reprobed_and_reports_a_claimed_gpu_not_p
     sim: SimulatedNvml = open_nvml(f"sim:4xh200@{NODE}")
     # Re-probe every free GPU all the time: temporary instances come and go while claims prepare.
     plugin = _start(h, sim, revalidate_interval=0.1)
-    published = h.published_devices(NODE)
     gpu2 = plugin.devices.gpu_by_name("gpu-2")
     slice_name = _placement(gpu2, "1g.18gb", 0).name
-    assert {"gpu-0", "gpu-1", "gpu-2", "gpu-3", slice_name} <= set(published)
+    h.wait_published(NODE, {"gpu-0", "gpu-1", "gpu-2", "gpu-3", slice_name})
     kubelet = h.kubelet(NODE)
     for i in range(6):
         whole = h.create_claim(f"whole-{i}", [("gpu", NODE, "gpu-0")])
