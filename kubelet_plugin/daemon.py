@@ -41,6 +41,7 @@ from dra_driver.cdi import driver_mounts
 from dra_driver.devices import NodeDevices
 from dra_driver.health.inventory import keep_lost_gpus
 from dra_driver.health.kubelet_health import health_stream_entries
+from dra_driver.health.mig_probe import destroy_leftover_probe_instances, mig_gate
 from dra_driver.health.topology import gpu_topology
 from dra_driver.logs import get_logger
 from dra_driver.metrics import (
@@ -152,6 +153,13 @@ class KubeletPlugin:
             devices=lambda: self.device_index, unhealthy=self._unhealthy_for_prepare,
             mig=NvmlMigOps(self.nvml, on_change=self.refresh_devices, node=cfg.node_name) if cfg.dynamic_mig else None)
         self.recovery = recover(self.preparer, self.boot_id)
+        if cfg.dynamic_mig:
+            # Temporary probe instances are journalled here; a plugin killed mid-probe left its
+            # instance behind, which would pass for a claim's and block prepares on that GPU.
+            journal = os.path.join(cfg.plugin_data_dir, "probe-instances")
+            mig_gate(self.nvml).journal_dir = journal
+            if destroy_leftover_probe_instances(self.nvml, journal, cfg.node_name):
+                self.refresh_devices()
         self.metrics.set_prepared_claims(len(self.checkpoint.records()))
         self.publisher = SlicePublisher(self.api_client, cfg.node_name, cfg.driver_name,
                                         on_pass=self.metrics.observe_publish,

@@ -252,3 +252,37 @@ def test_plugin_prepares_while_gpus_are_reprobed_and_reports_a_claimed_gpu_not_p
     assert kubelet.unprepare([("default", "held", held)]) == {held: ""}
     h.stop_plugin(NODE)
     assert instances(sim) == {f"gpu-{i}": [] for i in range(4)}
+
+
+def test_a_probe_instance_left_by_a_killed_plugin_is_destroyed_at_the_next_start(h: PluginHarness) -> None:
+    """A plugin SIGKILLed mid-probe leaves its temporary instance; without the journal it would pass
+    for a claim's instance, gpu-1 would read 'in use' and every prepare on it would fail."""
+    import os
+
+    from dra_driver.health.mig_probe import _journal_write
+    from dra_driver.nvml import create_mig_device
+
+    sim: SimulatedNvml = open_nvml(f"sim:4xh200@{NODE}")
+    node = discover(sim)
+    gpu1, gpu2 = node.gpu_by_name("gpu-1"), node.gpu_by_name("gpu-2")
+    assert gpu1 is not None and gpu2 is not None
+    full = full_placement(gpu1)
+    assert full is not None
+    # The state a kill leaves: the journal entry, written before creation, and the instance.
+    journal = os.path.join(h.node_dirs(NODE).plugin, "probe-instances")
+    _journal_write(journal, gpu1, full.profile.gi_profile_id, full.placement.start)
+    leftover = create_mig_device(sim, gpu1, full)
+    # An instance nobody journalled (an admin's, on gpu-2) must survive.
+    admins = create_mig_device(sim, gpu2, _placement(gpu2, "1g.18gb", 0))
+
+    plugin = _start(h, sim)
+    assert leftover.uuid not in {m.uuid for m in instances(sim)["gpu-1"]}
+    assert [m.uuid for m in instances(sim)["gpu-2"]] == [admins.uuid]
+    assert os.listdir(journal) == []
+    # gpu-1 was probed through a fresh temporary instance (not "in use") and serves a whole-GPU claim.
+    health = plugin.health_monitor.snapshot().devices["gpu-1"]
+    assert "not probed" not in health.reason, health.reason
+    h.wait_published(NODE, {"gpu-1"})
+    uid = h.create_claim("after-crash", [("gpu", NODE, "gpu-1")])
+    result = h.kubelet(NODE).prepare([("default", "after-crash", uid)])[uid]
+    assert result.ok, result.error

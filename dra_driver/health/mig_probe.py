@@ -18,11 +18,19 @@ gate's lock, and marks the GPU as probing; while it is marked, a prepare's creat
 that GPU waits (at most the probe timeout), so a prepare never sees the probe's instance and the
 probe never runs beside a tenant. The gate is process-local: ``gpuready validate`` run in another
 process while the plugin prepares is not excluded (documented with the command).
+
+Crash safety: when the gate has a journal directory (the plugin sets one under its data directory),
+the probe writes the instance it is about to create there first (GPU, profile, placement) and
+removes the entry once the instance is gone. A plugin killed mid-probe finds the entry at its next
+start and destroys that instance (:func:`destroy_leftover_probe_instances`), instead of mistaking
+it for a claim's and refusing prepares on that GPU. Only journalled instances are ever destroyed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import threading
 import time
 import weakref
@@ -51,6 +59,7 @@ class MigGate:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._probing: set[str] = set()  # GPU UUIDs holding a temporary probe instance now
+        self.journal_dir = ""  # where temporary instances are written down before creation ("" = nowhere)
 
     @contextlib.contextmanager
     def change(self, gpu_uuid: str) -> Iterator[None]:
@@ -96,6 +105,74 @@ def instance_count(nvml: Any, gpu: Gpu) -> int:
     return count
 
 
+def _journal_path(directory: str, gpu_uuid: str) -> str:
+    return os.path.join(directory, f"{gpu_uuid}.json")
+
+
+def _journal_write(directory: str, gpu: Gpu, gi_profile_id: int, start: int, uuid: str = "") -> None:
+    if not directory:
+        return
+    os.makedirs(directory, exist_ok=True)
+    path = _journal_path(directory, gpu.uuid)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"gpu_uuid": gpu.uuid, "gpu": gpu.name, "gi_profile_id": gi_profile_id,
+                   "placement_start": start, "uuid": uuid}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _journal_clear(directory: str, gpu_uuid: str) -> None:
+    if directory:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(_journal_path(directory, gpu_uuid))
+
+
+def destroy_leftover_probe_instances(nvml: Any, directory: str, node: str = "") -> list[str]:
+    """Destroy the temporary probe instances a killed plugin left behind (those its journal names).
+
+    Call at start-up, before the health monitor or any prepare runs. Returns the MIG UUIDs destroyed.
+    An entry whose instance is already gone is just removed; one that cannot be destroyed is logged
+    and kept, so the next start tries again. Never raises for NVML trouble.
+    """
+    from dra_driver.nvml import MigError, destroy_mig_device, discover
+
+    if not directory or not os.path.isdir(directory):
+        return []
+    destroyed: list[str] = []
+    entries = sorted(n for n in os.listdir(directory) if n.endswith(".json"))
+    if not entries:
+        return []
+    devices = discover(nvml)
+    for name in entries:
+        path = os.path.join(directory, name)
+        try:
+            with open(path) as f:
+                entry = json.load(f)
+            gpu_uuid, gi_profile, start = entry["gpu_uuid"], int(entry["gi_profile_id"]), int(entry["placement_start"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.error("health_probe_journal_unreadable", node=node, path=path, error=str(exc),
+                      fix="remove the file once no temporary MIG instance is left on that GPU")
+            continue
+        gpu = devices.gpu_by_uuid(gpu_uuid)
+        found = None if gpu is None else next(
+            (m for m in gpu.mig_devices if (entry.get("uuid") and m.uuid == entry["uuid"]) or
+             (not entry.get("uuid") and m.profile.gi_profile_id == gi_profile and m.placement.start == start)), None)
+        if gpu is not None and found is not None:
+            try:
+                destroy_mig_device(nvml, gpu, found)
+            except MigError as exc:
+                log.error("health_probe_instance_left", node=node, device=gpu.name, uuid=found.uuid, error=str(exc))
+                continue
+            destroyed.append(found.uuid)
+            log.warning("health_probe_leftover_destroyed", node=node, device=gpu.name, uuid=found.uuid,
+                        note="a temporary probe instance left by a plugin that stopped mid-probe")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    return destroyed
+
+
 def _destroy(nvml: Any, gpu: Gpu, mig: MigDevice) -> str | None:
     """Destroy the temporary instance; None on success, else why it is still there."""
     from dra_driver.nvml import MigError, destroy_mig_device
@@ -137,10 +214,17 @@ def probe_temporary(nvml: Any, gpu: Gpu, target: ProbeTarget, prober: Prober, ti
             return not_probed(f"cannot list {gpu.name}'s MIG instances: {exc}; NVML checks only")
         if existing:
             return unprobed_result(replace(target, mode=ProbeMode.IN_USE))
+        journal = gate.journal_dir
         try:
+            _journal_write(journal, gpu, placement.profile.gi_profile_id, placement.placement.start)
             mig = create_mig_device(nvml, gpu, placement)
+            _journal_write(journal, gpu, placement.profile.gi_profile_id, placement.placement.start, mig.uuid)
         except MigError as exc:
+            _journal_clear(journal, gpu.uuid)
             return not_probed(f"could not create a temporary MIG instance to probe {gpu.name}: {exc}")
+        except OSError as exc:  # the journal cannot be written: do not make an instance nobody could find
+            _journal_clear(journal, gpu.uuid)
+            return not_probed(f"cannot record a temporary MIG instance for {gpu.name} in {journal}: {exc}")
         gate._probing.add(gpu.uuid)
     log.info("health_probe_instance_created", device=gpu.name, uuid=mig.uuid, profile=placement.profile.name)
     try:
@@ -148,6 +232,8 @@ def probe_temporary(nvml: Any, gpu: Gpu, target: ProbeTarget, prober: Prober, ti
     finally:
         with gate._cond:
             leftover = _destroy(nvml, gpu, mig)
+            if leftover is None:
+                _journal_clear(journal, gpu.uuid)
             gate._probing.discard(gpu.uuid)
             gate._cond.notify_all()
     where = f" (on a temporary {placement.profile.name} MIG instance, since destroyed)"
