@@ -216,6 +216,32 @@ def test_claim_update_only_checks_that_the_spec_is_unchanged(r: client.ResourceV
     r.delete_namespaced_resource_claim("upd", "default")
 
 
+def test_request_tolerations(srv: LocalApiServer, r: client.ResourceV1Api) -> None:
+    def with_tolerations(name: str, tolerations: list[dict[str, Any]]) -> dict[str, Any]:
+        body = claim(name)
+        body["spec"]["devices"]["requests"][0]["exactly"]["tolerations"] = tolerations
+        body["spec"]["devices"]["requests"][1]["firstAvailable"][1]["tolerations"] = tolerations
+        return body
+
+    bad = [{"key": "gpu.example.com/xid", "operator": "Exists", "value": "79"},
+           {"key": "bad key!", "value": "not a label value!"},
+           {"operator": "In", "effect": "PreferNoSchedule"}]
+    got = causes(srv, "claim", with_tolerations("tol", bad))
+    first = [(f, reason) for f, reason, _ in got[:len(got) // 2]]
+    assert first == [
+        ("spec.devices.requests[0].exactly.tolerations[0].value", "FieldValueInvalid"),
+        ("spec.devices.requests[0].exactly.tolerations[1].key", "FieldValueInvalid"),
+        ("spec.devices.requests[0].exactly.tolerations[1].value", "FieldValueInvalid"),
+        ("spec.devices.requests[0].exactly.tolerations[2].operator", "FieldValueNotSupported"),
+        ("spec.devices.requests[0].exactly.tolerations[2].effect", "FieldValueNotSupported")]
+    assert {f for f, *_ in got[len(got) // 2:]} >= {"spec.devices.requests[1].firstAvailable[1].tolerations[0].value"}
+    assert got[4][2] == ('Unsupported value: "PreferNoSchedule": supported values: "NoExecute", "NoSchedule", '
+                         '"None"')
+    good = [{"key": "gpu.example.com/xid", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30},
+            {"key": "gpu.example.com/maint", "value": "planned"}, {"operator": "Exists"}]
+    create_claim(r, with_tolerations("tol-ok", good))
+
+
 # --- DeviceClass ---------------------------------------------------------------------------------------
 def test_device_class_config_has_the_same_opaque_rules(
         srv: LocalApiServer, r: client.ResourceV1Api) -> None:

@@ -15,7 +15,9 @@ from dra_driver.apiserver.validation.common import (
     immutable,
     invalid,
     invalid_rendered,
+    label_value,
     not_supported,
+    qualified_name,
     required,
     too_many,
 )
@@ -29,6 +31,8 @@ MAX_CONFIGS = 32
 MAX_TOLERATIONS = 16
 MAX_CEL_LENGTH = 10 * 1024
 ALLOCATION_MODES = ["All", "ExactCount"]
+TOLERATION_OPERATORS = ["Equal", "Exists"]
+TAINT_EFFECTS = ["NoExecute", "NoSchedule", "None"]  # sorted, as the real server lists them
 MAX_OPAQUE_PARAMETERS = 10 * 1024  # OpaqueParametersMaxLength
 RequestNames = dict[str, set[str] | None]  # request name -> its firstAvailable subrequest names
 
@@ -171,6 +175,31 @@ def _exact(field: str, req: Any, subrequest: bool = False) -> list[Cause]:
     tol = req.get("tolerations") or []
     if len(tol) > MAX_TOLERATIONS:
         out.append(too_many(f"{field}.tolerations", len(tol), MAX_TOLERATIONS))
+    else:
+        for i, t in enumerate(tol):
+            out += _toleration(f"{field}.tolerations[{i}]", t)
+    return out
+
+
+def _toleration(field: str, tol: Any) -> list[Cause]:
+    """A device toleration: key a label name (empty: all keys), operator Equal (the default: value a
+    label value) or Exists (value empty), effect empty or a taint effect."""
+    if not isinstance(tol, dict):
+        return [invalid(field, tol, "must be an object")]
+    out: list[Cause] = []
+    if tol.get("key"):
+        out += qualified_name(f"{field}.key", str(tol["key"]))
+    operator, value = tol.get("operator") or "Equal", tol.get("value") or ""
+    if operator == "Exists":
+        if value:
+            out.append(invalid(f"{field}.value", value, "must be empty for operator `Exists`"))
+    elif operator == "Equal":
+        out += label_value(f"{field}.value", value)
+    else:
+        out.append(not_supported(f"{field}.operator", operator, TOLERATION_OPERATORS))
+    effect = tol.get("effect")
+    if effect and effect not in TAINT_EFFECTS:
+        out.append(not_supported(f"{field}.effect", effect, TAINT_EFFECTS))
     return out
 
 

@@ -37,7 +37,7 @@ MAX_COUNTER_SETS = 8
 MAX_COUNTERS_PER_SET = 32
 MAX_CONSUMES_COUNTERS = 2
 MAX_TAINTS = 16
-TAINT_EFFECTS = ["NoSchedule", "NoExecute", "None"]
+TAINT_EFFECTS = ["NoExecute", "NoSchedule", "None"]  # sorted, as the real server lists them
 NODE_FIELDS = ("nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection")
 
 # semver.org 2.0.0, the regex the real server uses (anchored by fullmatch).
