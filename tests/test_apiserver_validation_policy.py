@@ -184,3 +184,20 @@ def test_driver_name_is_reported_as_written(r: client.ResourceV1Api) -> None:
     got = causes(r, body)
     assert [(f, m[:40]) for f, _, m in got] == [("spec.driver", 'Invalid value: "Bad_Driver!": a lowercas')]
     accepted(r, slice_body("drv", devices=1, driver="GPU.example.com"))  # checked in lower case
+
+
+def test_a_value_of_the_wrong_json_type_is_400_not_500(srv: LocalApiServer) -> None:
+    # The real server fails such a body while decoding it (400 BadRequest); it must not crash ours.
+    api = srv.api_client()
+    for mutate in (lambda d: d.update(capacity="80Gi"), lambda d: d.update(taints=[{"key": 7, "effect": "None"}]),
+                   lambda d: d.update(capacity=["80Gi"])):
+        body = slice_body("wrongtype", devices=1)
+        mutate(body["spec"]["devices"][0])
+        method, url, headers, data, _ = api.param_serialize(
+            "POST", "/apis/resource.k8s.io/v1/resourceslices", body=body,
+            header_params={"Content-Type": "application/json", "Accept": "application/json"})
+        resp = api.call_api(method, url, headers, data)
+        resp.read()
+        answer = json.loads(resp.data)
+        assert (resp.status, answer["reason"]) == (400, "BadRequest"), answer
+        assert answer["message"].startswith('ResourceSlice in version "v1" cannot be handled as a ResourceSlice: ')

@@ -24,12 +24,19 @@ def make_admit(validate: bool = True, feature_gates: dict[str, bool] | None = No
     def _admit(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
         from dra_driver.apiserver.validation import kinds
 
-        drop_disabled_fields(rt.kind, obj, gates)
-        kinds.default(rt, obj, old)
-        if not validate:
-            return
-        causes = validate_metadata(rt, obj, old)
-        causes += kinds.validate(rt, obj, old)
+        try:
+            drop_disabled_fields(rt.kind, obj, gates)
+            kinds.default(rt, obj, old)
+            if not validate:
+                return
+            causes = validate_metadata(rt, obj, old)
+            causes += kinds.validate(rt, obj, old)
+        except (AttributeError, TypeError, KeyError, IndexError, ValueError) as exc:
+            # A value of the wrong JSON type (a string where a list belongs, ...) trips the checks that
+            # assume the schema. The real server fails such a body while decoding it: 400 BadRequest.
+            raise errors.bad_request(
+                f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: a field has the wrong '
+                f"JSON type for the {rt.group_version} {rt.kind} schema ({type(exc).__name__}: {exc})") from exc
         if causes:
             name = (obj.get("metadata") or {}).get("name") or ""
             raise errors.invalid(rt, name, causes)
