@@ -163,9 +163,12 @@ def test_template_spec_is_held_to_the_same_rules(
         ("spec.spec.devices.constraints[0]", "FieldValueRequired"),
         ("spec.spec.devices.config[0].requests[0]", "FieldValueInvalid"),
         ("spec.spec.devices.config[0].opaque.driver", "FieldValueInvalid")]
+    labelled = {"metadata": {"name": "tmpl"}, "spec": {"metadata": {"labels": {"team": "ml team"}},
+                                                        "spec": claim("x")["spec"]}}
+    assert fields(srv, "template", labelled) == [("spec.metadata.labels", "FieldValueInvalid")]
     good = claim("x", [opaque(requests=["pick/large"])], [{"matchAttribute": "gpu.example.com/numa"}])
-    r.create_namespaced_resource_claim_template("default", {"metadata": {"name": "tmpl"},
-                                                            "spec": {"spec": good["spec"]}})
+    r.create_namespaced_resource_claim_template("default", {"metadata": {"name": "tmpl"}, "spec": {
+        "metadata": {"labels": {"team": "ml"}}, "spec": good["spec"]}})
     r.delete_namespaced_resource_claim_template("tmpl", "default")
 
 

@@ -15,6 +15,7 @@ from dra_driver.apiserver.validation.common import (
     immutable,
     invalid,
     invalid_rendered,
+    label_map,
     label_value,
     not_supported,
     qualified_name,
@@ -254,7 +255,9 @@ def validate_claim(obj: dict[str, Any], old: dict[str, Any] | None, template: bo
     status strategy does."""
     if old is None:
         if template:
-            return _claim_spec("spec.spec", (obj.get("spec") or {}).get("spec"))
+            tspec = obj.get("spec") or {}
+            return (label_map("spec.metadata.labels", (tspec.get("metadata") or {}).get("labels"))
+                    + _claim_spec("spec.spec", tspec.get("spec")))
         return _claim_spec("spec", obj.get("spec"))
     out: list[Cause] = []
     if semantic(obj.get("spec")) != semantic(old.get("spec")):

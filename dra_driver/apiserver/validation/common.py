@@ -160,7 +160,8 @@ def invalid_rendered(field: str, rendered: str, detail: str) -> Cause:
     return Cause(field, "FieldValueInvalid", f"Invalid value: {rendered}: {detail}")
 
 
-def _label_map(field: str, labels: Any) -> list[Cause]:
+def label_map(field: str, labels: Any) -> list[Cause]:
+    """A labels map (metav1 ValidateLabels): keys label names, values label values."""
     if labels is None:
         return []
     if not isinstance(labels, dict):
@@ -187,5 +188,5 @@ def validate_metadata(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any]
         out += (dns_label if rt.kind in _LABEL_NAMED else dns_subdomain)("metadata.name", name)
     if rt.namespaced and not meta.get("namespace"):
         out.append(required("metadata.namespace"))
-    out += _label_map("metadata.labels", meta.get("labels"))
+    out += label_map("metadata.labels", meta.get("labels"))
     return out
