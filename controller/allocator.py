@@ -7,7 +7,8 @@ The demo's local cluster runs no kube-scheduler and no kube-controller-manager, 
   ``resourceClaimTemplateName`` a claim ``<pod>-<claim>-<5 random>`` with the template's metadata
   and spec, an ownerReference to the pod (controller: true, so it goes with the pod), the annotation
   ``resource.kubernetes.io/pod-claim-name``, and the pod's ``status.resourceClaimStatuses`` entry. A
-  claim created before a crash is found again by owner and annotation, never created twice.
+  claim created before a crash is found again by owner and annotation, never created twice. Gated
+  pods get their claims too (they are not scheduled until their gates are gone).
 * **Allocation and binding** (the scheduler): an unbound pod whose claims all exist gets them
   allocated by the planner (binpack or spread), all on one node; each claim's ``/status`` gets the
   ``allocation`` (with ``nodeSelector`` and ``allocationTimestamp``) and the pod in ``reservedFor``,
@@ -80,6 +81,33 @@ def unfit_summary(explanation: Explanation) -> str:
     return "; ".join(seen)
 
 
+def scheduler_allocation(allocation: dict[str, Any]) -> dict[str, Any]:
+    """The planner's ``status.allocation`` as kube-scheduler writes it: no empty ``config`` list and
+    an ``allocationTimestamp`` (the allocator and placement mode both write this)."""
+    allocation = dict(allocation)
+    devices = dict(allocation.get("devices") or {})
+    if not devices.get("config"):
+        devices.pop("config", None)  # the scheduler omits an empty list
+    allocation["devices"] = devices
+    allocation["allocationTimestamp"] = now_rfc3339()
+    return allocation
+
+
+def add_finalizer(api: KubeApi, claim: dict[str, Any]) -> dict[str, Any]:
+    """Put ``resource.kubernetes.io/delete-protection`` on the claim before its allocation is written,
+    as kube-scheduler does: the resourceclaim controller clears the allocation of a claim that has it
+    once its last consumer is gone (or the claim is deleted), so its devices are not leaked.
+
+    Guarded by the resourceVersion read (409 when the claim changed meanwhile). Returns the claim as
+    stored afterwards (``claim`` itself when the finalizer was already there)."""
+    meta = _meta(claim)
+    if FINALIZER in (meta.get("finalizers") or []):
+        return claim
+    finalizers = [*(meta.get("finalizers") or []), FINALIZER]
+    return api.merge_patch(claim_path(str(meta["namespace"]), str(meta["name"])),
+                           {"metadata": {"finalizers": finalizers, "resourceVersion": meta.get("resourceVersion")}})
+
+
 def _meta(obj: dict[str, Any]) -> dict[str, Any]:
     meta: dict[str, Any] = obj.get("metadata") or {}
     return meta
@@ -122,9 +150,12 @@ class LocalAllocator:
             spec = pod.get("spec") or {}
             if not spec.get("resourceClaims") or meta.get("deletionTimestamp") or _terminal(pod):
                 continue
-            if spec.get("schedulingGates") and not spec.get("nodeName"):
-                continue  # a gated pod is not scheduled, as with kube-scheduler
             try:
+                if spec.get("schedulingGates") and not spec.get("nodeName"):
+                    # Not scheduled while gated, as with kube-scheduler; but its template claims are
+                    # made, as the resourceclaim controller makes them (placement mode needs them).
+                    self._claim_names(pod, stats)
+                    continue
                 self._pod(pod, stats)
             except ApiError as exc:
                 log.warning("allocator_pod_failed", pod=f"{meta.get('namespace')}/{meta.get('name')}",
@@ -239,7 +270,7 @@ class LocalAllocator:
             return  # everything done already
         # A claim already allocated (shared with other pods) pins the node.
         for c in claims:
-            pinned = _allocated_node((c.get("status") or {}).get("allocation"))
+            pinned = allocated_node((c.get("status") or {}).get("allocation"))
             if pinned:
                 if node and pinned != node:
                     self._tell_unfit(pod, f"claim {_meta(c).get('name')} is allocated on node {pinned} but the pod "
@@ -280,17 +311,8 @@ class LocalAllocator:
             return False, node
         status = result.patch["status"]
         if "allocation" in status:
-            allocation = dict(status["allocation"])
-            devices = dict(allocation.get("devices") or {})
-            if not devices.get("config"):
-                devices.pop("config", None)  # the scheduler omits an empty list
-            allocation["devices"] = devices
-            allocation["allocationTimestamp"] = now_rfc3339()
-            status = {**status, "allocation": allocation}
-        if FINALIZER not in (cmeta.get("finalizers") or []):
-            finalizers = [*(cmeta.get("finalizers") or []), FINALIZER]
-            self.api.merge_patch(claim_path(ns, name), {"metadata": {"finalizers": finalizers,
-                                                                     "resourceVersion": cmeta.get("resourceVersion")}})
+            status = {**status, "allocation": scheduler_allocation(status["allocation"])}
+        add_finalizer(self.api, claim)
         updated = self.api.merge_patch(claim_path(ns, name, "status"), {"status": status})
         self.cache.claims.apply_local(updated)
         chosen = result.plan.node_name or node
@@ -357,7 +379,7 @@ class LocalAllocator:
                     if status.get("allocation"):
                         stats.deallocated.append(f"{ns}/{name}")
                         log.info("claim_deallocated", claim=f"{ns}/{name}", claim_uid=meta.get("uid"),
-                                 node=_allocated_node(status.get("allocation")),
+                                 node=allocated_node(status.get("allocation")),
                                  device=_devices_text(status.get("allocation")))
                     if FINALIZER in (meta.get("finalizers") or []):
                         finalizers = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
@@ -366,7 +388,7 @@ class LocalAllocator:
             except ApiError as exc:
                 if exc.status != 404:
                     log.warning("claim_deallocate_failed", claim=f"{ns}/{name}", claim_uid=meta.get("uid"),
-                                node=_allocated_node(status.get("allocation")),
+                                node=allocated_node(status.get("allocation")),
                                 device=_devices_text(status.get("allocation")), error=str(exc)[:300])
 
 
@@ -376,7 +398,8 @@ def _devices_text(allocation: dict[str, Any] | None) -> str | None:
     return ", ".join(f"{r.get('pool')}/{r.get('device')}" for r in results) or None
 
 
-def _allocated_node(allocation: dict[str, Any] | None) -> str | None:
+def allocated_node(allocation: dict[str, Any] | None) -> str | None:
+    """The node an allocation's ``nodeSelector`` names (``metadata.name`` field), None when unpinned."""
     for term in ((allocation or {}).get("nodeSelector") or {}).get("nodeSelectorTerms") or []:
         for f in term.get("matchFields") or []:
             if f.get("key") == "metadata.name" and f.get("values"):

@@ -32,6 +32,11 @@ evicts pods that have a controller so they are recreated on a healthy device.
 with the VRAM-aware planner, binding, deallocation): for the local demo cluster, which runs no
 kube-scheduler. Never use it beside a real scheduler.
 
+--placement-mode gated: pods that carry the scheduling gate <driver name>/placement get their claims
+allocated by the leader with the same planner (all on one node), then the gate is lifted and
+kube-scheduler reserves and binds, honouring the allocation. A pod whose claims fit nowhere gets a
+PlacementFailed Event and its gate lifted all the same.
+
 Examples:
   gpuready controller --kubeconfig ~/.kube/config --webhook-cert-dir /etc/gpuready/webhook-tls
   gpuready controller --kubeconfig kc.yaml --allocate --no-leader-elect --webhook-port 0
@@ -63,7 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="DeviceClass whose memory requests are shaped (default vram.<driver name>) "
                              "[MEMORY_DEVICE_CLASS]")
     parser.add_argument("--policy", default=_env("PLACEMENT_POLICY", "binpack"), choices=["binpack", "spread"],
-                        help="placement policy for --allocate [PLACEMENT_POLICY]")
+                        help="placement policy for --placement-mode gated and --allocate [PLACEMENT_POLICY]")
+    parser.add_argument("--placement-mode", default=_env("PLACEMENT_MODE", "off"), choices=["off", "gated"],
+                        help="gated: the leader allocates the claims of pods carrying the scheduling gate "
+                             "<driver name>/placement, then lifts the gate for kube-scheduler [PLACEMENT_MODE]")
     parser.add_argument("--on-device-failure", default=_env("UNHEALTHY_CLAIM_POLICY", "none"),
                         choices=["none", "evict"],
                         help="none: condition and Events only; evict: also evict pods that have a controller "
@@ -123,7 +131,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         leader_elect=args.leader_elect, lease_namespace=args.leader_election_namespace,
         lease_name=args.leader_election_lease_name, identity=args.leader_election_id,
         lease_duration=args.lease_duration, renew_deadline=args.renew_deadline, retry_period=args.retry_period,
-        allocate=args.allocate, on_device_failure=args.on_device_failure, resync_s=args.resync,
+        allocate=args.allocate, placement_mode=args.placement_mode,
+        on_device_failure=args.on_device_failure, resync_s=args.resync,
     )
 
 

@@ -34,6 +34,8 @@ from controller.allocator import LocalAllocator
 from controller.informers import ClusterCache
 from controller.kube import KubeApi
 from controller.leader import LeaderElector, LeaseConfig
+from controller.placement import MODES as PLACEMENT_MODES
+from controller.placement import PlacementController
 from controller.reconciler import EVICT, NONE, HealthReconciler
 from controller.webhook import WebhookServer
 from dra_driver.logs import get_logger
@@ -68,6 +70,7 @@ class ControllerConfig:
     renew_deadline: float = 10.0
     retry_period: float = 2.0
     allocate: bool = False
+    placement_mode: str = "off"  # off | gated (controller.placement)
     on_device_failure: str = NONE
     resync_s: float = 30.0
     debounce_s: float = 0.05
@@ -75,6 +78,8 @@ class ControllerConfig:
     def __post_init__(self) -> None:
         if self.policy not in ("binpack", "spread"):
             raise ValueError(f"--policy {self.policy!r}: use binpack or spread")
+        if self.placement_mode not in PLACEMENT_MODES:
+            raise ValueError(f"--placement-mode {self.placement_mode!r}: use off or gated")
         if self.on_device_failure not in (NONE, EVICT):
             raise ValueError(f"--on-device-failure {self.on_device_failure!r}: use none or evict")
         if self.webhook_port is not None and not (self.cert_file and self.key_file):
@@ -131,6 +136,8 @@ class Controller:
                                            self.metrics)
         self.allocator = (LocalAllocator(self.api, self.cache, cast(Policy, config.policy), self.metrics)
                           if config.allocate else None)
+        self.placement = (PlacementController(self.api, self.cache, config.driver_name, cast(Policy, config.policy),
+                                              self.metrics) if config.placement_mode == "gated" else None)
         self.webhook: WebhookServer | None = None
         self.elector: LeaderElector | None = None
         self._metrics_server: Any = None
@@ -175,7 +182,7 @@ class Controller:
         else:
             self._start_leading()
         log.info("controller_started", driver=cfg.driver_name, policy=cfg.policy, allocate=cfg.allocate,
-                 on_device_failure=cfg.on_device_failure, identity=cfg.identity_name,
+                 placement_mode=cfg.placement_mode, on_device_failure=cfg.on_device_failure, identity=cfg.identity_name,
                  webhook=self.webhook.url if self.webhook else "off")
         return self
 
@@ -270,6 +277,8 @@ class Controller:
         try:
             if self.allocator is not None:
                 self.allocator.reconcile()
+            if self.placement is not None:
+                self.placement.reconcile()
             self.reconciler.reconcile()
             inv = self.cache.inventory()
             if inv is not None:

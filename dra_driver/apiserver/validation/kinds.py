@@ -43,7 +43,9 @@ def validate(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) 
 
         return validate_device_class(obj, old)
     if rt.kind == "Pod":
-        return _validate_pod(obj)
+        from dra_driver.apiserver.validation.pods import validate_scheduling_gates
+
+        return _validate_pod(obj) + validate_scheduling_gates(obj, old)
     if rt.kind in ("ResourceClaim", "ResourceClaimTemplate"):
         from dra_driver.apiserver.validation.claims import validate_claim
 

@@ -1,0 +1,263 @@
+"""Placement mode (--placement-mode gated): the controller allocates a gated pod's claims and lifts the gate.
+
+Clusters on the local API server with simulated nodes; no kube-scheduler runs unless a test starts the
+local allocator (--allocate) to play it, so what the controller wrote is what the tests read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from controller.allocator import FINALIZER
+from controller.daemon import Controller, ControllerConfig
+from controller.kube import CORE_V1, RESOURCE_V1, ApiError, KubeApi, claim_path, pod_path
+from controller.testing import install_device_classes, publish_node
+from dra_driver.apiserver import LocalApiServer
+
+NS = "default"
+VRAM = "vram.gpu.nvidia.com"
+GATE = "gpu.nvidia.com/placement"
+OTHER_GATE = "example.com/quota"
+
+Start = Callable[..., Controller]
+
+
+@pytest.fixture()
+def cluster(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
+    """The local API server with simulated nodes (indirect parameter {node: profile}; default node-b
+    8x H100 80GB with MIG 1g.10gb/2g.20gb/3g.40gb, node-c one H200 141GB) and a controller factory."""
+    nodes = getattr(request, "param", None) or {"node-b": "sim:8xh100", "node-c": "sim:h200-141gb"}
+    started: list[Controller] = []
+    with LocalApiServer() as srv:
+        api = KubeApi(srv.api_client())
+        install_device_classes(api)
+        for node, profile in nodes.items():
+            publish_node(api, node, profile)
+
+        def start(mode: str = "gated", **kwargs: Any) -> Controller:
+            config = ControllerConfig(placement_mode=mode, leader_elect=False, resync_s=1.0, **kwargs)
+            ctrl = Controller(config, srv.api_client()).start()
+            assert ctrl.wait_ready(20), ctrl.ready()
+            started.append(ctrl)
+            return ctrl
+
+        yield {"api": api, "srv": srv, "start": start}
+        for ctrl in started:
+            ctrl.stop()
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+    return value
+
+
+def passes(ctrl: Controller, n: int) -> None:
+    """Wait until the leader has run ``n`` more passes (each sees everything created before it)."""
+    start = ctrl.passes
+    wait_for(f"{n} passes", lambda: ctrl.passes >= start + n)
+
+
+def claim(api: KubeApi, name: str, memory: str) -> None:
+    api.request("POST", f"{RESOURCE_V1}/namespaces/{NS}/resourceclaims", body={
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": VRAM, "capacity": {"requests": {"memory": memory}}}}]}}})
+
+
+def pod(api: KubeApi, name: str, claims: list[dict[str, str]], gates: tuple[str, ...] = (GATE,)) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
+        "spec": {"containers": [{"name": "c", "image": "busybox",
+                                 "resources": {"claims": [{"name": c["name"]} for c in claims]}}],
+                 "resourceClaims": claims},
+    }
+    if gates:
+        body["spec"]["schedulingGates"] = [{"name": g} for g in gates]
+    created: dict[str, Any] = api.request("POST", f"{CORE_V1}/namespaces/{NS}/pods", body=body)
+    return created
+
+
+def gates_of(api: KubeApi, name: str) -> list[str]:
+    p = api.get(pod_path(NS, name))
+    assert p is not None
+    return [g["name"] for g in p["spec"].get("schedulingGates") or []]
+
+
+def allocation(api: KubeApi, name: str) -> dict[str, Any] | None:
+    c = api.get(claim_path(NS, name))
+    assert c is not None
+    result: dict[str, Any] | None = (c.get("status") or {}).get("allocation")
+    return result
+
+
+def node_of(alloc: dict[str, Any]) -> str:
+    [term] = alloc["nodeSelector"]["nodeSelectorTerms"]
+    assert term["matchFields"][0]["key"] == "metadata.name"
+    return str(term["matchFields"][0]["values"][0])
+
+
+def events(api: KubeApi, pod_name: str, reason: str) -> list[dict[str, Any]]:
+    items = api.request("GET", f"{CORE_V1}/namespaces/{NS}/events")["items"]
+    return [e for e in items if e["involvedObject"]["name"] == pod_name and e["reason"] == reason]
+
+
+def placements(ctrl: Controller, result: str) -> float:
+    value = ctrl.metrics.registry.get_sample_value("gpuready_controller_placements_total",
+                                                   {"policy": "binpack", "result": result})
+    return value or 0.0
+
+
+def test_gated_pod_gets_its_claim_on_the_best_fit_mig_device_and_the_gate_lifted(cluster: dict[str, Any]) -> None:
+    api: KubeApi = cluster["api"]
+    ctrl = cluster["start"]()
+    claim(api, "c15", "15Gi")
+    claim(api, "plain", "15Gi")
+    pod(api, "gated", [{"name": "g", "resourceClaimName": "c15"}], gates=(OTHER_GATE, GATE))
+    ungated = pod(api, "ungated", [{"name": "g", "resourceClaimName": "plain"}], gates=())
+
+    wait_for("placement gate lifted", lambda: gates_of(api, "gated") == [OTHER_GATE])
+    c = api.get(claim_path(NS, "c15"))
+    assert c is not None
+    alloc = c["status"]["allocation"]
+    [result] = alloc["devices"]["results"]
+    # 15 GiB: the 2g.20gb MIG device (1g.10gb is too small, a whole 80 GB GPU would waste 60).
+    assert (result["driver"], result["pool"]) == ("gpu.nvidia.com", "node-b") and "-mig-2g20gb-" in result["device"]
+    # Exactly what the scheduler writes: the node, a timestamp, the finalizer; no reservation, no binding.
+    assert alloc["nodeSelector"] == {"nodeSelectorTerms": [{"matchFields": [
+        {"key": "metadata.name", "operator": "In", "values": ["node-b"]}]}]}
+    assert time.strptime(alloc["allocationTimestamp"], "%Y-%m-%dT%H:%M:%SZ")
+    assert FINALIZER in c["metadata"]["finalizers"]
+    assert not c["status"].get("reservedFor")
+    gated = api.get(pod_path(NS, "gated"))
+    assert gated is not None and not gated["spec"].get("nodeName")
+    assert placements(ctrl, "placed") == 1
+
+    # Without the gate the controller leaves pod and claim to kube-scheduler.
+    passes(ctrl, 3)
+    assert allocation(api, "plain") is None
+    after = api.get(pod_path(NS, "ungated"))
+    assert after is not None and after["metadata"]["resourceVersion"] == ungated["metadata"]["resourceVersion"]
+    assert placements(ctrl, "placed") == 1
+
+
+@pytest.mark.parametrize("cluster", [{"node-a": "sim:h100-7x1g", "node-b": "sim:8xh100"}], indirect=True)
+def test_all_claims_of_a_pod_are_placed_together_on_one_node(cluster: dict[str, Any]) -> None:
+    api: KubeApi = cluster["api"]
+    ctrl = cluster["start"]()
+    # 8 GiB alone goes to a 1g.10gb device of node-a (first of equals); 30 GiB fits only node-b's
+    # 3g.40gb. Planned one by one they would part; placed together both go to node-b.
+    claim(api, "small", "8Gi")
+    claim(api, "big", "30Gi")
+    pod(api, "two", [{"name": "a", "resourceClaimName": "small"}, {"name": "b", "resourceClaimName": "big"}])
+
+    wait_for("gate lifted", lambda: gates_of(api, "two") == [])
+    small, big = allocation(api, "small"), allocation(api, "big")
+    assert small is not None and big is not None
+    assert node_of(small) == node_of(big) == "node-b"
+    assert "-mig-1g10gb-" in small["devices"]["results"][0]["device"]
+    assert "-mig-3g40gb-" in big["devices"]["results"][0]["device"]
+    assert placements(ctrl, "placed") == 2
+
+
+def test_a_pod_that_cannot_fit_gets_the_gate_lifted_and_a_placement_failed_event(cluster: dict[str, Any]) -> None:
+    api: KubeApi = cluster["api"]
+    ctrl = cluster["start"]()
+    claim(api, "huge", "200Gi")
+    pod(api, "huge-pod", [{"name": "g", "resourceClaimName": "huge"}])
+    # Each fits alone (100 GiB: the H200; 15 GiB: a MIG device) but not together: node-c has one GPU.
+    claim(api, "c100", "100Gi")
+    claim(api, "c15", "15Gi")
+    pod(api, "apart", [{"name": "a", "resourceClaimName": "c100"}, {"name": "b", "resourceClaimName": "c15"}])
+
+    wait_for("gates lifted", lambda: gates_of(api, "huge-pod") == [] and gates_of(api, "apart") == [])
+    [event] = wait_for("PlacementFailed", lambda: events(api, "huge-pod", "PlacementFailed"))
+    assert event["type"] == "Warning"
+    assert "default/huge" in event["message"] and "kube-scheduler tries itself" in event["message"]
+    assert "too little capacity" in event["message"]  # explain's reason: no device has 200 GiB
+    [apart] = wait_for("PlacementFailed", lambda: events(api, "apart", "PlacementFailed"))
+    assert "do not fit together on one node" in apart["message"]
+    for name in ("huge", "c100", "c15"):
+        assert allocation(api, name) is None  # all or nothing: the scheduler gets a clean slate
+    assert placements(ctrl, "failed") == 3 and placements(ctrl, "placed") == 0
+    passes(ctrl, 2)
+    assert len(events(api, "huge-pod", "PlacementFailed")) == 1
+
+
+def test_a_crash_between_allocation_and_lifting_the_gate_heals_on_the_next_pass(cluster: dict[str, Any]) -> None:
+    api: KubeApi = cluster["api"]
+    srv = cluster["srv"]
+    srv.faults.fail_next(1000, code=500, verb="patch", resource="pods")  # the gate cannot be lifted
+    first = cluster["start"]()
+    claim(api, "c15", "15Gi")
+    pod(api, "p", [{"name": "g", "resourceClaimName": "c15"}])
+    alloc = wait_for("claim allocated", lambda: allocation(api, "c15"))
+    passes(first, 2)
+    assert gates_of(api, "p") == [GATE]
+    first.stop(release=False)  # dies with the allocation written and the gate still on
+    srv.faults.clear()
+
+    second = cluster["start"]()
+    wait_for("gate lifted by the next controller", lambda: gates_of(api, "p") == [])
+    assert allocation(api, "c15") == alloc  # not planned again: the allocation is kept as it was
+    assert placements(second, "skipped") == 1 and placements(second, "placed") == 0
+
+
+def test_mode_off_never_touches_the_gate(cluster: dict[str, Any]) -> None:
+    api: KubeApi = cluster["api"]
+    ctrl = cluster["start"]("off")
+    claim(api, "c15", "15Gi")
+    created = pod(api, "p", [{"name": "g", "resourceClaimName": "c15"}])
+    passes(ctrl, 3)
+    after = api.get(pod_path(NS, "p"))
+    assert after is not None and after["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
+    assert gates_of(api, "p") == [GATE] and allocation(api, "c15") is None
+    assert placements(ctrl, "placed") == placements(ctrl, "skipped") == 0
+
+
+def test_template_claims_are_placed_and_the_scheduler_binds_where_the_plan_said(cluster: dict[str, Any]) -> None:
+    """The whole flow: the claim generated for the gated pod (resourceclaim controller), placed by the
+    controller, then reserved and bound by the scheduler (both played by the local allocator)."""
+    api: KubeApi = cluster["api"]
+    ctrl = cluster["start"](allocate=True)
+    api.request("POST", f"{RESOURCE_V1}/namespaces/{NS}/resourceclaimtemplates", body={
+        "metadata": {"name": "t15", "namespace": NS},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": VRAM, "capacity": {"requests": {"memory": "15Gi"}}}}]}}}})
+    pod(api, "tp", [{"name": "g", "resourceClaimTemplateName": "t15"}])
+    bound = wait_for("pod bound", lambda: (p := api.get(pod_path(NS, "tp"))) and p["spec"].get("nodeName") and p)
+    [status] = bound["status"]["resourceClaimStatuses"]
+    c = api.get(claim_path(NS, status["resourceClaimName"]))
+    assert c is not None
+    assert node_of(c["status"]["allocation"]) == bound["spec"]["nodeName"] == "node-b"
+    assert "-mig-2g20gb-" in c["status"]["allocation"]["devices"]["results"][0]["device"]
+    assert c["status"]["reservedFor"] == [{"resource": "pods", "name": "tp", "uid": bound["metadata"]["uid"]}]
+    assert placements(ctrl, "placed") == 1
+
+
+def test_api_server_allows_removing_gates_but_not_adding_them(cluster: dict[str, Any]) -> None:
+    api: KubeApi = cluster["api"]
+    pod(api, "p", [], gates=(OTHER_GATE, GATE))
+    with pytest.raises(ApiError) as err:
+        api.merge_patch(pod_path(NS, "p"), {"spec": {"schedulingGates": [{"name": GATE}, {"name": "example.com/new"}]}})
+    assert err.value.status == 422
+    assert "spec.schedulingGates[1].name: Forbidden: only deletion is allowed, but found new scheduling gate " \
+           "'example.com/new'" in str(err.value)
+    api.json_patch(pod_path(NS, "p"), [{"op": "remove", "path": "/spec/schedulingGates/0"}])
+    assert gates_of(api, "p") == [GATE]
+    with pytest.raises(ApiError) as err:
+        pod(api, "dup", [], gates=(GATE, GATE))
+    assert 'spec.schedulingGates[1]: Duplicate value: "gpu.nvidia.com/placement"' in str(err.value)
+    with pytest.raises(ApiError) as err:
+        api.request("POST", f"{CORE_V1}/namespaces/{NS}/pods", body={
+            "metadata": {"name": "pinned", "namespace": NS},
+            "spec": {"nodeName": "node-b", "schedulingGates": [{"name": GATE}],
+                     "containers": [{"name": "c", "image": "busybox"}]}})
+    assert "spec.nodeName: Forbidden: cannot be set until all schedulingGates have been cleared" in str(err.value)
