@@ -351,6 +351,10 @@ def test_dynamic_mig_change_while_a_gpu_is_off_the_bus_keeps_it_reported_unhealt
 
         _wait(lambda: gpu_ready() is not None and gpu_ready().status == "False"
               and "gpu-1" in gpu_ready().message, "GPUReady False naming gpu-1")
+        # Counted once: as the kept device gpu-1, not also as an unreadable NVML index.
+        tracked = len(plugin.health_monitor.snapshot().devices)
+        assert f" of {tracked} GPU devices" in gpu_ready().message and "unreadable" not in gpu_ready().message, \
+            gpu_ready().message
         assert h.kubelet(node).unprepare([("default", "mig-during-loss", uid)]) == {uid: ""}
         # After the reset it returns by itself (the next poll), not at the next MIG change.
         sim.faults.return_to_bus(1)

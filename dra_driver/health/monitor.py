@@ -219,9 +219,13 @@ class HealthMonitor(ValidationLoop):
             n: DeviceHealth(n, self._gpu_of[n], r.state, r.reason, r.code, r.since)
             for n, r in sorted(self._records.items())
         }
+        # A GPU off the bus is both kept as a device (Unhealthy, by name) and listed by NVML as an
+        # unreadable index: report it once, by name.
+        kept = {g.index for g in self._devices.gpus}
+        unreadable = tuple((i, why) for i, why in self._devices.unreadable if i not in kept)
         return HealthSnapshot(devices=devices, node_problem=self._node_problem, generation=self._generation,
                               transitions=transitions, validated=self._validated.is_set(),
-                              unreadable=self._devices.unreadable)
+                              unreadable=unreadable)
 
     def _update(self, change: Callable[[], Iterable[tuple[str, DeviceRecord]]],
                 node_problem: str | bool | None = False) -> None:
