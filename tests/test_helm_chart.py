@@ -684,3 +684,28 @@ def test_ipv6_and_resync_settings_reach_the_controller_and_the_plugin() -> None:
     assert (ctrl["BIND_ADDRESS"], ctrl["RESYNC_SECONDS"]) == ("::", "12")
     plugin = _env(one(values, "DaemonSet")["spec"]["template"]["spec"]["containers"][0])
     assert (plugin["HEALTH_INTERVAL"], plugin["DEV_ROOT"]) == ("7", "off")
+
+
+@pytest.mark.parametrize("value,mode", [(None, "off"), ("off", "off"), (False, "off"), ("gated", "gated")])
+def test_placement_mode_reaches_the_controller(value: Any, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from controller import command
+
+    values: dict[str, Any] = {} if value is None else {"controller": {"placementMode": value}}
+    env = _env(one(values, "Deployment")["spec"]["template"]["spec"]["containers"][0])
+    assert env["PLACEMENT_MODE"] == mode  # an unquoted `off` in a values file (YAML false) is off too
+    monkeypatch.setenv("PLACEMENT_MODE", env["PLACEMENT_MODE"])
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    assert command.config_from_args(parser.parse_args([])).placement_mode == mode
+
+
+def test_placement_mode_is_checked_by_the_schema_and_needs_the_controller() -> None:
+    with pytest.raises(helm.HelmValuesError) as info:
+        _chart().render({"controller": {"placementMode": "on"}}, name=RELEASE, namespace=NAMESPACE)
+    assert "/controller/placementMode" in str(info.value)
+    with pytest.raises(helm.HelmRenderError) as err:
+        _chart().render({"controller": {"enabled": False, "placementMode": "gated"}}, name=RELEASE,
+                        namespace=NAMESPACE)
+    assert "controller.placementMode is gated but controller.enabled is false" in str(err.value)

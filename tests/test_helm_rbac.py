@@ -287,3 +287,26 @@ def test_no_node_status_policy_without_a_health_monitor() -> None:
     objs = _render_objs({"healthMode": "off"})
     assert not [o for o in objs if o["kind"].startswith("ValidatingAdmissionPolicy")
                 and o["metadata"]["name"].endswith("node-status")]
+
+
+def test_controller_gets_placement_rights_only_in_gated_mode_and_no_more() -> None:
+    placing = [("patch", "resource.k8s.io", "resourceclaims", ""),  # the delete-protection finalizer
+               ("update", "resource.k8s.io", "resourceclaims/binding", ""),  # 1.36+: writing status.allocation
+               ("patch", "", "pods", "")]  # lifting the scheduling gate
+    off = _render_objs({})
+    gated = _render_objs({"controller": {"placementMode": "gated"}})
+    ctrl = _service_account_user(gated, "controller")
+    for verb, group, resource, name in placing:
+        assert rbac_allows(gated, ctrl, verb, group, resource, name), f"gated controller may not {verb} {resource}"
+        assert not rbac_allows(off, ctrl, verb, group, resource, name), f"controller may {verb} {resource} when off"
+    assert rbac_allows(gated, ctrl, "update", "resource.k8s.io", "resourceclaims/status")
+    assert rbac_allows(gated, ctrl, "create", "", "events", namespace="default")
+    # Never the scheduler's other rights: no reservation by patch, no binding, no pod rewrites or deletes.
+    for verb, group, resource in (("patch", "resource.k8s.io", "resourceclaims/binding"),
+                                  ("update", "resource.k8s.io", "resourceclaims"),
+                                  ("create", "", "pods/binding"), ("update", "", "pods"), ("delete", "", "pods"),
+                                  ("patch", "", "pods/status"), ("create", "resource.k8s.io", "resourceclaims")):
+        assert not rbac_allows(gated, ctrl, verb, group, resource), f"gated controller may {verb} {resource}"
+    # Exactly three rules more than with placement off.
+    role = _get(gated, "ClusterRole", "controller")["rules"]
+    assert len(role) == len(_get(off, "ClusterRole", "controller")["rules"]) + 3

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -38,9 +40,9 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
         for node, profile in nodes.items():
             publish_node(api, node, profile)
 
-        def start(mode: str = "gated", **kwargs: Any) -> Controller:
+        def start(mode: str = "gated", api_client: Any = None, **kwargs: Any) -> Controller:
             config = ControllerConfig(placement_mode=mode, leader_elect=False, resync_s=1.0, **kwargs)
-            ctrl = Controller(config, srv.api_client()).start()
+            ctrl = Controller(config, api_client or srv.api_client()).start()
             assert ctrl.wait_ready(20), ctrl.ready()
             started.append(ctrl)
             return ctrl
@@ -261,3 +263,85 @@ def test_api_server_allows_removing_gates_but_not_adding_them(cluster: dict[str,
             "spec": {"nodeName": "node-b", "schedulingGates": [{"name": GATE}],
                      "containers": [{"name": "c", "image": "busybox"}]}})
     assert "spec.nodeName: Forbidden: cannot be set until all schedulingGates have been cleared" in str(err.value)
+
+
+def _rbac_check(method: str, url: str) -> list[tuple[str, str, str]]:
+    """(verb, API group, resource[/subresource]) the authorizer checks for one request, with the 1.36+
+    synthetic resourceclaims/binding check for a status write (placement writes status.allocation)."""
+    segs = [s for s in urlsplit(url).path.split("/") if s]
+    group, rest = ("", segs[2:]) if segs[0] == "api" else (segs[1], segs[3:])
+    if rest[0] == "namespaces" and len(rest) > 2:
+        rest = rest[2:]
+    resource = rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
+    watch = "watch=true" in url or "watch=1" in url
+    verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(
+        method, "get" if len(rest) > 1 else ("watch" if watch else "list"))
+    checks = [(verb, group, resource)]
+    if resource == "resourceclaims/status" and verb in ("update", "patch"):
+        checks.append((verb, group, "resourceclaims/binding"))
+    return checks
+
+
+def test_the_charts_gated_rbac_allows_what_placement_sends_and_off_refuses_only_that(
+        cluster: dict[str, Any]) -> None:
+    helm = pytest.importorskip("helm_python")
+    import yaml
+
+    chart = str(Path(__file__).resolve().parent.parent / "deploy" / "helm" / "gpuready")
+
+    def controller_rules(values: dict[str, Any]) -> list[dict[str, Any]]:
+        out = helm.Chart.load(chart).render(values, name="gpuready", namespace="gpu-system", is_install=True)
+        objs = [d for p, t in out.items() if not p.endswith("NOTES.txt") for d in yaml.safe_load_all(t) if d]
+        role = next(o for o in objs if o["kind"] == "ClusterRole" and o["metadata"]["name"].endswith("-controller"))
+        rules: list[dict[str, Any]] = role["rules"]
+        return rules
+
+    def allowed(rules: list[dict[str, Any]], check: tuple[str, str, str]) -> bool:
+        verb, group, resource = check
+        return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"] for r in rules)
+
+    sent: set[tuple[str, str]] = set()
+    client = cluster["srv"].api_client()  # the controller's own client: only its requests are recorded
+    call_api = client.call_api
+
+    def recorded(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        sent.add((method, url))
+        return call_api(method, url, *args, **kwargs)
+
+    client.call_api = recorded
+    api: KubeApi = cluster["api"]
+    cluster["start"](api_client=client)
+    claim(api, "c15", "15Gi")
+    claim(api, "huge", "200Gi")
+    pod(api, "fits", [{"name": "g", "resourceClaimName": "c15"}])
+    pod(api, "unfit", [{"name": "g", "resourceClaimName": "huge"}])
+    wait_for("gates lifted", lambda: gates_of(api, "fits") == [] and gates_of(api, "unfit") == [])
+    wait_for("PlacementFailed", lambda: events(api, "unfit", "PlacementFailed"))
+    writes = {c for m, p in sent if m != "GET" for c in _rbac_check(m, p)}
+    gated, off = controller_rules({"controller": {"placementMode": "gated"}}), controller_rules({})
+    assert all(allowed(gated, c) for c in writes), sorted(c for c in writes if not allowed(gated, c))
+    placing = {("patch", "resource.k8s.io", "resourceclaims"), ("update", "resource.k8s.io", "resourceclaims/binding"),
+               ("patch", "", "pods")}
+    assert placing <= writes  # every grant placement mode adds is used
+    assert {c for c in writes if not allowed(off, c)} == placing
+
+
+def test_the_user_guides_gated_pod_is_placed_and_bound(cluster: dict[str, Any]) -> None:
+    import re
+
+    import yaml
+
+    root = Path(__file__).resolve().parent.parent
+    guide = (root / "docs" / "user-guide.md").read_text()
+    section = guide[guide.index("#### Placement mode"):]
+    body = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))  # type: ignore[union-attr]
+    assert body["spec"]["schedulingGates"] == [{"name": GATE}]
+    api: KubeApi = cluster["api"]
+    ctrl = cluster["start"](allocate=True)  # the local allocator plays the resourceclaim controller and scheduler
+    template = next(d for d in yaml.safe_load_all((root / "deploy" / "examples" / "at-least-40gi.yaml").read_text())
+                    if d["kind"] == "ResourceClaimTemplate")
+    api.request("POST", f"{RESOURCE_V1}/namespaces/{NS}/resourceclaimtemplates", body=template)
+    api.request("POST", f"{CORE_V1}/namespaces/{NS}/pods", body={**body, "metadata": {**body["metadata"], "namespace": NS}})
+    bound = wait_for("trainer bound", lambda: (p := api.get(pod_path(NS, "trainer"))) and p["spec"].get("nodeName") and p)
+    assert not bound["spec"].get("schedulingGates")
+    assert placements(ctrl, "placed") == 1

@@ -77,3 +77,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $v := .Values.sharedGpus -}}
 {{- if kindIs "slice" $v -}}{{ join "," $v }}{{- else if $v -}}all{{- end -}}
 {{- end -}}
+
+{{/* controller.placementMode as "off" or "gated" (YAML 1.1 reads an unquoted off as false). */}}
+{{- define "gpuready.placementMode" -}}
+{{- if eq (toString .Values.controller.placementMode) "gated" }}gated{{ else }}off{{ end -}}
+{{- end -}}
