@@ -38,7 +38,7 @@ from controller.placement import MODES as PLACEMENT_MODES
 from controller.placement import PlacementController
 from controller.reconciler import EVICT, NONE, HealthReconciler
 from controller.webhook import WebhookServer
-from dra_driver.logs import get_logger
+from dra_driver.logs import LoggedErrorsMixin, get_logger
 from dra_driver.metrics.controller import ControllerMetrics
 from dra_driver.metrics.server import serve_metrics, server_class_for
 from dra_driver.planning.planner import Policy
@@ -46,6 +46,10 @@ from dra_driver.planning.planner import Policy
 log = get_logger(__name__)
 
 DEFAULT_DRIVER = "gpu.nvidia.com"
+
+
+class _HealthServer(LoggedErrorsMixin, ThreadingHTTPServer):
+    log_name = "controller-health"
 
 
 @dataclass(frozen=True)
@@ -164,8 +168,7 @@ class Controller:
             self._metrics_server, _ = serve_metrics(self.metrics.registry, cfg.bind_host, cfg.metrics_port)
         if cfg.health_port is not None:
             try:
-                server = server_class_for(cfg.bind_host, ThreadingHTTPServer)((cfg.bind_host, cfg.health_port),
-                                                                             _HealthHandler)
+                server = server_class_for(cfg.bind_host, _HealthServer)((cfg.bind_host, cfg.health_port), _HealthHandler)
             except OSError as exc:
                 raise OSError(exc.errno, f"cannot serve /healthz on {cfg.bind_host}:{cfg.health_port} "
                                          f"({exc.strerror}); choose another port with --health-port") from exc

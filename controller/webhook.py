@@ -23,7 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from controller.admission import Answer, mutate, mutation_failed, review, validate
-from dra_driver.logs import get_logger
+from dra_driver.logs import LoggedErrorsMixin, get_logger
 from dra_driver.metrics.controller import ControllerMetrics
 from dra_driver.metrics.server import server_class_for
 from dra_driver.planning import Inventory
@@ -34,7 +34,8 @@ MAX_BODY = 3 * 1024 * 1024  # the API server's own request limit is 3 MiB
 CERT_CHECK_S = 5.0
 
 
-class _TlsServer(ThreadingHTTPServer):
+class _TlsServer(LoggedErrorsMixin, ThreadingHTTPServer):
+    log_name = "webhook"
     daemon_threads = True
     allow_reuse_address = True
     owner: WebhookServer

@@ -113,3 +113,24 @@ def configure(level: str = "info", stream: Any = None) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+class LoggedErrorsMixin:
+    """For ``socketserver`` servers: report a request handler's failure as one structured log line.
+
+    The standard library prints a multi-line traceback to stderr for any exception in a handler,
+    including a client hanging up mid-request, which breaks one-event-per-line logs. A client going
+    away is normal (debug); anything else is an error with its type and message.
+    """
+
+    log_name = "http"
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Log the exception being handled, on one line."""
+        exc = sys.exc_info()[1]
+        logger = get_logger("dra_driver.http")
+        error = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            logger.debug("http_client_went_away", server=self.log_name, client=str(client_address), error=error)
+        else:
+            logger.error("http_handler_failed", server=self.log_name, client=str(client_address), error=error)

@@ -67,3 +67,42 @@ def test_default_handler_follows_stderr_when_it_is_replaced(monkeypatch: pytest.
         assert "event=plugin_registered" in new.getvalue()
     finally:
         logging.getLogger().handlers.clear()
+
+
+def test_a_failing_http_handler_is_one_log_line_not_a_traceback(captured: io.StringIO,
+                                                                 capfd: pytest.CaptureFixture[str]) -> None:
+    import threading
+    import urllib.request
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from dra_driver.logs import LoggedErrorsMixin
+
+    class Boom(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            raise RuntimeError("handler bug")
+
+    class Server(LoggedErrorsMixin, ThreadingHTTPServer):
+        log_name = "test"
+
+    server = Server(("127.0.0.1", 0), Boom)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{server.server_address[1]}/", timeout=5)
+    finally:
+        server.shutdown()
+        server.server_close()
+    lines = [line for line in captured.getvalue().splitlines() if "http_handler_failed" in line]
+    assert len(lines) == 1 and "server=test" in lines[0] and "RuntimeError: handler bug" in lines[0], lines
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_every_http_server_of_the_project_logs_its_errors_structured() -> None:
+    from controller.daemon import _HealthServer
+    from controller.webhook import _TlsServer
+    from dra_driver.apiserver.server import _HttpServer
+    from dra_driver.logs import LoggedErrorsMixin
+    from dra_driver.metrics.server import _MetricsServer
+
+    for cls in (_HealthServer, _TlsServer, _HttpServer, _MetricsServer):
+        assert issubclass(cls, LoggedErrorsMixin), cls

@@ -22,7 +22,7 @@ from dra_driver.apiserver.faults import Faults
 from dra_driver.apiserver.handler import ApiHandler
 from dra_driver.apiserver.store import Store
 from dra_driver.apiserver.validation import make_admit
-from dra_driver.logs import get_logger
+from dra_driver.logs import LoggedErrorsMixin, get_logger
 
 if TYPE_CHECKING:
     import kubernetes.client
@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 
-class _HttpServer(ThreadingHTTPServer):
+class _HttpServer(LoggedErrorsMixin, ThreadingHTTPServer):
+    log_name = "local-apiserver"
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 128

@@ -5,10 +5,22 @@ from __future__ import annotations
 import socket
 import threading
 from http.server import ThreadingHTTPServer
-from typing import TypeVar
-from wsgiref.simple_server import WSGIServer
+from typing import Any, TypeVar
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
+
+from dra_driver.logs import LoggedErrorsMixin
+
+
+class _MetricsServer(LoggedErrorsMixin, ThreadingWSGIServer):
+    log_name = "metrics"
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # no access log per scrape
 
 _Server = TypeVar("_Server", bound=ThreadingHTTPServer)
 
@@ -30,10 +42,13 @@ def serve_metrics(registry: CollectorRegistry, host: str = "0.0.0.0", port: int 
     is taken, so the daemon can say which flag to change.
     """
     try:
-        server, thread = start_http_server(port, addr=host, registry=registry)
+        server = make_server(host, port, make_wsgi_app(registry), server_class_for(host, _MetricsServer),
+                             handler_class=_QuietHandler)
     except OSError as exc:
         raise OSError(exc.errno, f"cannot serve metrics on {host}:{port} ({exc.strerror}); "
                                  f"choose another port with --metrics-port") from exc
+    thread = threading.Thread(target=server.serve_forever, name=f"metrics-{port}", daemon=True)
+    thread.start()
     return server, thread
 
 
