@@ -87,6 +87,7 @@ class PlacementController:
         self.api, self.cache, self.driver, self.policy, self.metrics = api, cache, driver, policy, metrics
         self.gate = placement_gate(driver)
         self._told: dict[str, str] = {}  # pod uid -> last message logged or sent (once per distinct one)
+        self._pass: tuple[Inventory, DriverClasses] | None = None
 
     def gated(self, pod: dict[str, Any]) -> bool:
         """Whether ``pod`` waits for this controller: it carries the gate and is neither bound nor ending."""
@@ -100,6 +101,7 @@ class PlacementController:
     def reconcile(self) -> PlacementStats:
         """Place every gated pod's claims and lift its gate."""
         stats = PlacementStats()
+        self._pass = None  # a new pass plans on what the caches hold now
         assert self.cache.pods is not None
         pods = sorted((p for p in self.cache.pods.items() if self.gated(p)),
                       key=lambda p: str(_meta(p).get("creationTimestamp", "")))
@@ -107,19 +109,25 @@ class PlacementController:
         self._told = {uid: m for uid, m in self._told.items() if uid in live}
         if not pods:
             return stats
-        # One private inventory per pass: planned claims are accounted in it as the pass goes, and the
-        # cache's shared inventory (the webhook reads it from other threads) is never mutated.
-        inventory = build_inventory(self.cache.slices.items(), self.cache.claims.items(),
-                                    self.cache.classes.items())
-        classes = DriverClasses(inventory, self.driver)
         for pod in pods:
             meta = _meta(pod)
             try:
-                self._pod(pod, inventory, classes, stats)
+                self._pod(pod, stats)
             except ApiError as exc:  # a 409 or a failed write: the gate stays, the next pass retries
                 log.warning("placement_pod_failed", pod=f"{meta.get('namespace')}/{meta.get('name')}",
                             status=exc.status, error=str(exc)[:300], retry="next pass")
+        self._pass = None
         return stats
+
+    def _planning(self) -> tuple[Inventory, DriverClasses]:
+        """This pass's private inventory, built when a pod first needs it: planned claims are accounted
+        in it as the pass goes, and the cache's shared inventory (the webhook reads it from other
+        threads) is never mutated."""
+        if self._pass is None:
+            inventory = build_inventory(self.cache.slices.items(), self.cache.claims.items(),
+                                        self.cache.classes.items())
+            self._pass = (inventory, DriverClasses(inventory, self.driver))
+        return self._pass
 
     # --- one pod ---------------------------------------------------------------------------------
     def _claims(self, pod: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
@@ -146,12 +154,11 @@ class PlacementController:
                 return [], f"ResourceClaim {ns}/{name} (pod claim {pc}) does not exist yet"
             if entry.get("resourceClaimTemplateName") and not any(
                     o.get("uid") == uid for o in _meta(claim).get("ownerReferences") or []):
-                return [], f"ResourceClaim {ns}/{name} (pod claim {pc}) was not generated for this pod"
+                continue  # not this pod's claim: never allocate it; kube-scheduler reports the mix-up
             claims.append(claim)
         return claims, ""
 
-    def _pod(self, pod: dict[str, Any], inventory: Inventory, classes: DriverClasses,
-             stats: PlacementStats) -> None:
+    def _pod(self, pod: dict[str, Any], stats: PlacementStats) -> None:
         meta = _meta(pod)
         ns, name, uid = str(meta["namespace"]), str(meta["name"]), str(meta.get("uid", ""))
         key = f"{ns}/{name}"
@@ -162,6 +169,11 @@ class PlacementController:
                 self._told[uid] = missing
                 log.info("placement_waiting", pod=key, reason=missing)
             return
+        if not claims:
+            self._lift_gate(pod)  # nothing to place: the scheduler takes it from here
+            stats.lifted.append(key)
+            return
+        inventory, classes = self._planning()
         ours = [c for c in claims if classes.claim_is_ours(c)]
         pinned = next((n for c in claims if (n := allocated_node((c.get("status") or {}).get("allocation")))), None)
         pending = [c for c in ours if not (c.get("status") or {}).get("allocation")

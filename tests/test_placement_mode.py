@@ -345,3 +345,28 @@ def test_the_user_guides_gated_pod_is_placed_and_bound(cluster: dict[str, Any]) 
     bound = wait_for("trainer bound", lambda: (p := api.get(pod_path(NS, "trainer"))) and p["spec"].get("nodeName") and p)
     assert not bound["spec"].get("schedulingGates")
     assert placements(ctrl, "placed") == 1
+
+
+def test_a_template_claim_not_generated_yet_keeps_the_gate_until_it_exists(cluster: dict[str, Any]) -> None:
+    api: KubeApi = cluster["api"]
+    ctrl = cluster["start"]()  # no resourceclaim controller here: the test plays it, late
+    created = pod(api, "late", [{"name": "g", "resourceClaimTemplateName": "t15"}])
+    bare = pod(api, "bare", [])  # nothing to place: the gate is simply lifted
+    wait_for("bare pod's gate lifted", lambda: gates_of(api, "bare") == [])
+    passes(ctrl, 2)
+    assert gates_of(api, "late") == [GATE]
+
+    uid = created["metadata"]["uid"]
+    api.request("POST", f"{RESOURCE_V1}/namespaces/{NS}/resourceclaims", body={
+        "metadata": {"name": "late-g-x7k2q", "namespace": NS,
+                     "annotations": {"resource.kubernetes.io/pod-claim-name": "g"},
+                     "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "late", "uid": uid,
+                                          "controller": True, "blockOwnerDeletion": True}]},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": VRAM, "capacity": {"requests": {"memory": "15Gi"}}}}]}}})
+    api.merge_patch(pod_path(NS, "late", "status"),
+                    {"status": {"resourceClaimStatuses": [{"name": "g", "resourceClaimName": "late-g-x7k2q"}]}})
+    wait_for("gate lifted", lambda: gates_of(api, "late") == [])
+    alloc = allocation(api, "late-g-x7k2q")
+    assert alloc is not None and "-mig-2g20gb-" in alloc["devices"]["results"][0]["device"]
+    assert bare["metadata"]["uid"] and placements(ctrl, "placed") == 1
