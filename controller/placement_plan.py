@@ -2,11 +2,11 @@
 
 The planner (:func:`dra_driver.planning.plan`) answers for one claim. A pod's claims must all land on
 the node the pod runs on, so placement plans them as a group: the first claim's best node is tried
-first (the policy's choice), then every other node by name, until one node takes every claim. Each
-claim planned is accounted in the inventory (``add_claim``) before the next is planned, so two
-claims never get the same device or overdraw a GPU's counters or shared memory; a node that fails
-is undone (``remove_claim``). On success the planned claims stay accounted, so the next pod of the
-same pass sees their devices taken.
+first (the policy's choice), then the other nodes by name (at most ``MAX_NODES_TRIED`` in all),
+until one node takes every claim. Each claim planned is accounted in the inventory (``add_claim``)
+before the next is planned, so two claims never get the same device or overdraw a GPU's counters or
+shared memory; a node that fails is undone (``remove_claim``). On success the planned claims stay
+accounted, so the next pod of the same pass sees their devices taken.
 
 Which claims are this driver's: a claim is left to kube-scheduler only when every DeviceClass it
 names exists and selects none of this driver's published devices (a NIC claim of another driver,
@@ -24,6 +24,9 @@ from dra_driver.planning.planner import Policy
 from dra_driver.planning.requests import parse_requests
 
 MAX_NODE_FAILURES = 3  # node failures quoted in a reason
+# Nodes tried for one pod: bounds a leader pass when a pod fits nowhere (its gate is lifted then, and
+# kube-scheduler, which sees every node, tries itself).
+MAX_NODES_TRIED = 100
 
 
 @dataclass
@@ -113,7 +116,7 @@ def plan_pod(claims: list[dict[str, Any]], inventory: Inventory, policy: Policy 
     if pinned is not None or first.node_name is None:
         order: list[str | None] = [pinned if pinned is not None else None]
     else:
-        order = [first.node_name, *(n for n in inventory.nodes if n != first.node_name)]
+        order = [first.node_name, *(n for n in inventory.nodes if n != first.node_name)][:MAX_NODES_TRIED]
     failures: list[str] = []
     for node in order:
         allocations, chosen, why = _attempt(claims, inventory, policy, node)
