@@ -154,7 +154,7 @@ def _fail(code: int, event: str, **fields: Any) -> int:
 def run(args: argparse.Namespace) -> int:
     """Run until SIGTERM/SIGINT; the leader releases its Lease on the way out."""
     from controller.daemon import Controller
-    from controller.kube import make_api_client
+    from dra_driver.kube_json import make_api_client
 
     try:
         config = config_from_args(args)

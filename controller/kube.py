@@ -46,21 +46,6 @@ def pod_path(namespace: str, name: str, sub: str = "") -> str:
     return namespaced(CORE_V1, "pods", namespace, name, sub)
 
 
-def make_api_client(kubeconfig: str = "") -> Any:
-    """A ``kubernetes`` ApiClient: from ``kubeconfig`` when given, in-cluster inside a pod (the service
-    account), else the default kubeconfig (``$KUBECONFIG``, ``~/.kube/config``)."""
-    import os
-
-    import kubernetes
-
-    if kubeconfig:
-        return kubernetes.config.new_client_from_config(config_file=kubeconfig)
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        kubernetes.config.load_incluster_config()
-        return kubernetes.client.ApiClient()
-    return kubernetes.config.new_client_from_config()
-
-
 class KubeApi(JsonApi):
     """JSON in, JSON out over an ``ApiClient``; errors raise :class:`ApiError`."""
 

@@ -49,16 +49,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def api_client(kubeconfig: str) -> Any:
-    """A ``kubernetes`` ApiClient from a kubeconfig file, the default kubeconfig, or in-cluster."""
-    import kubernetes
+    """A ``kubernetes`` ApiClient from a kubeconfig file, in-cluster, or the default kubeconfig."""
+    from dra_driver.kube_json import make_api_client
 
-    if kubeconfig:
-        return kubernetes.config.new_client_from_config(config_file=kubeconfig)
-    try:
-        return kubernetes.config.new_client_from_config()
-    except (kubernetes.config.ConfigException, OSError, TypeError):
-        kubernetes.config.load_incluster_config()
-        return kubernetes.client.ApiClient()
+    return make_api_client(kubeconfig)
 
 
 def read_cluster(client: Any) -> Inventory:

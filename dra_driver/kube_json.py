@@ -82,3 +82,36 @@ class JsonApi:
                 body = data.decode(errors="replace")
             raise ApiError("GET", path, response.status, body)
         return response
+
+
+def make_api_client(kubeconfig: str = "", flag: str = "--kubeconfig") -> Any:
+    """The ``kubernetes`` ApiClient every command uses: from ``kubeconfig`` when given; in-cluster
+    (the pod's service account) inside a pod; else the default kubeconfig (``$KUBECONFIG``,
+    ``~/.kube/config``).
+
+    Raises ``kubernetes.config.ConfigException`` with a message naming the file, the flag and the
+    fix (the library's own says only "Invalid kube-config file. No configuration found.").
+    """
+    import os
+
+    import kubernetes
+    from kubernetes.config import ConfigException
+
+    if kubeconfig:
+        if not os.path.isfile(kubeconfig):
+            raise ConfigException(f"{flag} {kubeconfig}: no such file; pass a kubeconfig (e.g. one written by "
+                                  f"`kubectl config view --raw`), or leave {flag} out inside a pod")
+        try:
+            return kubernetes.config.new_client_from_config(config_file=kubeconfig)
+        except (ConfigException, ValueError, TypeError, KeyError, OSError) as exc:
+            raise ConfigException(f"{flag} {kubeconfig}: not a usable kubeconfig ({exc}); check that it names "
+                                  "a current context with a cluster and a user") from exc
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        kubernetes.config.load_incluster_config()
+        return kubernetes.client.ApiClient()
+    try:
+        return kubernetes.config.new_client_from_config()
+    except (ConfigException, ValueError, TypeError, OSError) as exc:
+        where = os.environ.get("KUBECONFIG") or "~/.kube/config"
+        raise ConfigException(f"no cluster to talk to: {flag} not given, not running in a pod, and the default "
+                              f"kubeconfig ({where}) is not usable ({exc}); pass {flag}") from exc

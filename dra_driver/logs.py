@@ -57,6 +57,23 @@ class _KeyValueFormatter(logging.Formatter):
         return " ".join(f"{k}={_quote(v)}" for k, v in fields.items())
 
 
+_PROCESS_FIELDS: dict[str, Any] = {}
+
+
+def set_process_fields(**fields: Any) -> None:
+    """Fields every event of this process carries unless the event sets them itself.
+
+    For daemons that serve one node per process (the kubelet plugin sets ``node``), so events of code
+    that does not know the node (NVML discovery, MIG instance changes) still say where they happened.
+    Not for processes that run several nodes (the demo). ``None`` removes a field.
+    """
+    for key, value in fields.items():
+        if value is None:
+            _PROCESS_FIELDS.pop(key, None)
+        else:
+            _PROCESS_FIELDS[key] = value
+
+
 class StructuredLogger:
     """A thin wrapper that turns keyword arguments into structured fields."""
 
@@ -65,7 +82,7 @@ class StructuredLogger:
 
     def _log(self, level: int, event: str, exc_info: bool, fields: dict[str, Any]) -> None:
         if self._logger.isEnabledFor(level):
-            kv = {k: v for k, v in fields.items() if v is not None and k not in _RESERVED}
+            kv = {k: v for k, v in {**_PROCESS_FIELDS, **fields}.items() if v is not None and k not in _RESERVED}
             self._logger.log(level, event, extra={"kv": kv}, exc_info=exc_info, stacklevel=3)
 
     def debug(self, event: str, **fields: Any) -> None:

@@ -11,7 +11,7 @@ import threading
 from typing import Any
 
 from dra_driver.devices import NodeDevices
-from dra_driver.logs import get_logger
+from dra_driver.logs import get_logger, set_process_fields
 from dra_driver.slices.shared import SharedGpuNames, check_shared_gpu_names
 from kubelet_plugin.config import (
     DEFAULT_CDI_ROOT,
@@ -189,15 +189,6 @@ def _port(port: int) -> int:
     return port
 
 
-def _api_client(kubeconfig: str) -> Any:
-    import kubernetes
-
-    if kubeconfig:
-        return kubernetes.config.new_client_from_config(config_file=kubeconfig)
-    kubernetes.config.load_incluster_config()
-    return kubernetes.client.ApiClient()
-
-
 def _limit_malloc_arenas(arenas: int = 2) -> None:
     """Cap glibc's per-thread malloc arenas before any thread starts.
 
@@ -233,6 +224,7 @@ def _start(config: PluginConfig, kubeconfig: str, stop: threading.Event, delay: 
     """
     from kubernetes.config import ConfigException
 
+    from dra_driver.kube_json import make_api_client
     from dra_driver.nvml import open_nvml
     from kubelet_plugin.daemon import KubeletPlugin
 
@@ -240,7 +232,7 @@ def _start(config: PluginConfig, kubeconfig: str, stop: threading.Event, delay: 
         plugin = None
         try:
             nvml = open_nvml(config.nvml)
-            plugin = KubeletPlugin(config, _api_client(kubeconfig), nvml)
+            plugin = KubeletPlugin(config, make_api_client(kubeconfig), nvml)
             plugin.start()
             report_shared_gpu_names(config, plugin.devices)
             return plugin
@@ -282,6 +274,7 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
+        set_process_fields(node=config.node_name)  # one node per process: every event says which
         plugin = _start(config, args.kubeconfig, stop)
     except ValueError as exc:
         return _invalid_configuration(exc, args.node_name or None)

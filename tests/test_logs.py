@@ -106,3 +106,19 @@ def test_every_http_server_of_the_project_logs_its_errors_structured() -> None:
 
     for cls in (_HealthServer, _TlsServer, _HttpServer, _MetricsServer):
         assert issubclass(cls, LoggedErrorsMixin), cls
+
+
+def test_process_fields_go_on_every_event_unless_the_event_sets_its_own(captured: io.StringIO) -> None:
+    from dra_driver.logs import set_process_fields
+
+    set_process_fields(node="gpu-node-7")
+    try:
+        get_logger("dra_driver.nvml.mig").info("mig_device_created", device="gpu-0-mig-1g18gb-19-0")
+        get_logger("x").info("other_node_event", node="elsewhere")
+    finally:
+        set_process_fields(node=None)
+    get_logger("x").info("after_reset")
+    lines = captured.getvalue().splitlines()
+    assert "event=mig_device_created node=gpu-node-7 device=gpu-0-mig-1g18gb-19-0" in lines[0]
+    assert "node=elsewhere" in lines[1] and "gpu-node-7" not in lines[1]
+    assert "node=" not in lines[2]
