@@ -15,7 +15,14 @@ is written after all of them with the answer given to the kubelet. A record stil
 (:mod:`kubelet_plugin.recovery`). A claim shared with ``sharing.strategy: MPS`` records its MPS control
 daemon (:class:`MpsRecord`: directories before the daemon starts, its PID after), so an unprepare,
 even by a restarted plugin, stops exactly that daemon and a repeated prepare never starts a second. A file that cannot be read or fails its checksum is quarantined
-(renamed ``checkpoint.json.corrupt-<time>``) and the plugin starts clean instead of crash-looping.
+(renamed ``checkpoint.json.corrupt-<time>``, kept for people to look at) and salvaged record by record
+(:mod:`kubelet_plugin.checkpoint_salvage`): every record that still reads and type-checks is kept, the
+others are logged with why; start-up recovery then rebuilds records of claims whose CDI spec exists
+but whose record was lost, so no device a running pod holds is handed to another claim.
+
+Records are read strictly (every field type-checked, :mod:`kubelet_plugin.typed_json`) but
+forward-compatibly: unknown keys, a newer plugin's fields, are kept and written back unchanged.
+Paths in a record are never trusted: the CDI spec and MPS directories are derived from the UID.
 
 Several plugin instances (rolling update) share the file: every update takes an exclusive
 ``flock`` on ``<file>.lock`` and re-reads the file if another instance changed it.
@@ -31,12 +38,15 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from dra_driver.logs import get_logger
 from kubelet_plugin.atomic import atomic_write
+from kubelet_plugin.checkpoint_salvage import Salvage, salvage
+from kubelet_plugin.typed_json import RecordError, from_json, to_json
+from kubelet_plugin.uids import uid_problem
 
 log = get_logger(__name__)
 
@@ -67,6 +77,7 @@ class MigRecord:
     # The full-size instance of a whole MIG-enabled GPU (``device`` is then the GPU's name): claims
     # sharing the GPU share it, so only the last one's unprepare destroys it.
     whole_gpu: bool = False
+    extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)  # unknown keys, kept
 
 
 @dataclass
@@ -88,6 +99,7 @@ class MpsRecord:
     pinned_limits_mib: dict[str, int] = field(default_factory=dict)  # device UUID -> MiB
     binary: str = ""  # the nvidia-cuda-mps-control that started it (set once started)
     pid: int | None = None  # the control daemon's PID (set once started)
+    extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)  # unknown keys, kept
 
 
 @dataclass
@@ -99,6 +111,7 @@ class PreparedDeviceRecord:
     device_name: str
     cdi_device_ids: list[str]
     share_id: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)  # unknown keys, kept
 
 
 @dataclass
@@ -117,29 +130,50 @@ class ClaimRecord:
     mig: list[MigRecord] = field(default_factory=list)
     updated_at: float = field(default_factory=time.time)
     mps: MpsRecord | None = None
+    # How the record came to be when it was not written by a prepare: RECOVERED_FROM_SPEC (rebuilt at
+    # start-up from a CDI spec whose record was lost; namespace/name unknown until the kubelet asks again).
+    recovered: str = ""
+    extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)  # unknown keys, kept
 
     def to_json(self) -> dict[str, Any]:
-        """Plain JSON form. ``mps`` is left out when unset, so a record without MPS reads the same
-        for a plugin version that predates the field (rolling update: both share the file)."""
-        data = asdict(self)
+        """Plain JSON form, unknown keys of a newer plugin included. ``mps`` and ``recovered`` are left out
+        when unset, so a record without them reads the same for a plugin version that predates them
+        (rolling update: both share the file)."""
+        data: dict[str, Any] = to_json(self)
         if data.get("mps") is None:
             data.pop("mps", None)
+        if not data.get("recovered"):
+            data.pop("recovered", None)
         return data
 
     @staticmethod
-    def from_json(raw: dict[str, Any]) -> ClaimRecord:
-        """Inverse of :meth:`to_json`; raises KeyError/TypeError/ValueError on a malformed record."""
-        data = dict(raw)
-        data["state"] = ClaimState(data["state"])
-        data["answer"] = [PreparedDeviceRecord(**d) for d in data.get("answer", [])]
-        data["mig"] = [MigRecord(**m) for m in data.get("mig", [])]
-        if data.get("mps") is not None:
-            data["mps"] = MpsRecord(**data["mps"])
-        return ClaimRecord(**data)
+    def from_json(raw: Any, uid: str | None = None) -> ClaimRecord:
+        """Inverse of :meth:`to_json`: every field type-checked, unknown keys kept.
+
+        ``uid`` is the record's key in the file, which must match. Raises
+        :class:`~kubelet_plugin.typed_json.RecordError` naming the field.
+        """
+        record: ClaimRecord = from_json(ClaimRecord, raw, "record")
+        problem = uid_problem(record.uid)
+        if problem:
+            raise RecordError(f"record.uid {problem}")
+        if uid is not None and record.uid != uid:
+            raise RecordError(f"record.uid {record.uid!r} differs from its key {uid!r}")
+        return record
+
+
+RECOVERED_FROM_SPEC = "cdi-spec"
 
 
 class CheckpointCorrupt(Exception):
-    """The checkpoint file cannot be trusted (unreadable, bad checksum, unknown version)."""
+    """The checkpoint file cannot be trusted (unreadable, bad checksum, unknown version, a bad record).
+
+    ``salvage`` holds what could still be read from it, record by record.
+    """
+
+    def __init__(self, message: str, salvaged: Salvage[ClaimRecord] | None = None) -> None:
+        super().__init__(message)
+        self.salvage: Salvage[ClaimRecord] = salvaged if salvaged is not None else Salvage()
 
 
 def read_boot_id(path: str = BOOT_ID_PATH) -> str:
@@ -163,12 +197,14 @@ def _checksum(canonical_body: str) -> str:
 
 
 def encode(boot_id: str, claims: dict[str, ClaimRecord],
-           cache: dict[str, tuple[ClaimRecord, str]] | None = None) -> bytes:
+           cache: dict[str, tuple[ClaimRecord, str]] | None = None,
+           extra: dict[str, Any] | None = None) -> bytes:
     """Serialise a checkpoint with its checksum.
 
     The checksum covers the canonical JSON (sorted keys, no spaces) of everything but itself.
     ``cache`` (uid -> (record, its canonical JSON)) lets a writer re-encode only records that
-    changed: records are replaced, never mutated, so identity tells whether one changed.
+    changed: records are replaced, never mutated, so identity tells whether one changed. ``extra``:
+    top-level keys a newer plugin wrote, carried through.
     """
     parts = []
     for uid in sorted(claims):
@@ -184,30 +220,57 @@ def encode(boot_id: str, claims: dict[str, ClaimRecord],
     if cache is not None:
         for stale in set(cache) - set(claims):
             del cache[stale]
-    # Byte-identical to _canonical({"bootId", "claims", "version"}): keys in sorted order.
-    body = f'{{"bootId":{json.dumps(boot_id)},"claims":{{{",".join(parts)}}},"version":{CHECKPOINT_VERSION}}}'
+    if extra:
+        known = {"bootId": boot_id, "claims": {uid: claims[uid].to_json() for uid in claims},
+                 "version": CHECKPOINT_VERSION}
+        body = _canonical({**{k: v for k, v in extra.items() if k != "checksum"}, **known})
+    else:
+        # Byte-identical to _canonical({"bootId", "claims", "version"}): keys in sorted order.
+        body = f'{{"bootId":{json.dumps(boot_id)},"claims":{{{",".join(parts)}}},"version":{CHECKPOINT_VERSION}}}'
     return f'{{"checksum":"{_checksum(body)}",{body[1:]}'.encode()
+
+
+def _parse_record(raw: Any, uid: str) -> ClaimRecord:
+    return ClaimRecord.from_json(raw, uid)
+
+
+def decode_full(data: bytes) -> tuple[str, dict[str, ClaimRecord], dict[str, Any]]:
+    """Parse and verify a checkpoint; return (boot ID, records, unknown top-level keys).
+
+    Raises :class:`CheckpointCorrupt` with what could be salvaged when anything is wrong.
+    """
+    def corrupt(why: str) -> CheckpointCorrupt:
+        return CheckpointCorrupt(why, salvage(data, _parse_record))
+
+    try:
+        raw = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise corrupt(f"not valid JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise corrupt("not a JSON object")
+    version = raw.get("version")
+    if version != CHECKPOINT_VERSION:
+        raise corrupt(f"version {version!r} is not the supported version {CHECKPOINT_VERSION}")
+    body = {k: v for k, v in raw.items() if k != "checksum"}
+    if raw.get("checksum") != _checksum(_canonical(body)):
+        raise corrupt("checksum mismatch (torn write or edited file)")
+    if not isinstance(raw.get("bootId"), str) or not isinstance(raw.get("claims"), dict):
+        raise corrupt("bootId must be a string and claims an object")
+    found = salvage(data, _parse_record)
+    if found.dropped:
+        shown = "; ".join(f"{uid}: {why}" for uid, why in found.dropped[:3])
+        raise CheckpointCorrupt(f"{len(found.dropped)} malformed record(s): {shown}", found)
+    extra = {k: v for k, v in body.items() if k not in ("bootId", "claims", "version")}
+    return raw["bootId"], found.records, extra
 
 
 def decode(data: bytes) -> tuple[str, dict[str, ClaimRecord]]:
     """Parse and verify a checkpoint; return (boot ID, records). Raises :class:`CheckpointCorrupt`."""
-    try:
-        raw = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CheckpointCorrupt(f"not valid JSON: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise CheckpointCorrupt("not a JSON object")
-    version = raw.get("version")
-    if version != CHECKPOINT_VERSION:
-        raise CheckpointCorrupt(f"version {version!r} is not the supported version {CHECKPOINT_VERSION}")
-    body = {k: v for k, v in raw.items() if k != "checksum"}
-    if raw.get("checksum") != _checksum(_canonical(body)):
-        raise CheckpointCorrupt("checksum mismatch (torn write or edited file)")
-    try:
-        claims = {uid: ClaimRecord.from_json(rec) for uid, rec in raw["claims"].items()}
-        return str(raw["bootId"]), claims
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise CheckpointCorrupt(f"malformed record: {exc}") from exc
+    boot_id, records, _ = decode_full(data)
+    return boot_id, records
+
+
+READ_RETRIES = 3  # a file another instance left unreadable is read again this many times before salvage
 
 
 class CheckpointStore:
@@ -221,14 +284,17 @@ class CheckpointStore:
         self.boot_id = boot_id
         self.file_boot_id: str | None = None  # the boot ID the file had when opened
         self.quarantined: str | None = None  # where a corrupt file was moved, if it was
-        self.corruption: str | None = None
+        self.corruption: str | None = None  # why, and what was salvaged (the Event's text)
+        self.salvaged: Salvage[ClaimRecord] | None = None
         self._claims: dict[str, ClaimRecord] = {}
+        self._extra: dict[str, Any] = {}  # top-level keys of a newer plugin, carried through
         self._lock = threading.Lock()
         self._signature: tuple[int, int, int] | None = None
+        self._unreadable: tuple[int, int, int] | None = None  # signature of a file that failed to decode
         self._encoded: dict[str, tuple[ClaimRecord, str]] = {}
 
     def open(self) -> None:
-        """Load the file; quarantine it when it is corrupt (then start empty). Never raises for content."""
+        """Load the file; quarantine and salvage it when it is corrupt. Never raises for content."""
         with self._locked():
             try:
                 with open(self.path, "rb") as f:
@@ -237,16 +303,33 @@ class CheckpointStore:
                 self._claims = {}
                 return
             try:
-                self.file_boot_id, self._claims = decode(data)
+                self.file_boot_id, self._claims, self._extra = decode_full(data)
                 self._signature = self._stat()
             except CheckpointCorrupt as exc:
-                self.corruption = str(exc)
-                self.quarantined = f"{self.path}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
-                os.replace(self.path, self.quarantined)
-                log.error("checkpoint_corrupt_quarantined", path=self.path, node=self.node, moved_to=self.quarantined,
-                          reason=str(exc))
                 self._claims = {}
+                self._quarantine(exc)
+                self.file_boot_id = exc.salvage.boot_id
                 self._write()
+
+    def _quarantine(self, exc: CheckpointCorrupt) -> None:
+        """Move the bad file aside (kept for people) and take in what was salvaged from it.
+
+        Salvaged records win over the in-memory ones of the same claim (they are newer); in-memory
+        records the file lost are kept: a stale record only keeps a device taken until the kubelet
+        unprepares, a lost one lets another claim take a device a pod still holds.
+        """
+        found = exc.salvage
+        self.quarantined = f"{self.path}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+        os.replace(self.path, self.quarantined)
+        self.salvaged = found
+        self.corruption = f"{exc}; {found.summary}"
+        self._claims = {**self._claims, **found.records}
+        self._unreadable = None
+        for uid, why in found.dropped:
+            log.error("checkpoint_record_dropped", path=self.path, node=self.node, claim_uid=uid[:128], reason=why)
+        log.error("checkpoint_corrupt_quarantined", path=self.path, node=self.node, moved_to=self.quarantined,
+                  reason=str(exc), salvaged=len(found.records), dropped=len(found.dropped),
+                  truncated=found.truncated)
 
     def get(self, uid: str) -> ClaimRecord | None:
         """The record of a claim, as on disk now (another instance may have changed it).
@@ -267,10 +350,12 @@ class CheckpointStore:
     def update(self) -> Iterator[dict[str, ClaimRecord]]:
         """Lock, refresh from disk if another instance wrote it, yield the records, then save them.
 
-        If the body raises, nothing is written and the in-memory records are restored.
+        If the body raises, nothing is written and the in-memory records are restored. A file that
+        another instance left unreadable is never simply overwritten: it is quarantined and its
+        records salvaged into ours first.
         """
         with self._locked():
-            self._refresh()
+            self._refresh(writing=True)
             before = dict(self._claims)
             try:
                 yield self._claims
@@ -297,29 +382,46 @@ class CheckpointStore:
             return None
         return (st.st_ino, st.st_mtime_ns, st.st_size)
 
-    def _refresh(self) -> None:
+    def _refresh(self, writing: bool = False) -> None:
         # Readers need no flock: writers replace the file by rename, so a read sees a whole file.
         signature = self._stat()
         if signature == self._signature:
             return
-        try:
-            with open(self.path, "rb") as f:
-                _, self._claims = decode(f.read())
-            self._signature = signature
-        except FileNotFoundError:
-            self._claims = {}
-            self._signature = None
-        except CheckpointCorrupt as exc:
-            # Another writer left a bad file while we run: keep our in-memory view and overwrite it
-            # at the next write. Remember the bad file's signature so it is reported once, not on
-            # every get()/records() until then; a different file (fixed or broken anew) is read again.
-            self._signature = signature
-            log.error("checkpoint_reload_failed", path=self.path, node=self.node, reason=str(exc),
-                      detail="serving the records in memory; the next prepare or unprepare rewrites the file")
+        if signature is not None and signature == self._unreadable and not writing:
+            return  # already reported; the next update salvages it
+        failure: CheckpointCorrupt | None = None
+        for attempt in range(READ_RETRIES):
+            try:
+                with open(self.path, "rb") as f:
+                    _, self._claims, self._extra = decode_full(f.read())
+                self._signature = signature
+                self._unreadable = None
+                return
+            except FileNotFoundError:
+                self._claims = {}
+                self._signature = None
+                self._unreadable = None
+                return
+            except CheckpointCorrupt as exc:
+                failure = exc
+                if attempt + 1 < READ_RETRIES:
+                    time.sleep(0.01 * (attempt + 1))
+                    signature = self._stat()
+        assert failure is not None
+        if writing:
+            # Under the file lock, about to write: never overwrite what we could not read (another
+            # instance's records would be lost). Quarantine it and take in its salvageable records.
+            self._quarantine(failure)
+            return
+        if signature != self._unreadable:
+            log.error("checkpoint_reload_failed", path=self.path, node=self.node, reason=str(failure),
+                      detail="serving the records in memory; the next prepare or unprepare quarantines the "
+                             "file and salvages its records")
+        self._unreadable = signature
 
     def _write(self) -> None:
         try:
-            atomic_write(self.path, encode(self.boot_id, self._claims, self._encoded), mode=0o600)
+            atomic_write(self.path, encode(self.boot_id, self._claims, self._encoded, self._extra), mode=0o600)
         except BaseException:
             self.on_write(False)
             raise

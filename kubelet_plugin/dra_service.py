@@ -19,6 +19,7 @@ import grpc
 
 from dra_driver.logs import get_logger
 from kubelet_plugin.prepare import ClaimOutcome, Preparer
+from kubelet_plugin.uids import UID_MAX, uid_problem
 
 log = get_logger(__name__)
 
@@ -37,12 +38,17 @@ def claim_problem(index: int, uid: str, namespace: str, name: str) -> str | None
     """Why ``claims[index]`` of a request cannot be a claim reference, or None when it can.
 
     Checked before anything else, so a malformed request never reaches the API server: an empty
-    name would otherwise read the whole collection, a name with ``/`` another path.
+    name would otherwise read the whole collection, a name with ``/`` another path; the UID names
+    files and locks, so it must look like a UID (:mod:`kubelet_plugin.uids`: no NUL, no ``/``, bounded).
     """
     for field, value in (("uid", uid), ("namespace", namespace), ("name", name)):
         if not value:
             return (f"claims[{index}].{field} is empty: the kubelet must send {_FIELD_MEANING[field]}; "
                     "nothing was prepared or unprepared for this entry")
+    problem = uid_problem(uid)
+    if problem:
+        return (f"claims[{index}].uid {problem}; the kubelet must send {_FIELD_MEANING['uid']} (letters, digits "
+                f"and '-', at most {UID_MAX} characters); nothing was prepared or unprepared for this entry")
     if len(namespace) > 63 or not _DNS_LABEL.match(namespace):
         return (f"claims[{index}].namespace {namespace!r} is not a namespace name (a DNS label of at most 63 "
                 f"characters); the kubelet must send {_FIELD_MEANING['namespace']}")
@@ -94,7 +100,7 @@ class DraServicer:
         self.has_share_id = "share_id" in pb2.Device.DESCRIPTOR.fields_by_name
 
     def _refused(self, call: str, entry: _Entry) -> ClaimOutcome:
-        log.warning("claim_request_invalid", call=call, claim_uid=entry.uid or None,
+        log.warning("claim_request_invalid", call=call, claim_uid=entry.uid[:UID_MAX] or None,  # bounded log line
                     claim=f"{entry.namespace}/{entry.name}", node=self.preparer.settings.pool, error=entry.error)
         return ClaimOutcome(error=entry.error, reason="invalid_request")
 

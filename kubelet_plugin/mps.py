@@ -5,7 +5,8 @@ reaches an MPS control daemon, so prepare starts one per claim and unprepare sto
 
 - start: ``nvidia-cuda-mps-control -d`` with ``CUDA_VISIBLE_DEVICES`` = the claim's MPS device UUIDs and
   ``CUDA_MPS_PIPE_DIRECTORY`` / ``CUDA_MPS_LOG_DIRECTORY`` = per-claim directories under the plugin's
-  data directory (``<data dir>/mps/<claim UID>/{pipe,log,shm}``). The daemon is up once it has written
+  data directory (``<data dir>/mps/<hash of the claim UID>/{pipe,log,shm}``, the directory holding an
+  ``owner`` file with the full UID). The daemon is up once it has written
   a live PID to ``<pipe dir>/nvidia-cuda-mps-control.pid`` (NVIDIA documents that file); then the
   claim's defaults are sent to it, one control command per call on its stdin:
   ``set_default_active_thread_percentage <n>`` and
@@ -45,6 +46,16 @@ from dra_driver.opaque_config import MpsSettings
 from kubelet_plugin.allocation import ClaimPlan, PrepareError
 from kubelet_plugin.checkpoint import CheckpointStore, ClaimState, MpsRecord
 from kubelet_plugin.driver_files import driver_library_dirs, find_driver_binary
+from kubelet_plugin.mps_dirs import (  # noqa: F401  (re-exported: the naming and ownership of claim dirs)
+    OWNER_FILE,
+    claim_dir_name,
+    dir_owner,
+    legacy_dir_name,
+    orphan_record,
+    plan_record,
+    trusted_record,
+    write_owner,
+)
 
 log = get_logger(__name__)
 
@@ -129,20 +140,6 @@ def claim_defaults(devices: Sequence[MpsDevice], where: str) -> int | None:
     return values.pop() if values else None
 
 
-def claim_dir_name(claim_uid: str) -> str:
-    """The claim's directory name under ``<data dir>/mps`` (64 bits of its UID: unique in practice)."""
-    name = "".join(c for c in claim_uid.lower() if c.isalnum())
-    return name[:16] or "claim"
-
-
-def plan_record(data_dir: str, claim_uid: str, private_shm: bool) -> MpsRecord:
-    """The directories of a claim's daemon (fixed before anything starts, so a crash can clean up)."""
-    # A short name: the daemon's Unix sockets live under it and a socket path must fit in 108 bytes.
-    root = os.path.join(data_dir, "mps", claim_dir_name(claim_uid))
-    return MpsRecord(root=root, pipe_dir=os.path.join(root, "pipe"), log_dir=os.path.join(root, "log"),
-                     device_uuids=[], shm_dir=os.path.join(root, "shm") if private_shm else "")
-
-
 def with_devices(record: MpsRecord, uuids: Sequence[str], settings: Mapping[str, MpsSettings],
                  thread_percentage: int | None) -> MpsRecord:
     """The record completed with the device UUIDs (known once MIG instances exist) and the limits."""
@@ -202,6 +199,7 @@ def start_for_claim(ops: MpsOps, plan: ClaimPlan, planned: MpsRecord, uuids: Map
     record = with_devices(planned, [uuids[d.name] for d in devices], {uuids[d.name]: d.settings for d in devices},
                           claim_defaults(devices, ref))
     save(record)
+    write_owner(record, plan.uid)
     try:
         started = ops.start(record)
     except MpsError as exc:
@@ -228,7 +226,7 @@ def revive(ops: MpsOps, record: MpsRecord) -> MpsRecord | None:
 
 
 def revive_claim(uid: str, checkpoint: CheckpointStore, claim_lock: Callable[[str], AbstractContextManager[None]],
-                 ops: MpsOps, node: str) -> bool:
+                 ops: MpsOps, node: str, data_dir: str | None = None) -> bool:
     """:func:`revive` for one completed claim, under its lock, recording the new PID; never raises.
 
     True if the daemon was restarted. A failure is logged: the claim stays prepared, and its new
@@ -241,8 +239,9 @@ def revive_claim(uid: str, checkpoint: CheckpointStore, claim_lock: Callable[[st
         record = checkpoint.get(uid)
         if record is None or record.mps is None or record.state is not ClaimState.PREPARE_COMPLETED:
             return False
+        mps = trusted_record(data_dir, uid, record.mps, node) if data_dir is not None else record.mps
         try:
-            started = revive(ops, record.mps)
+            started = revive(ops, mps)
         except Exception as exc:
             log.error("claim_mps_revive_failed", claim_uid=uid, claim=f"{record.namespace}/{record.name}",
                       node=node, error=str(exc))
@@ -266,8 +265,27 @@ def _proc_cmdline(pid: int) -> str:
 
 
 def daemon_alive(pid: int | None) -> bool:
-    """Whether ``pid`` is a live MPS control daemon (a reused PID or a zombie does not count)."""
-    return bool(pid) and MPS_CONTROL in _proc_cmdline(int(pid or 0))
+    """Whether ``pid`` is a live MPS control daemon (a reused PID or a zombie does not count).
+
+    The program itself must be ``nvidia-cuda-mps-control`` (argv[0], or argv[1] behind an interpreter):
+    a PID from a file is never signalled just because some argument mentions the name.
+    """
+    if not pid or pid <= 0:
+        return False
+    argv = _proc_cmdline(int(pid)).split(" ")
+    return any(os.path.basename(a) == MPS_CONTROL for a in argv[:2])
+
+
+def _names_pipe_dir(pid: int, pipe_dir: str) -> bool:
+    """Whether a process's environment says it serves ``pipe_dir`` (True when it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read().split(b"\0")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # not ours to read: its command line alone decides
+    return f"CUDA_MPS_PIPE_DIRECTORY={pipe_dir}".encode() in environ
 
 
 def read_pid(pipe_dir: str) -> int | None:
@@ -407,7 +425,9 @@ class MpsControl:
         # The recorded PID, the PID file, and any control daemon whose environment names this pipe
         # directory (one that hung before writing its PID file, or a crash before the PID was recorded).
         candidates = {record.pid, read_pid(record.pipe_dir), *find_daemons(record.pipe_dir)}
-        pids = sorted(p for p in candidates if p is not None and daemon_alive(p))
+        # A PID from the checkpoint or the PID file is signalled only if it is a control daemon serving
+        # this claim's pipe directory: never another claim's daemon or an unrelated process.
+        pids = sorted(p for p in candidates if p is not None and daemon_alive(p) and _names_pipe_dir(p, record.pipe_dir))
         if pids or serving(record.pipe_dir):
             binary = record.binary if record.binary and os.path.isfile(record.binary) else self._find()
             if binary:

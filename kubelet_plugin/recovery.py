@@ -9,6 +9,9 @@
 - Completed records whose CDI spec file is missing (``/var/run/cdi`` cleaned): the spec is rebuilt
   from the checkpoint so containers of running pods can still restart.
 - Temp files a crash left mid-write in the CDI directory are removed.
+- CDI specs of this driver with no record (the record was lost with a corrupt checkpoint, or dropped
+  as malformed): a record is rebuilt from the spec (:mod:`kubelet_plugin.spec_recovery`), so the
+  devices a running pod holds stay taken and unprepare cleans everything, MIG instances included.
 
 Nothing here raises for one bad record: it is logged and the rest still recovers.
 """
@@ -22,6 +25,7 @@ from dra_driver.cdi import CDI_CLASS, cdi_vendor
 from dra_driver.logs import get_logger
 from kubelet_plugin.checkpoint import ClaimState
 from kubelet_plugin.prepare import Preparer
+from kubelet_plugin.spec_recovery import read_spec, record_from_spec, spec_uids
 
 log = get_logger(__name__)
 
@@ -33,6 +37,7 @@ class RecoveryReport:
     previous_boot_dropped: list[str] = field(default_factory=list)
     rolled_back: list[str] = field(default_factory=list)
     specs_rebuilt: list[str] = field(default_factory=list)
+    records_rebuilt: list[str] = field(default_factory=list)  # from CDI specs whose record was lost
     temp_files_removed: int = 0
     failures: list[str] = field(default_factory=list)
 
@@ -42,6 +47,7 @@ def recover(preparer: Preparer, boot_id: str) -> RecoveryReport:
     report = RecoveryReport()
     store = preparer.checkpoint
     previous_boot = store.file_boot_id is not None and store.file_boot_id != boot_id
+    report.records_rebuilt = rebuild_from_specs(preparer, report)
     for uid in store.records():
         try:
             # The claim lock: during a rolling update the other instance may be preparing this claim
@@ -69,9 +75,39 @@ def recover(preparer: Preparer, boot_id: str) -> RecoveryReport:
     report.temp_files_removed = _remove_temp_files(preparer.settings.cdi_root, preparer.settings.driver_name)
     log.info("checkpoint_recovered", previous_boot=previous_boot,
              previous_boot_dropped=len(report.previous_boot_dropped), rolled_back=len(report.rolled_back),
-             specs_rebuilt=len(report.specs_rebuilt), temp_files_removed=report.temp_files_removed,
+             specs_rebuilt=len(report.specs_rebuilt), records_rebuilt=len(report.records_rebuilt),
+             temp_files_removed=report.temp_files_removed,
              node=preparer.settings.pool)
     return report
+
+
+def rebuild_from_specs(preparer: Preparer, report: RecoveryReport) -> list[str]:
+    """Records for this driver's CDI specs that have none (see :mod:`kubelet_plugin.spec_recovery`)."""
+    settings, store = preparer.settings, preparer.checkpoint
+    rebuilt = []
+    for uid in spec_uids(settings.cdi_root, settings.driver_name):
+        if store.get(uid) is not None:
+            continue
+        try:
+            with preparer.claim_lock(uid):
+                if store.get(uid) is not None:  # another instance prepared it meanwhile
+                    continue
+                path = preparer.spec_path(uid)
+                record = record_from_spec(read_spec(path), path, uid, settings.driver_name, preparer.devices(),
+                                          os.path.dirname(store.path) or ".", preparer.mig is not None, settings.pool)
+                with store.update() as records:
+                    records.setdefault(uid, record)
+            rebuilt.append(uid)
+            log.warning("claim_record_rebuilt_from_spec", claim_uid=uid, node=settings.pool,
+                        device=",".join(record.devices), mig_instances=len(record.mig), mps=record.mps is not None,
+                        reason="a CDI spec of this driver had no checkpoint record; its devices stay taken until "
+                               "the kubelet unprepares the claim")
+        except FileNotFoundError:
+            continue  # unprepared meanwhile
+        except Exception as exc:
+            report.failures.append(f"{uid}: rebuilding its record from the CDI spec: {exc}")
+            log.error("claim_record_rebuild_failed", claim_uid=uid, node=settings.pool, error=str(exc))
+    return rebuilt
 
 
 def _remove_temp_files(cdi_root: str, driver: str) -> int:

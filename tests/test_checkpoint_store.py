@@ -59,7 +59,7 @@ def test_failed_update_leaves_file_and_memory_untouched() -> None:
     assert not os.path.exists(path)
 
 
-def test_corrupt_file_is_quarantined_and_store_starts_clean() -> None:
+def test_corrupt_file_is_quarantined_and_its_records_salvaged() -> None:
     d = tempfile.mkdtemp(dir="/tmp")
     path = os.path.join(d, "checkpoint.json")
     store = CheckpointStore(path, "b")
@@ -70,17 +70,18 @@ def test_corrupt_file_is_quarantined_and_store_starts_clean() -> None:
     Path(path).write_text(data)
     broken = CheckpointStore(path, "b")
     broken.open()
-    assert broken.records() == {}
+    # The record still reads and type-checks: kept (its devices stay taken), the file quarantined.
+    assert list(broken.records()) == ["u1"] and broken.records()["u1"].namespace == "xx"
     assert broken.quarantined and os.path.exists(broken.quarantined)
     assert Path(broken.quarantined).read_text() == data  # the evidence is kept
-    assert "checksum" in (broken.corruption or "")
+    assert "checksum" in (broken.corruption or "") and "salvaged 1 record (u1)" in (broken.corruption or "")
     # And the new file is healthy.
     fresh = CheckpointStore(path, "b")
     fresh.open()
     assert fresh.quarantined is None
 
 
-def test_truncated_and_future_version_files_are_quarantined() -> None:
+def test_truncated_and_future_version_files_without_records_are_quarantined() -> None:
     for content in ('{"version": 1, "claims": {', '{"version": 99, "bootId": "b", "claims": {}}'):
         path = os.path.join(tempfile.mkdtemp(dir="/tmp"), "checkpoint.json")
         Path(path).write_text(content)
@@ -140,10 +141,12 @@ def test_a_corrupt_file_left_by_another_instance_is_reported_once_and_memory_kee
     failures = [r for r in caplog.records if r.getMessage() == "checkpoint_reload_failed"]
     assert len(failures) == 1
     assert failures[0].kv["path"] == path  # type: ignore[attr-defined]
-    # The next write replaces the bad file; a later bad file (a new one) is reported again.
+    # The next write quarantines the bad file (never overwrites what it could not read) and keeps the
+    # records in memory; a later bad file (a new one) is reported again.
     with store.update() as claims:
         claims["u2"] = _record("u2")
-    assert CheckpointStore(path, "b").get("u2") is not None
+    assert set(CheckpointStore(path, "b").records()) == {"u1", "u2"}
+    assert store.quarantined is not None and Path(store.quarantined).read_text() == '{"version": 1, "torn'
     Path(path).write_text("garbage, a longer file this time")
     with caplog.at_level(logging.ERROR, logger="kubelet_plugin.checkpoint"):
         store.records()

@@ -100,10 +100,12 @@ class PluginMetrics:
             ["node", "result"], buckets=PREPARE_BUCKETS, registry=r)
         self.prepare_errors = Counter(
             "gpuready_prepare_errors",
-            "Claims whose prepare failed, by reason (claim_not_found, uid_mismatch, device_unhealthy, ...).",
+            "Claims whose prepare failed, by reason (claim_not_found, uid_mismatch, device_unhealthy, "
+            "invalid_request, claim_mismatch, forbidden, unauthorized, api_unavailable, api_error, internal, ...).",
             ["node", "reason"], registry=r)
         self.unprepare_errors = Counter(
-            "gpuready_unprepare_errors", "Claims whose unprepare failed, by reason.",
+            "gpuready_unprepare_errors", "Claims whose unprepare failed, by reason (invalid_request, claim_mismatch, "
+            "internal).",
             ["node", "reason"], registry=r)
         self.prepared_claims = Gauge(
             "gpuready_prepared_claims", "Claims currently prepared on this node (from the checkpoint).",
