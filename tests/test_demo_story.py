@@ -27,8 +27,10 @@ def test_default_demo_tells_the_whole_story() -> None:
     proc = run_demo()
     out = proc.stdout
     assert proc.returncode == 0, f"demo failed:\n{out}\n{proc.stderr}"
-    # Component logs go to a file, not into the story.
+    # Component logs go to a file, not into the story, nor onto the terminal's stderr (gRPC's own
+    # C-core lines included: a channel closed after its server said goodbye prints one there).
     assert "Traceback" not in out and "level=" not in out, out
+    assert proc.stderr.strip() == "", proc.stderr
     log_path = re.search(r"component logs: (\S+)", out)
     assert log_path, out
     # Inventory: both nodes, static MIG devices, the shared H200, dynamic MIG placements.

@@ -20,13 +20,14 @@ NODE = "n1"
 POD_UID = "0d9c8b7a-0000-4000-8000-00000000abcd"
 
 
-def _spawn(h: PluginHarness, extra_env: dict[str, str], pod_uid: str = "") -> subprocess.Popen[bytes]:
+def _spawn(h: PluginHarness, extra_env: dict[str, str], pod_uid: str = "",
+           nvml: str = f"sim:8xh100@{NODE}", extra_args: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
     d = h.node_dirs(NODE)
     kubeconfig = h.server.write_kubeconfig(os.path.join(h.root, "kubeconfig"))
     env = {**os.environ, "GPUREADY_BOOT_ID": "test-boot", **extra_env}
     args = [sys.executable, "-m", "dra_driver.cli", "kubelet-plugin", "--node-name", NODE,
-            "--nvml", f"sim:8xh100@{NODE}", "--kubeconfig", kubeconfig, "--registrar-dir", d.registry,
-            "--plugin-dir", d.plugin, "--cdi-root", d.cdi, "--health-mode", "off"]
+            "--nvml", nvml, "--kubeconfig", kubeconfig, "--registrar-dir", d.registry,
+            "--plugin-dir", d.plugin, "--cdi-root", d.cdi, "--health-mode", "off", *extra_args]
     if pod_uid:
         args += ["--pod-uid", pod_uid]
     return subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -186,3 +187,21 @@ def _quietly(fn: object, *args: object) -> None:
         fn(*args)  # type: ignore[operator]
     except Exception:
         pass
+
+
+def test_every_event_of_the_plugin_process_names_its_node() -> None:
+    """Code that does not know the node (NVML, MIG instance changes) still logs it: one node per process."""
+    with PluginHarness() as h:
+        proc = _spawn(h, {}, nvml=f"sim:4xh200@{NODE}", extra_args=("--mig-mode", "dynamic"))
+        try:
+            kubelet = h.kubelet(NODE, timeout=60)
+            uid = h.create_claim("mig", [("gpu", NODE, "gpu-0-mig-1g18gb-19-0")])
+            assert kubelet.prepare([("default", "mig", uid)], timeout=60)[uid].ok
+            assert kubelet.unprepare([("default", "mig", uid)], timeout=60) == {uid: ""}
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            stderr = proc.communicate(timeout=30)[1].decode()
+        events = [line for line in stderr.splitlines() if " event=" in line]
+        assert any("event=mig_device_created" in line for line in events), stderr[-3000:]
+        unnamed = [line for line in events if f"node={NODE}" not in line]
+        assert not unnamed, unnamed[:5]

@@ -205,7 +205,8 @@ class DemoCluster:
         self._log_file = open(self.log_path, "a", buffering=1)  # noqa: SIM115 - closed in stop()
         root = logging.getLogger()
         self._log_setup = (list(root.handlers), root.level)
-        configure("info", stream=self._log_file)
+        # The level the user chose (gpuready --log-level, already applied to the root logger).
+        configure(logging.getLevelName(root.level).lower() if root.level else "info", stream=self._log_file)
         # Stray stderr output of components (socketserver prints a traceback when a client resets a
         # connection) belongs in the log too, not in the story.
         self._stderr = sys.stderr
@@ -240,15 +241,18 @@ class DemoCluster:
 
         self.core.create_node({"metadata": {"name": spec.name, "labels": {"kubernetes.io/hostname": spec.name}}})
         dirs = NodeDirs.make(os.path.join(self.workdir, spec.name))
+        # This node's kubelet's PodResources socket: never the host's (/var/lib/kubelet/...).
+        pod_resources = os.path.join(dirs.root, "pod-resources.sock")
         config = DemoPluginConfig(
             node_name=spec.name, driver_name=DRIVER, registrar_dir=dirs.registry, plugin_dir=dirs.plugin,
             cdi_root=dirs.cdi, nvml=f"sim:{spec.profile}", mig_mode=spec.mig_mode,
             shared_gpus=spec.shared_gpus or False, health_mode="withdraw", registration_retry=0.2,
-            hold_down=self.hold_down, recovery_passes=self.recovery_passes, health_interval=5.0)
+            hold_down=self.hold_down, recovery_passes=self.recovery_passes, health_interval=5.0,
+            pod_resources_socket=pod_resources)
         # "@node" seeds the simulated UUIDs, so the two nodes' GPUs differ as real ones do.
         plugin = KubeletPlugin(config, self.new_client(), open_nvml(f"sim:{spec.profile}@{spec.name}"))
         plugin.start()
-        kubelet = KubeletEmulator(dirs.registry, retry_initial=0.2).start()
+        kubelet = KubeletEmulator(dirs.registry, retry_initial=0.2, pod_resources_socket=pod_resources).start()
         try:
             registered = kubelet.wait_for_plugin(DRIVER, timeout=20.0)
         except Exception as exc:
@@ -312,8 +316,8 @@ class DemoCluster:
         if self.controller is not None:
             self.controller.stop()
         for node in self.nodes.values():
+            node.plugin.stop()  # first: it closes its PodResources channel to this kubelet
             node.kubelet.stop()
-            node.plugin.stop()
         if self.server is not None:
             self.server.stop()
         if self._log_file is not None:
