@@ -116,7 +116,8 @@ def plan_pod(claims: list[dict[str, Any]], inventory: Inventory, policy: Policy 
     if pinned is not None or first.node_name is None:
         order: list[str | None] = [pinned if pinned is not None else None]
     else:
-        order = [first.node_name, *(n for n in inventory.nodes if n != first.node_name)][:MAX_NODES_TRIED]
+        order = [first.node_name, *(n for n in inventory.nodes if n != first.node_name)]
+        del order[MAX_NODES_TRIED:]
     failures: list[str] = []
     for node in order:
         allocations, chosen, why = _attempt(claims, inventory, policy, node)
