@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -420,3 +422,50 @@ def test_a_running_plugin_restarts_a_claims_daemon_that_died(tmp_path: Any, monk
         for e in events(record):
             if e["kind"] == "daemon" and daemon_alive(e["pid"]):
                 os.kill(e["pid"], signal.SIGKILL)
+
+
+def test_uids_alike_in_their_first_16_characters_get_different_dirs_and_never_stop_each_others_daemon(
+        h: PluginHarness, fake: dict[str, str]) -> None:
+    uid = h.create_claim("mps-alike", [("gpu", NODE, "gpu-2")], config=[_mps()])
+    kubelet = h.kubelet(NODE)
+    assert kubelet.prepare([("default", "mps-alike", uid)])[uid].ok
+    pid = read_pid(_claim_dirs(h, uid)["pipe"])
+    assert pid is not None and daemon_alive(pid)
+    # Same first 16 alphanumerics (case aside), another claim: never prepared here.
+    alike = uid[:18].upper() + "-0000-000000000000"
+    assert claim_dir_name(alike) != claim_dir_name(uid)
+    assert kubelet.unprepare([("default", "other", alike)]) == {alike: ""}
+    assert daemon_alive(pid) and os.path.isdir(_claim_dirs(h, uid)["root"])
+    # A directory under the other UID's name that names another owner is left alone too.
+    squatted = _claim_dirs(h, alike)["root"]
+    os.makedirs(squatted)
+    with open(os.path.join(squatted, "owner"), "w") as f:
+        f.write(uid)
+    assert kubelet.unprepare([("default", "other", alike)]) == {alike: ""}
+    assert os.path.isdir(squatted)
+    with open(os.path.join(_claim_dirs(h, uid)["root"], "owner")) as f:
+        assert f.read() == uid  # prepare wrote the owner
+    assert kubelet.unprepare([("default", "mps-alike", uid)]) == {uid: ""}
+    assert not daemon_alive(pid)
+
+
+def test_a_recorded_pid_that_is_not_this_claims_daemon_is_never_signalled(tmp_path: Any) -> None:
+    from kubelet_plugin.checkpoint import MpsRecord
+
+    # A process that merely mentions the name, and one named like the daemon serving another pipe dir.
+    mentions = subprocess.Popen(["sh", "-c", "sleep 30", "nvidia-cuda-mps-control"])
+    named = tmp_path / "nvidia-cuda-mps-control"
+    named.symlink_to(shutil.which("sleep") or "/bin/sleep")
+    impostor = subprocess.Popen([str(named), "30"], env={"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "elsewhere")})
+    try:
+        for proc in (mentions, impostor):
+            root = tmp_path / f"claim-{proc.pid}"
+            (root / "pipe").mkdir(parents=True)
+            record = MpsRecord(root=str(root), pipe_dir=str(root / "pipe"), log_dir=str(root / "log"),
+                               device_uuids=[], pid=proc.pid)
+            MpsControl(MpsControlSettings(binary="/nonexistent", stop_timeout=0.5, node=NODE)).stop(record)
+            assert proc.poll() is None, f"{proc.args} was signalled"
+    finally:
+        for proc in (mentions, impostor):
+            proc.kill()
+            proc.wait()
