@@ -62,8 +62,9 @@ def recover(preparer: Preparer, boot_id: str) -> RecoveryReport:
                 elif record.state is ClaimState.PREPARE_STARTED:
                     preparer.undo(record)
                     report.rolled_back.append(uid)
-                elif record.cdi_spec is not None and not os.path.exists(record.cdi_spec_file):
-                    preparer.write_spec(record.cdi_spec_file, record.cdi_spec)
+                elif record.cdi_spec is not None and not os.path.exists(preparer.spec_path(uid)):
+                    # The path is derived from the UID, never read from the record (a file anyone could edit).
+                    preparer.write_spec(preparer.spec_path(uid), record.cdi_spec)
                     report.specs_rebuilt.append(uid)
         except Exception as exc:
             report.failures.append(f"{uid}: {exc}")

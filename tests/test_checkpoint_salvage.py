@@ -248,3 +248,23 @@ def test_an_unreadable_file_left_by_another_instance_is_never_overwritten(tmp_pa
                                           state=ck.ClaimState.PREPARE_COMPLETED, devices=["gpu-1"])
     assert set(ck.CheckpointStore(path, "b").records()) == {"aaaa-1", "bbbb-2", "cccc-3"}
     assert mine.quarantined is not None and json.loads(Path(mine.quarantined).read_text())["version"] == 2
+
+
+def test_a_record_naming_foreign_mps_dirs_never_removes_them(tmp_path: Path) -> None:
+    victim = tmp_path / "precious-dir"
+    (victim / "pipe").mkdir(parents=True)
+    (victim / "data").write_text("keep me")
+    with PluginHarness() as h:
+        h.start_plugin(NODE)
+        kubelet = h.kubelet(NODE)
+        uid = h.create_claim("c1", [("gpu", NODE, "gpu-0")])
+        assert kubelet.prepare([("default", "c1", uid)])[uid].ok
+        path = h.plugins[NODE].config.checkpoint_path
+        h.stop_plugin(NODE)
+        mps = {"root": str(victim), "pipe_dir": str(victim / "pipe"), "log_dir": str(victim / "log"),
+               "shm_dir": "", "device_uuids": [], "binary": "/bin/rm", "pid": os.getpid()}
+        _rewrite(path, lambda r: r["claims"][uid].__setitem__("mps", mps))
+        h.start_plugin(NODE)
+        kubelet = h.kubelet(NODE, previous=kubelet)
+        assert kubelet.unprepare([("default", "c1", uid)]) == {uid: ""}
+        assert (victim / "data").read_text() == "keep me" and (victim / "pipe").is_dir()
