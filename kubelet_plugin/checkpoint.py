@@ -256,7 +256,12 @@ def decode_full(data: bytes) -> tuple[str, dict[str, ClaimRecord], dict[str, Any
         raise corrupt("checksum mismatch (torn write or edited file)")
     if not isinstance(raw.get("bootId"), str) or not isinstance(raw.get("claims"), dict):
         raise corrupt("bootId must be a string and claims an object")
-    found = salvage(data, _parse_record)
+    found: Salvage[ClaimRecord] = Salvage(boot_id=raw["bootId"])  # parsed once, record by record
+    for uid, rec in raw["claims"].items():
+        try:
+            found.records[uid] = _parse_record(rec, uid)
+        except RecordError as exc:
+            found.dropped.append((uid, str(exc)))
     if found.dropped:
         shown = "; ".join(f"{uid}: {why}" for uid, why in found.dropped[:3])
         raise CheckpointCorrupt(f"{len(found.dropped)} malformed record(s): {shown}", found)

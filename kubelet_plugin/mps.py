@@ -49,8 +49,10 @@ from kubelet_plugin.driver_files import driver_library_dirs, find_driver_binary
 from kubelet_plugin.mps_dirs import (  # noqa: F401  (re-exported: the naming and ownership of claim dirs)
     OWNER_FILE,
     claim_dir_name,
+    daemon_alive,
     dir_owner,
     legacy_dir_name,
+    names_pipe_dir,
     orphan_record,
     plan_record,
     trusted_record,
@@ -256,38 +258,6 @@ def revive_claim(uid: str, checkpoint: CheckpointStore, claim_lock: Callable[[st
         return True
 
 
-def _proc_cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def daemon_alive(pid: int | None) -> bool:
-    """Whether ``pid`` is a live MPS control daemon (a reused PID or a zombie does not count).
-
-    The program itself must be ``nvidia-cuda-mps-control`` (argv[0], or argv[1] behind an interpreter):
-    a PID from a file is never signalled just because some argument mentions the name.
-    """
-    if not pid or pid <= 0:
-        return False
-    argv = _proc_cmdline(int(pid)).split(" ")
-    return any(os.path.basename(a) == MPS_CONTROL for a in argv[:2])
-
-
-def _names_pipe_dir(pid: int, pipe_dir: str) -> bool:
-    """Whether a process's environment says it serves ``pipe_dir`` (True when it cannot be read)."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            environ = f.read().split(b"\0")
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True  # not ours to read: its command line alone decides
-    return f"CUDA_MPS_PIPE_DIRECTORY={pipe_dir}".encode() in environ
-
-
 def read_pid(pipe_dir: str) -> int | None:
     """The PID the daemon wrote into its pipe directory, or None."""
     try:
@@ -427,7 +397,7 @@ class MpsControl:
         candidates = {record.pid, read_pid(record.pipe_dir), *find_daemons(record.pipe_dir)}
         # A PID from the checkpoint or the PID file is signalled only if it is a control daemon serving
         # this claim's pipe directory: never another claim's daemon or an unrelated process.
-        pids = sorted(p for p in candidates if p is not None and daemon_alive(p) and _names_pipe_dir(p, record.pipe_dir))
+        pids = sorted(p for p in candidates if p is not None and daemon_alive(p) and names_pipe_dir(p, record.pipe_dir))
         if pids or serving(record.pipe_dir):
             binary = record.binary if record.binary and os.path.isfile(record.binary) else self._find()
             if binary:

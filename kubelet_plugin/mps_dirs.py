@@ -3,7 +3,9 @@
 The name is a hash of the claim's whole UID (a prefix of a UID is not unique; earlier versions used the
 first 16 alphanumerics, still accepted for records they wrote), and the directory holds an ``owner``
 file with the full UID, so an unprepare of a claim without a record never stops another claim's
-daemon. Paths read from the checkpoint are checked against these (:func:`trusted_record`).
+daemon. Paths read from the checkpoint are checked against these (:func:`trusted_record`), and a PID
+from a record or a PID file counts as the claim's daemon only when the process is
+``nvidia-cuda-mps-control`` serving the claim's pipe directory (:func:`daemon_alive`, :func:`names_pipe_dir`).
 """
 
 from __future__ import annotations
@@ -95,3 +97,35 @@ def orphan_record(data_dir: str, claim_uid: str, node: str = "") -> MpsRecord | 
                     reason="the directory belongs to another claim; left alone")
         return None
     return _record_at(root, os.path.isdir(os.path.join(root, "shm")))
+
+
+def _proc_cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def daemon_alive(pid: int | None) -> bool:
+    """Whether ``pid`` is a live MPS control daemon (a reused PID or a zombie does not count).
+
+    The program itself must be ``nvidia-cuda-mps-control`` (argv[0], or argv[1] behind an interpreter):
+    a PID from a file is never signalled just because some argument mentions the name.
+    """
+    if not pid or pid <= 0:
+        return False
+    argv = _proc_cmdline(int(pid)).split(" ")
+    return any(os.path.basename(a) == MPS_CONTROL for a in argv[:2])
+
+
+def names_pipe_dir(pid: int, pipe_dir: str) -> bool:
+    """Whether a process's environment says it serves ``pipe_dir`` (True when it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read().split(b"\0")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # not ours to read: its command line alone decides
+    return f"CUDA_MPS_PIPE_DIRECTORY={pipe_dir}".encode() in environ
