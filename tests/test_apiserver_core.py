@@ -272,6 +272,23 @@ def test_pod_binding_sets_node_once(api: client.ApiClient) -> None:
     with pytest.raises(client.ApiException) as exc:
         core.create_namespaced_pod_binding("p", "default", binding, _preload_content=False)
     assert exc.value.status == 409
+    assert json.loads(exc.value.body)["message"] == \
+        'Operation cannot be fulfilled on pods/binding "p": pod p is already assigned to node "node-a"'
+
+
+def test_a_gated_pod_cannot_be_bound_until_its_gates_are_gone(api: client.ApiClient) -> None:
+    core = client.CoreV1Api(api)
+    core.create_namespaced_pod("default", {"metadata": {"name": "gated"}, "spec": {
+        "schedulingGates": [{"name": "gpu.nvidia.com/placement"}], "containers": [{"name": "c", "image": "i"}]}})
+    binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "gated"},
+               "target": {"apiVersion": "v1", "kind": "Node", "name": "node-a"}}
+    with pytest.raises(client.ApiException) as exc:
+        core.create_namespaced_pod_binding("gated", "default", binding, _preload_content=False)
+    assert exc.value.status == 409
+    assert "pod gated has non-empty .spec.schedulingGates" in json.loads(exc.value.body)["message"]
+    core.patch_namespaced_pod("gated", "default", [{"op": "remove", "path": "/spec/schedulingGates"}])
+    resp = core.create_namespaced_pod_binding("gated", "default", binding, _preload_content=False)
+    assert resp.status == 201
 
 
 def test_status_of_kind_without_status_is_404(srv: LocalApiServer) -> None:

@@ -365,10 +365,13 @@ class Store:
             current = self._bucket(rt).get((self._ns(rt, namespace), name))
             if current is None:
                 raise errors.not_found(rt, name)
-            bound = (current.get("spec") or {}).get("nodeName")
-            if bound:
-                raise errors.ApiError(409, "Conflict", f'pod {name} is already assigned to node "{bound}"',
-                                      {"name": name, "kind": "pods"})
+            spec = current.get("spec") or {}
+            bound = spec.get("nodeName")
+            why = (f'pod {name} is already assigned to node "{bound}"' if bound else
+                   f"pod {name} has non-empty .spec.schedulingGates" if spec.get("schedulingGates") else None)
+            if why:  # the real server's wording and 409 (a gated pod is not ready to be scheduled)
+                raise errors.ApiError(409, "Conflict", f'Operation cannot be fulfilled on pods/binding "{name}": {why}',
+                                      {"name": name, "kind": "pods/binding"})
             new = copy_json(current)
             new.setdefault("spec", {})["nodeName"] = node
             conds = [c for c in (new.setdefault("status", {}).get("conditions") or [])
