@@ -234,8 +234,9 @@ class KubeletPlugin:
             emit_node_event(
                 self.api_client, self.config.node_name, "CheckpointQuarantined",
                 f"gpuready kubelet plugin found a corrupt checkpoint ({self.checkpoint.corruption}); moved it "
-                f"to {self.checkpoint.quarantined} and started with an empty one. Claims prepared before are "
-                "unprepared by file name when the kubelet asks.")
+                f"to {self.checkpoint.quarantined}. Every record that could be read was kept, and claims whose "
+                "CDI spec remains get their record rebuilt at start-up, so their devices stay taken "
+                "(docs/troubleshooting.md, section 8).")
 
     def _start_health(self) -> None:
         cfg = self.config
@@ -330,7 +331,8 @@ class KubeletPlugin:
         return self.devices
 
     def _claim_refs(self) -> list[tuple[str, str, str]]:
-        return [(r.namespace, r.name, r.uid) for r in self.checkpoint.records().values()]
+        # A record rebuilt from a CDI spec has no name until the kubelet prepares the claim again.
+        return [(r.namespace, r.name, r.uid) for r in self.checkpoint.records().values() if r.name]
 
     def _allocations(self) -> dict[str, list[DeviceAllocation]]:
         """Prepared devices with their claim, pod (API, else PodResources) and containers (PodResources);

@@ -100,6 +100,7 @@ def test_corrupt_checkpoint_keeps_the_prepared_claims_devices_taken(how: str) ->
         # The Event says the file was quarantined and what was salvaged.
         messages = _events(h)
         assert len(messages) == 1 and "salvaged" in messages[0], messages
+        assert "started with an empty one" not in messages[0] and "stay taken" in messages[0], messages
         # Another claim on the same GPU is refused, naming the claim that holds it.
         other = h.create_claim("c2", [("gpu", NODE, "gpu-0")])
         refused = kubelet.prepare([("default", "c2", other)])[other]
