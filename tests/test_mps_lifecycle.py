@@ -411,11 +411,17 @@ def test_a_running_plugin_restarts_a_claims_daemon_that_died(tmp_path: Any, monk
             assert pid is not None and daemon_alive(pid)
             os.kill(pid, signal.SIGKILL)
             deadline = time.monotonic() + 20
-            while (revived := read_pid(pipe)) in (None, pid) or not daemon_alive(revived):
-                assert time.monotonic() < deadline, "the plugin never restarted the claim's MPS daemon"
+
+            def recorded_pid() -> int | None:
+                record_now = h.plugins[NODE].checkpoint.get(uid)
+                return record_now.mps.pid if record_now is not None and record_now.mps is not None else None
+
+            # Revived: a new live daemon, and the checkpoint records it (the PID file comes first).
+            while ((revived := read_pid(pipe)) in (None, pid) or not daemon_alive(revived)
+                   or recorded_pid() != revived):
+                assert time.monotonic() < deadline, \
+                    f"the plugin never restarted the claim's MPS daemon (file {revived}, record {recorded_pid()})"
                 time.sleep(0.1)
-            record_now = h.plugins[NODE].checkpoint.get(uid)
-            assert record_now is not None and record_now.mps is not None and record_now.mps.pid == revived
             assert h.kubelet(NODE).unprepare([("default", "mps-watch", uid)]) == {uid: ""}
             assert not daemon_alive(revived)
     finally:
