@@ -108,7 +108,26 @@ def run(quick: bool = False) -> list[BenchResult]:
         samples = _time(lambda c=c: plan(c, inv), repeat)
         results.append(summarize(f"plan one claim: {label}, {nodes} nodes x 8 GPUs, half in use", samples,
                                  target="p99 < 20 ms", p99_max=20.0))
+    results.append(_placement(inv, small, pair, nodes, repeat))
     return results
+
+
+def _placement(inv: Any, small: dict[str, Any], pair: dict[str, Any], nodes: int, repeat: int) -> BenchResult:
+    """Placement mode's hot path: a gated pod's claims planned together on one node (plan_pod)."""
+    from controller.placement_plan import _allocated, plan_pod
+    from dra_driver.planning.parse import claim_ref
+
+    claims = [small, pair]
+
+    def once() -> None:
+        result = plan_pod(claims, inv)
+        assert result.ok, result.reasons
+        for c in claims:  # plan_pod leaves the pod's claims accounted: undo for the next sample
+            inv.remove_claim(_allocated(c, result.allocations[claim_ref(c)]))
+
+    samples = _time(once, repeat)
+    return summarize(f"placement mode: plan a pod's 2 claims (15 GiB + 2 GPUs on one PCIe root) on one node, "
+                     f"{nodes} nodes", samples, target="p99 < 50 ms", p99_max=50.0)
 
 
 if __name__ == "__main__":
