@@ -42,7 +42,16 @@ def self_signed_cert(directory: str, hosts: tuple[str, ...] = ("127.0.0.1", "loc
         from cryptography.hazmat.primitives.asymmetric import ec
         from cryptography.x509.oid import NameOID
     except ImportError:
-        san = ",".join(f"IP:{h}" if h[0].isdigit() else f"DNS:{h}" for h in hosts)
+        import ipaddress
+
+        def is_ip(h: str) -> bool:
+            try:
+                ipaddress.ip_address(h)
+                return True
+            except ValueError:
+                return False
+
+        san = ",".join(f"IP:{h}" if is_ip(h) else f"DNS:{h}" for h in hosts)
         subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
                         "-nodes", "-days", "2", "-subj", f"/CN={hosts[0]}", "-addext", f"subjectAltName={san}",
                         "-keyout", key_path, "-out", cert_path], check=True, capture_output=True)
