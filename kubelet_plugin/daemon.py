@@ -66,6 +66,7 @@ from kubelet_plugin.health_stream import HealthBroadcaster, HealthServicer, entr
 from kubelet_plugin.kube import KubeClaims, NodeStatusApi, PodEventsApi, PreparedClaims, emit_node_event
 from kubelet_plugin.mig import NvmlMigOps
 from kubelet_plugin.prepare import Preparer, PrepareSettings
+from kubelet_plugin.probes import PluginProbes
 from kubelet_plugin.publisher import SlicePublisher
 from kubelet_plugin.recovery import RecoveryReport, recover
 from kubelet_plugin.registration import RegistrationServer
@@ -114,6 +115,8 @@ class KubeletPlugin:
         self.recovery: RecoveryReport | None = None
         self._server: grpc.Server | None = None
         self._metrics_server: Any = None
+        # /healthz and /readyz on the metrics port (kubelet_plugin.probes): DRA socket, loops, registration.
+        self.probes = PluginProbes(self, node=config.node_name)
         self._state_lock = threading.Lock()
         self._devices_lock = threading.Lock()  # serializes re-reading the node after a MIG change
         self._unhealthy: dict[str, str] = {}
@@ -186,7 +189,8 @@ class KubeletPlugin:
                 node=cfg.node_name, driver_name=cfg.driver_name))
             self.metrics.registry.register(self.vram.collector())
         if cfg.metrics_port:
-            self._metrics_server, _ = serve_metrics(self.metrics.registry, cfg.metrics_host, cfg.metrics_port)
+            self._metrics_server, _ = serve_metrics(self.metrics.registry, cfg.metrics_host, cfg.metrics_port,
+                                                    health=self.probes)
         self._started = True
         log.info("plugin_started", node=cfg.node_name, driver=cfg.driver_name, dra_socket=self.paths.dra,
                  registration_socket=self.paths.registration)
@@ -221,6 +225,7 @@ class KubeletPlugin:
             self.publisher.stop()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
+        self.probes.close()
         if self.pod_resources is not None:
             self.pod_resources.close()
         self._started = False

@@ -160,6 +160,14 @@ class HealthMonitor(ValidationLoop):
                 pass
             self._nvml_ready = False
 
+    def dead_threads(self) -> list[str]:
+        """Names of the poll, validation and event threads that died while the monitor runs
+        (the kubelet plugin's /healthz: a dead loop means health is no longer watched)."""
+        if self._stop.is_set():
+            return []
+        threads = [*self._threads, *([self._event_thread] if self._event_thread else [])]
+        return [t.name for t in threads if not t.is_alive()]
+
     def set_devices(self, devices: NodeDevices) -> None:
         """Track a re-read of the node (a dynamic MIG change, or NVML listing other GPUs than before).
 

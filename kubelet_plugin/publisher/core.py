@@ -141,6 +141,12 @@ class SlicePublisher:
         with self._lock:
             return frozenset(self._gates_off)
 
+    def dead_threads(self) -> list[str]:
+        """Names of the reconcile and watch threads that died while the publisher runs (/healthz)."""
+        if self._stop.is_set():
+            return []
+        return [t.name for t in self._threads if not t.is_alive()]
+
     def resync(self) -> None:
         """Reconcile against a fresh list now instead of at the next resync period."""
         self._cache = None
