@@ -231,7 +231,7 @@ def _start(config: PluginConfig, kubeconfig: str, stop: threading.Event, delay: 
     while not stop.is_set():
         plugin = None
         try:
-            nvml = open_nvml(config.nvml)
+            nvml = open_nvml(config.nvml, driver_root=config.driver_root)
             plugin = KubeletPlugin(config, make_api_client(kubeconfig), nvml)
             plugin.start()
             report_shared_gpu_names(config, plugin.devices)

@@ -12,8 +12,9 @@ import glob
 import os
 import shutil
 
+from dra_driver.nvml.libraries import LIB_DIRS
+
 BIN_DIRS = ("/usr/bin", "/usr/local/bin", "/bin")
-LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib/aarch64-linux-gnu", "/usr/lib")
 LIBRARIES = (
     "libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so", "libnvidia-nvvm.so",
     "libcudadebugger.so", "libnvidia-gpucomp.so", "libnvidia-allocator.so", "libnvidia-cfg.so",
@@ -56,8 +57,3 @@ def find_driver_binary(name: str, driver_root: str, search_path: str | None = No
             return candidate
     return None
 
-
-def driver_library_dirs(driver_root: str) -> list[str]:
-    """The library directories that exist under ``driver_root`` (for a tool run from a driver root)."""
-    root = driver_root.rstrip("/")
-    return [f"{root}{d}" for d in LIB_DIRS if os.path.isdir(f"{root}{d}")]

@@ -42,10 +42,11 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from dra_driver.logs import get_logger
+from dra_driver.nvml.libraries import driver_library_dirs
 from dra_driver.opaque_config import MpsSettings
 from kubelet_plugin.allocation import ClaimPlan, PrepareError
 from kubelet_plugin.checkpoint import CheckpointStore, ClaimState, MpsRecord
-from kubelet_plugin.driver_files import driver_library_dirs, find_driver_binary
+from kubelet_plugin.driver_files import find_driver_binary
 from kubelet_plugin.mps_dirs import (  # noqa: F401  (re-exported: the naming and ownership of claim dirs)
     OWNER_FILE,
     claim_dir_name,

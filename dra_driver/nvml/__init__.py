@@ -45,15 +45,25 @@ def default_nvml_spec() -> str:
     return os.environ.get(ENV_VAR, "").strip() or "real"
 
 
-def open_nvml(spec: str = "real") -> Any:
+def open_nvml(spec: str = "real", driver_root: str | None = None) -> Any:
     """Open NVML: ``"real"`` (pynvml) or ``"sim:<profile>[@<seed>]"``; returned already initialised.
 
-    Raises :class:`NvmlUnavailableError` when the real NVML does not initialise, and ``ValueError``
-    for a spec or profile that does not exist (the message lists the profiles).
+    ``driver_root`` (default ``$NVIDIA_DRIVER_ROOT``): where the driver's libraries are when they are
+    not on the library path (the DaemonSet mounts the host's driver there); see
+    :mod:`dra_driver.nvml.libraries`. Raises :class:`NvmlUnavailableError` when the real NVML does not
+    initialise, and ``ValueError`` for a spec or profile that does not exist (the message lists the
+    profiles).
     """
     if spec == "real":
         import pynvml
 
+        from dra_driver.nvml.libraries import use_driver_root
+
+        root = os.environ.get("NVIDIA_DRIVER_ROOT", "") if driver_root is None else driver_root
+        try:
+            use_driver_root(root)
+        except OSError as exc:
+            raise NvmlUnavailableError(f"{exc}; check --driver-root (env NVIDIA_DRIVER_ROOT)") from exc
         init_nvml(pynvml)
         return pynvml
     if spec.startswith("sim:"):
