@@ -709,3 +709,34 @@ def test_placement_mode_is_checked_by_the_schema_and_needs_the_controller() -> N
         _chart().render({"controller": {"enabled": False, "placementMode": "gated"}}, name=RELEASE,
                         namespace=NAMESPACE)
     assert "controller.placementMode is gated but controller.enabled is false" in str(err.value)
+
+
+@pytest.mark.parametrize("values_name", ["default", "health-off", "simulated-evict"])
+def test_plugin_probes_its_own_healthz_and_readyz_on_the_metrics_port(values_name: str) -> None:
+    values = VALUE_SETS[values_name]
+    container = _plugin_pod(values)["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["metrics"] == 8080 and _env(container)["METRICS_PORT"] == "8080"
+    startup, liveness, readiness = (container[k] for k in ("startupProbe", "livenessProbe", "readinessProbe"))
+    # Liveness: the plugin's DRA socket and loops (never /metrics, which reads NVML per GPU).
+    assert liveness["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert (liveness["periodSeconds"], liveness["failureThreshold"], liveness["timeoutSeconds"]) == (10, 3, 3)
+    # A slow NVML start on a big node gets 150 s before liveness can restart it.
+    assert startup["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 150
+    assert readiness["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    # The probe's own gRPC deadline (kubelet_plugin.probes) fits inside the kubelet's timeout.
+    from kubelet_plugin.probes import DEFAULT_TIMEOUT_S
+
+    assert all(p["timeoutSeconds"] > DEFAULT_TIMEOUT_S for p in (startup, liveness, readiness))
+
+
+def test_plugin_probes_follow_a_custom_metrics_port_and_port_zero_is_refused() -> None:
+    container = _plugin_pod({"kubeletPlugin": {"metrics": {"port": 9400}}})["containers"][0]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]}["metrics"] == 9400
+    assert _env(container)["METRICS_PORT"] == "9400"
+    assert {container[k]["httpGet"]["port"] for k in ("startupProbe", "livenessProbe", "readinessProbe")} == {"metrics"}
+    # Port 0 would turn the plugin's HTTP server (and with it the probes) off: the schema refuses it.
+    with pytest.raises(helm.HelmValuesError) as info:
+        _chart().render({"kubeletPlugin": {"metrics": {"port": 0}}}, name=RELEASE, namespace=NAMESPACE)
+    assert "/kubeletPlugin/metrics/port" in str(info.value)
