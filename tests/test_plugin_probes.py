@@ -202,3 +202,17 @@ def test_unknown_paths_still_serve_metrics_and_the_controller_style_answers_are_
             assert resp.headers["Content-Type"].startswith("text/plain") and resp.read() == b"ok\n"
         status, body = _get(port, "/metrics")
         assert status == 200 and "gpuready_" in body
+
+
+@pytest.mark.gpu
+def test_real_gpu_plugin_is_live_and_ready_with_its_health_monitor_running() -> None:
+    with PluginHarness() as h:
+        plugin, port = _start(h, "gpu-node", nvml=open_nvml("real"), health_mode="withdraw")
+        h.kubelet("gpu-node")
+        assert plugin.health_monitor.wait_validated(120)
+        assert plugin.health_monitor.dead_threads() == []  # poll, validate and event loops all run
+        _wait_for("ready on the GPU host", lambda: _get(port, "/readyz"), 200, timeout=60)
+        plugin.probes.cache_s = 0.0
+        started = time.monotonic()
+        assert _get(port, "/healthz") == (200, "ok\n")
+        assert time.monotonic() - started < 0.5  # one empty gRPC call, no NVML
