@@ -106,11 +106,11 @@ def test_nvml_not_ready_at_start_is_retried_instead_of_crash_looping(monkeypatch
     real_open = dra_driver.nvml.open_nvml
     attempts = []
 
-    def flaky_open(spec: str) -> object:
+    def flaky_open(spec: str, driver_root: str | None = None) -> object:
         attempts.append(spec)
         if len(attempts) < 3:
             raise NvmlUnavailableError("NVML_ERROR_DRIVER_NOT_LOADED (the driver is still loading)")
-        return real_open(spec)
+        return real_open(spec, driver_root=driver_root)
 
     monkeypatch.setattr(dra_driver.nvml, "open_nvml", flaky_open)
     with PluginHarness() as h:
