@@ -127,7 +127,8 @@ def test_readings_match_nvml_and_follow_processes(node_a: Any) -> None:
     after = _by_gpu(got["DCGM_FI_DEV_FB_USED"])[str(gpu.index)][1]
     assert after - before == pytest.approx(10 * 1024, abs=1)  # MiB
     total = _by_gpu(got["DCGM_FI_DEV_FB_TOTAL"])[str(gpu.index)][1]
-    assert total == pytest.approx(gpu.memory_bytes / MIB, abs=1)
+    assert total == gpu.memory_bytes // MIB  # whole MiB, as DCGM reports them
+    assert all(v == int(v) for name in PER_INSTANCE for _, v in got[name]), "fractional MiB"
     handle = sim.nvmlDeviceGetHandleByUUID(gpu.uuid)
     watts = _by_gpu(got["DCGM_FI_DEV_POWER_USAGE"])[str(gpu.index)][1]
     assert watts == pytest.approx(sim.nvmlDeviceGetPowerUsage(handle) / 1000, rel=0.05)

@@ -230,12 +230,13 @@ class GpuCollector(Collector):
         mem = _try_fn(_memory_info, self._nvml, handle)
         if mem is None:
             return
-        add("DCGM_FI_DEV_FB_TOTAL", mem.total / MIB, labels)
-        add("DCGM_FI_DEV_FB_FREE", mem.free / MIB, labels)
-        add("DCGM_FI_DEV_FB_USED", mem.used / MIB, labels)
+        # Whole MiB, as DCGM reports them (dashboards and alerts compare these with integers).
+        add("DCGM_FI_DEV_FB_TOTAL", mem.total // MIB, labels)
+        add("DCGM_FI_DEV_FB_FREE", mem.free // MIB, labels)
+        add("DCGM_FI_DEV_FB_USED", mem.used // MIB, labels)
         reserved = getattr(mem, "reserved", None)
         if reserved is not None:
-            add("DCGM_FI_DEV_FB_RESERVED", reserved / MIB, labels)
+            add("DCGM_FI_DEV_FB_RESERVED", reserved // MIB, labels)
 
 
 def _memory_info(nv: Any, handle: Any) -> Any:
