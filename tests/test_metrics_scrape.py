@@ -169,6 +169,7 @@ def test_xid_and_health_and_plugin_families(node_a: Any) -> None:
 
     xid = _by_gpu(got["DCGM_FI_DEV_XID_ERRORS"])
     assert xid[str(bad.index)][1] == 13 and xid[str(bad.index)][0]["err_code"] == "13"  # the last XID
+    assert "graphics engine exception" in xid[str(bad.index)][0]["err_msg"]  # dcgm-exporter's err_msg
     assert xid["0"][1] == 0
     xid_total = {(s["xid"], s["action"]): v for s, v in got["gpuready_xid_errors_total"] if s["device"] == bad.name}
     assert xid_total == {("79", "withdraw"): 1, ("13", "ignore"): 1}

@@ -206,7 +206,7 @@ class GpuCollector(Collector):
         add("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", _try(nv, "nvmlDeviceGetPcieReplayCounter", handle))
         add("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", _try_fn(_clock_reasons, nv, handle))
         xid = xids.get(gpu.uuid)
-        xid_labels = dict(base, err_code=str(xid[0]) if xid else "0", err_msg="")
+        xid_labels = dict(base, err_code=str(xid[0]) if xid else "0", err_msg=_xid_message(xid[0]) if xid else "")
         add("DCGM_FI_DEV_XID_ERRORS", xid[0] if xid else 0, xid_labels)
         rows = _try(nv, "nvmlDeviceGetRemappedRows", handle)
         if rows is not None:
@@ -267,3 +267,11 @@ def _try_fn(fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*args)
     except Exception:
         return None
+
+
+def _xid_message(xid: int) -> str:
+    """dcgm-exporter's ``err_msg``: what the XID means, from the catalogue ("" when not listed)."""
+    from dra_driver.health.xid import XID_CATALOGUE
+
+    info = XID_CATALOGUE.get(xid)
+    return info.meaning if info is not None else ""
