@@ -49,15 +49,20 @@ class KubeClaims:
 
     def write_device_status(self, namespace: str, name: str, uid: str, entries: list[dict[str, Any]]) -> None:
         """Replace this driver's entries in ``status.devices`` (other drivers' entries kept)."""
-        ours = {(e["driver"], e["pool"], e["device"], e.get("shareID")) for e in entries}
+        ours = {_entry_key(e) for e in entries}
         for _attempt in range(3):
             claim = self.get(namespace, name)
             if claim is None or claim["metadata"].get("uid") != uid:
                 return
             status = claim.setdefault("status", {})
-            kept = [e for e in status.get("devices") or []
-                    if (e.get("driver"), e.get("pool"), e.get("device"), e.get("shareID")) not in ours]
-            status["devices"] = kept + entries
+            current = status.get("devices") or []
+            kept = [e for e in current if _entry_key(e) not in ours]
+            # Conditions on an entry belong to whoever set them (the controller's claim health
+            # reconciler): a rewrite of the entry's data keeps them unless it brings its own.
+            conditions = {_entry_key(e): e["conditions"] for e in current if e.get("conditions")}
+            merged = [e if e.get("conditions") or _entry_key(e) not in conditions
+                      else {**e, "conditions": conditions[_entry_key(e)]} for e in entries]
+            status["devices"] = kept + merged
             try:
                 # PUT with the resourceVersion read: a concurrent writer makes it fail with 409.
                 self.api.request("PUT", CLAIMS.format(ns=namespace, name=name) + "/status", body=claim)
@@ -204,3 +209,8 @@ class PreparedClaims:
         if claim is None or (claim.get("metadata") or {}).get("uid") != uid:
             return None
         return claim
+
+
+def _entry_key(entry: dict[str, Any]) -> tuple[Any, ...]:
+    """What identifies a ``status.devices`` entry: driver, pool, device and share."""
+    return entry.get("driver"), entry.get("pool"), entry.get("device"), entry.get("shareID")
