@@ -7,9 +7,9 @@ history was compacted) means relist. Errors back off (jittered, doubling to 30 s
 ``resync_s`` the handlers get every cached object again (as client-go's resync does), so a missed
 reaction heals.
 
-:class:`ClusterCache` holds the five informers (ResourceSlices, ResourceClaims, DeviceClasses,
-Nodes, Pods) and the inventory built from the first three. A change marks the inventory stale; a
-rebuild thread waits ``debounce_s`` for a burst of changes to settle, then rebuilds once, so a
+:class:`ClusterCache` holds the informers (ResourceSlices, ResourceClaims, DeviceClasses,
+DeviceTaintRules, Nodes, Pods, templates) and the inventory built from the first four. A change
+marks the inventory stale; a rebuild thread waits ``debounce_s`` for a burst of changes to settle, then rebuilds once, so a
 republished 8-slice pool costs one build, not eight. Readers get the last built inventory (the
 webhook) or force a fresh one (the allocator, right after its own writes).
 
@@ -55,6 +55,9 @@ TEMPLATES = Kind("resourceclaimtemplates", f"{RESOURCE_V1}/resourceclaimtemplate
 NODES = Kind("nodes", f"{CORE_V1}/nodes")
 PODS = Kind("pods", f"{CORE_V1}/pods")
 LEASES = Kind("leases", f"{COORDINATION_V1}/leases")
+# DeviceTaintRule moved versions as it matured (reference dra-api.md section 2.1): v1 in 1.37, v1beta2
+# in 1.36 (off by default), v1alpha3 in 1.33-1.35. The newest one the cluster serves is watched.
+TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
 
 
 def object_key(obj: dict[str, Any]) -> str:
@@ -263,6 +266,56 @@ class Informer:
         self._notify(typ, key, None if typ == "DELETED" else obj)
 
 
+class TaintRuleInformer(Informer):
+    """DeviceTaintRules, at the newest version the cluster serves. Where none is served (the
+    DRADeviceTaintRules gate is off), the cache stays empty, one line is logged, and the informer
+    looks again every resync period instead of failing (no crash loop, no log flood)."""
+
+    def __init__(self, api: KubeApi, resync_s: float = 300.0,
+                 versions: tuple[str, ...] = TAINT_RULE_VERSIONS) -> None:
+        super().__init__(api, Kind("devicetaintrules", _taint_rule_path(versions[0])), resync_s)
+        self.versions = versions
+        self.served = False
+        self._told_unserved = False
+
+    def _relist(self) -> None:
+        for version in self.versions:
+            self.kind = Kind("devicetaintrules", _taint_rule_path(version))
+            try:
+                super()._relist()
+            except ApiError as exc:
+                if exc.status in (404, 405):
+                    continue  # this version is not served here: try the next
+                raise
+            if not self.served or self._told_unserved:
+                log.info("devicetaintrules_watched", version=version)
+            self.served, self._told_unserved = True, False
+            return
+        self.served = False
+        with self._lock:
+            old, self._cache = self._cache, {}
+        self.last_rv = ""
+        for key in old:
+            self._notify("DELETED", key, None)
+        if not self._told_unserved:
+            self._told_unserved = True
+            log.info("devicetaintrules_not_served", versions=",".join(self.versions),
+                     effect="no DeviceTaintRule applies; checked again every resync period")
+        self._synced.set()
+
+    def _watch(self) -> None:
+        if not self.served:
+            self._stop.wait(self.resync_s)  # nothing to watch: look for the kind again later
+            if not self._stop.is_set():
+                self._relist()
+            return
+        super()._watch()
+
+
+def _taint_rule_path(version: str) -> str:
+    return f"/apis/resource.k8s.io/{version}/devicetaintrules"
+
+
 # What the controller logs for each kind of thing a build leaves out. A pool is incomplete for a
 # moment whenever a plugin republishes it slice by slice, so that one is not a warning.
 _SKIP_EVENTS: dict[str, tuple[str, bool]] = {  # kind -> (event, is a warning)
@@ -297,6 +350,7 @@ class ClusterCache:
         self.nodes = Informer(api, NODES, resync_s)
         self.pods: Informer | None = Informer(api, PODS, resync_s) if with_pods else None
         self.templates: Informer | None = Informer(api, TEMPLATES, resync_s) if with_pods else None
+        self.taint_rules = TaintRuleInformer(api, resync_s)
         self._inv_lock = threading.Lock()
         self._build_lock = threading.Lock()  # one build at a time: the slice cache is not shared
         self._slice_cache = SliceCache()  # a rebuild re-parses only slices that changed
@@ -307,14 +361,14 @@ class ClusterCache:
         self.builds = 0
         self.build_seconds = 0.0
         self._skipped: set[Skipped] = set()  # what the last build left out (logged when it changes)
-        for inf in (self.slices, self.claims, self.classes):
+        for inf in (self.slices, self.claims, self.classes, self.taint_rules):
             inf.add_handler(lambda _e, _k, _o: self._dirty.set())
 
     @property
     def informers(self) -> list[Informer]:
         """Every informer of this cache."""
-        return [i for i in (self.slices, self.claims, self.classes, self.nodes, self.pods, self.templates)
-                if i is not None]
+        return [i for i in (self.slices, self.claims, self.classes, self.taint_rules, self.nodes, self.pods,
+                            self.templates) if i is not None]
 
     def start(self) -> ClusterCache:
         """Start every informer and the inventory rebuild thread."""
@@ -348,7 +402,7 @@ class ClusterCache:
         with self._build_lock:
             start = time.perf_counter()
             inv = build_inventory(self.slices.items(), self.claims.items(), self.classes.items(),
-                                  cache=self._slice_cache)
+                                  cache=self._slice_cache, taint_rules=self.taint_rules.items())
             self.build_seconds = time.perf_counter() - start
             self._log_skipped(inv.skipped)
         self.builds += 1
@@ -382,7 +436,8 @@ class ClusterCache:
             self._dirty.wait()
             if self._stop.is_set():
                 return
-            if not (self.slices.synced and self.claims.synced and self.classes.synced):
+            if not (self.slices.synced and self.claims.synced and self.classes.synced
+                    and self.taint_rules.synced):
                 self._stop.wait(0.02)
                 continue
             self._stop.wait(self.debounce_s)  # let a burst of changes settle into one build

@@ -125,7 +125,7 @@ class PlacementController:
         threads) is never mutated."""
         if self._pass is None:
             inventory = build_inventory(self.cache.slices.items(), self.cache.claims.items(),
-                                        self.cache.classes.items())
+                                        self.cache.classes.items(), taint_rules=self.cache.taint_rules.items())
             self._pass = (inventory, DriverClasses(inventory, self.driver))
         return self._pass
 

@@ -222,7 +222,8 @@ def test_plugin_drops_what_a_turned_off_feature_would_use() -> None:
 
 def test_controller_rbac_is_least_privilege(world: dict[str, Any]) -> None:
     objs, ctrl = world["objs"], world["controller"]
-    for resource in ("resourceslices", "deviceclasses", "resourceclaims", "resourceclaimtemplates"):
+    for resource in ("resourceslices", "deviceclasses", "resourceclaims", "resourceclaimtemplates",
+                     "devicetaintrules"):
         assert rbac_allows(objs, ctrl, "watch", "resource.k8s.io", resource)
     assert rbac_allows(objs, ctrl, "update", "resource.k8s.io", "resourceclaims/status")
     # 1.36+: the controller runs on any node, so its status.devices writes need arbitrary-node.

@@ -264,10 +264,11 @@ def controller_run() -> Iterator[set[Attrs]]:
 def test_controller_requests_are_all_allowed_and_every_write_grant_is_used(controller_run: set[Attrs]) -> None:
     objs = render(CTRL_VALUES)
     audit(controller_run, _rules_for(objs, "controller"))
-    # The run covered what the controller is for: watching, the status condition, Events, eviction, Lease.
+    # The run covered what the controller is for: watching (DeviceTaintRules too), the status condition,
+    # Events, eviction, Lease.
     verbs = {(a.verb, a.resource) for a in controller_run}
-    assert {("watch", "resourceslices"), ("update", "resourceclaims/status"), ("create", "events"),
-            ("create", "pods/eviction"), ("update", "leases")} <= verbs
+    assert {("watch", "resourceslices"), ("watch", "devicetaintrules"), ("update", "resourceclaims/status"),
+            ("create", "events"), ("create", "pods/eviction"), ("update", "leases")} <= verbs
 
 
 def test_controller_may_evict_only_when_the_chart_says_evict(controller_run: set[Attrs]) -> None:
