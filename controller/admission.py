@@ -92,6 +92,19 @@ def mutation_failed(request: dict[str, Any], exc: Exception) -> Answer:
     return Answer(_base(request, True, [warning]), "error", _kind(request), [warning])
 
 
+def _shapeable(r: Any, memory_class: str) -> bool:
+    """Whether a request is one the webhook shapes: ``exactly`` the memory class with a memory request.
+
+    ``allocationMode: All`` asks for every matching device; a best-fit list would turn it into "all
+    devices of one shape", a different request, so it is left as the user wrote it."""
+    if not isinstance(r, dict):
+        return False
+    body = r.get("exactly") or {}
+    return (isinstance(body, dict) and body.get("deviceClassName") == memory_class
+            and body.get("allocationMode") != "All"
+            and ((body.get("capacity") or {}).get("requests") or {}).get("memory") is not None)
+
+
 def _mutate(request: dict[str, Any], kind: str, inventory: Inventory | None, memory_class: str) -> Answer:
     obj = request.get("object") or {}
     if kind not in MUTATE_KINDS or request.get("operation") != "CREATE" or not isinstance(obj, dict):
@@ -99,9 +112,7 @@ def _mutate(request: dict[str, Any], kind: str, inventory: Inventory | None, mem
     pointer, requests = _requests_location(kind, obj)
     if not requests:
         return Answer(_base(request, True, []), "unchanged", kind)
-    wants_shaping = [r for r in requests if isinstance(r, dict) and
-                     (r.get("exactly") or {}).get("deviceClassName") == memory_class and
-                     ((r.get("exactly") or {}).get("capacity") or {}).get("requests", {}).get("memory") is not None]
+    wants_shaping = [r for r in requests if _shapeable(r, memory_class)]
     if not wants_shaping:
         return Answer(_base(request, True, []), "unchanged", kind)
     if inventory is None:
@@ -114,7 +125,7 @@ def _mutate(request: dict[str, Any], kind: str, inventory: Inventory | None, mem
     meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else None
     existing = ((meta or {}).get("annotations") or {}).get(ORIGINAL_ANNOTATION)
     for r in requests:
-        if not isinstance(r, dict):
+        if not _shapeable(r, memory_class):
             new_requests.append(r)
             continue
         result = shape_vram_request(r, inventory, memory_class)

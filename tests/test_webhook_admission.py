@@ -222,3 +222,20 @@ def test_rotated_certificate_is_served_without_a_restart(world: dict[str, Any]) 
         restored.post("/validate", admission_review(vram_claim("1Gi")))
         restored.close()
         webhook.cert_check_s = 5.0
+
+
+def test_allocation_mode_all_with_memory_is_left_as_written(world: dict[str, Any]) -> None:
+    # "All matching devices with >= 15 GiB" must not become "all devices of one shape" (a best-fit list).
+    alone = vram_claim("15Gi", name="everything")
+    alone["spec"]["devices"]["requests"][0]["exactly"]["allocationMode"] = "All"
+    resp = response(world, "/mutate", alone)
+    assert resp["allowed"] is True and "patch" not in resp
+
+    mixed = vram_claim("15Gi", name="mixed")
+    all_request = {"name": "all", "exactly": {"deviceClassName": VRAM, "allocationMode": "All",
+                                              "capacity": {"requests": {"memory": "15Gi"}}}}
+    mixed["spec"]["devices"]["requests"].append(all_request)
+    shaped = apply_patch(mixed, response(world, "/mutate", mixed))
+    first, second = shaped["spec"]["devices"]["requests"]
+    assert first["firstAvailable"], "the ordinary request next to it is still shaped"
+    assert second == all_request
