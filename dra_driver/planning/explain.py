@@ -99,6 +99,13 @@ class Explanation:
         if self.plan.allocation is not None:
             devices = ", ".join(f"{c.device.describe()} for {c.alternative.result_name}" for c in self.plan.chosen)
             lines.append(f"Best allocation now: node {self.plan.node_name}: {devices or 'no devices needed'}")
+        elif self.plan.fatal:
+            # The scheduler does not skip a device here: it aborts the claim, on every node.
+            what = ("a CEL selector fails at runtime on a device (guard it with has(...) or test "
+                    ".type first)" if any("CEL selector" in r for r in self.plan.reasons)
+                    else "the claim asks for more devices than one claim may hold")
+            lines.append(f"No allocation is possible: the kube-scheduler would abort this claim, {what}:")
+            lines.extend(f"  {r}" for r in self.plan.reasons)
         else:
             lines.append("No allocation is possible now:")
             lines.extend(f"  {r}" for r in self.plan.reasons)

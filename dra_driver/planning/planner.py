@@ -18,7 +18,6 @@ any node beats a later one on a better node), then per policy:
 from __future__ import annotations
 
 import heapq
-import uuid
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Literal
@@ -26,8 +25,15 @@ from typing import Any, Literal
 from dra_driver.planning.cel import CelCompileError, CompiledSelector, compile_selector
 from dra_driver.planning.inventory import CounterSetKey, Inventory, Shape
 from dra_driver.planning.model import Amount, DeviceKey, DeviceView
+from dra_driver.planning.parity import (
+    ALLOCATION_RESULTS_MAX,
+    cel_failure,
+    constraint_admits,
+    first_verdict,
+    limit_reason,
+    typed_set,
+)
 from dra_driver.planning.parse import SpecError, claim_ref
-from dra_driver.planning.quantity import format_quantity
 from dra_driver.planning.requests import (
     Alternative,
     Constraint,
@@ -36,18 +42,10 @@ from dra_driver.planning.requests import (
     parse_requests,
     untolerated,
 )
+from dra_driver.planning.writer import Chosen, write_allocation
 
 Policy = Literal["binpack", "spread"]
 SEARCH_STEP_LIMIT = 20_000  # per node: a claim that needs more is reported, not searched forever
-
-
-@dataclass(frozen=True)
-class Chosen:
-    """One device the plan gives to one request."""
-
-    alternative: Alternative
-    device: DeviceView
-    consumed: dict[str, Fraction] | None  # shareable devices: what this claim consumes
 
 
 @dataclass
@@ -63,6 +61,7 @@ class PlanResult:
     node_name: str | None = None
     reasons: list[str] = field(default_factory=list)
     chosen: list[Chosen] = field(default_factory=list)
+    fatal: bool = False  # the scheduler would abort (CEL runtime error, over the 32-device limit)
 
     @property
     def ok(self) -> bool:
@@ -79,6 +78,8 @@ class AltPlan:
     per_device: list[CompiledSelector]  # selectors that read identity attributes
     shapes: list[Shape]
     error: str | None = None
+    # Shapes on which a selector fails at runtime: (shape, expression, error text).
+    cel_errors: list[tuple[Shape, str, str]] = field(default_factory=list)
 
 
 def shape_safe(selector: CompiledSelector, identity: frozenset[str]) -> bool:
@@ -101,29 +102,41 @@ def prepare_alternative(alt: Alternative, inventory: Inventory) -> AltPlan:
     safe = [s for s in selectors if shape_safe(s, inventory.identity_attributes)]
     per_device = [s for s in selectors if s not in safe]
     shapes = []
+    cel_errors: list[tuple[Shape, str, str]] = []
     for shape in inventory.shapes:
         rep = shape.representative
-        if untolerated(rep, alt) is not None or capacity_demand(rep, alt)[0] is None:
+        # Selectors first, whatever the device's taints or use: the scheduler evaluates them on
+        # every device it walks, and a runtime error aborts the claim.
+        stop = first_verdict(safe, rep)
+        if stop is not None:
+            if stop[1].error is not None:
+                cel_errors.append((shape, stop[0].expression, stop[1].error))
             continue
-        if all(s.matches(rep) for s in safe):
-            shapes.append(shape)
+        # allocationMode All takes every matching device: a taint fails the request, not the device.
+        if (not alt.all_devices and untolerated(rep, alt) is not None) or capacity_demand(rep, alt)[0] is None:
+            continue
+        shapes.append(shape)
     shapes.sort(key=lambda s: (s.memory, s.index))
-    return AltPlan(alt, selectors, per_device, shapes)
+    return AltPlan(alt, selectors, per_device, shapes, cel_errors=cel_errors)
 
 
 class _NodeSearch:
     """Backtracking over one node's candidate devices for every request of the claim."""
 
     def __init__(self, inv: Inventory, plans: list[list[AltPlan]], constraints: list[Constraint],
-                 node: str | None, policy: Policy) -> None:
+                 node: str | None, policy: Policy, claim_ref: str = "") -> None:
+        self.claim_ref = claim_ref
         self.inv, self.plans, self.constraints, self.node, self.policy = inv, plans, constraints, node, policy
         self.taken: set[DeviceKey] = set()
         self.counters: dict[CounterSetKey, dict[str, Amount]] = {}
         self.capacity: dict[DeviceKey, dict[str, Fraction]] = {}
         self.values: dict[int, list[Any]] = {}
         self.chosen: list[Chosen] = []
+        self.admin_keys: dict[DeviceKey, int] = {}  # devices this claim holds with admin access
+        self.claim_keys: dict[DeviceKey, int] = {}  # devices this claim holds for any request
         self.steps = 0
         self.failure = ""
+        self.fatal = ""  # set when the scheduler would abort the claim (not just skip the node)
 
     def _order(self, d: DeviceView) -> tuple[Any, ...]:
         used = self.inv.parent_used.get(self.inv.parent_key(d), Fraction(0))
@@ -137,8 +150,16 @@ class _NodeSearch:
             source = shape.by_node if every else self.inv.free[shape.index]
             for where in (self.node, None) if self.node is not None else (None,):
                 for d in source.get(where, ()):
-                    if all(s.matches(d) for s in ap.per_device):
+                    if first_verdict(ap.per_device, d) is None:
                         out.append(d)
+        if alt.all_devices:
+            for d in out:
+                taint = untolerated(d, alt)
+                if taint is not None:
+                    self.failure = (f"request {alt.result_name} wants all matching devices, but {d.describe()} "
+                                    f"has taint {taint.key}={taint.value}:{taint.effect} that the request "
+                                    "does not tolerate")
+                    return None
         if alt.all_devices and not alt.admin_access:
             free = {d.key for shape in ap.shapes for where in (self.node, None)
                     for d in self.inv.free[shape.index].get(where, ())}
@@ -151,7 +172,10 @@ class _NodeSearch:
     def _fits(self, d: DeviceView, alt: Alternative) -> dict[str, Fraction] | bool | None:
         """False if ``d`` cannot be added now, else its capacity demand (None for exclusive use)."""
         if alt.admin_access:
-            return None
+            # Within one claim the scheduler allocates a device once, admin access or not.
+            return False if d.key in self.claim_keys else None
+        if d.key in self.admin_keys:
+            return False
         if not d.allow_multiple_allocations and (d.key in self.taken or d.key in self.inv.taken_by):
             return False
         demand, _ = capacity_demand(d, alt)
@@ -175,11 +199,13 @@ class _NodeSearch:
                 continue
             value = d.attributes.get(c.attribute)
             seen = self.values.setdefault(ci, [])
-            if value is None or (c.distinct and value in seen) or (not c.distinct and seen and seen[0] != value):
+            # Compared by (type, value): bool true is not int 1 (as in the Go allocator).
+            typed = typed_set(value) if value is not None else None
+            if typed is None or not constraint_admits(c.distinct, seen, typed):
                 for cj in touched:
                     self.values[cj].pop()
                 return None
-            seen.append(value)
+            seen.append(typed)
             touched.append(ci)
         if not alt.admin_access:
             if d.allow_multiple_allocations and demand is not None:
@@ -192,11 +218,18 @@ class _NodeSearch:
                 self.taken.add(d.key)
                 self._counters(d, +1)
         self.chosen.append(Chosen(alt, d, demand))
+        self.claim_keys[d.key] = self.claim_keys.get(d.key, 0) + 1
+        if alt.admin_access:
+            self.admin_keys[d.key] = self.admin_keys.get(d.key, 0) + 1
         return touched
 
     def _pop(self, touched: list[int]) -> None:
         ch = self.chosen.pop()
         d, alt = ch.device, ch.alternative
+        for keys in (self.claim_keys, self.admin_keys) if alt.admin_access else (self.claim_keys,):
+            keys[d.key] -= 1
+            if not keys[d.key]:
+                del keys[d.key]
         for ci in touched:
             self.values[ci].pop()
         if alt.admin_access:
@@ -227,21 +260,35 @@ class _NodeSearch:
         for ap in self.plans[ri]:
             if ap.error:
                 continue
+            if ap.alt.rank > 0:  # reached on this node only because earlier entries failed here
+                why = cel_failure(ap, self.inv, self.node, all_nodes=False)
+                if why:
+                    self.fatal = why
+                    return False
             cands = self.candidates(ap)
+            if self.fatal:
+                return False
             if not cands:
                 continue
             need = len(cands) if ap.alt.all_devices else ap.alt.count
+            if ap.alt.all_devices and len(self.chosen) + need > ALLOCATION_RESULTS_MAX:
+                self.fatal = limit_reason(self.claim_ref, len(self.chosen) + need)
+                return False
             if len(cands) < need:
                 self.failure = f"request {ap.alt.result_name}: {len(cands)} usable devices on the node, {need} needed"
                 continue
             if self._pick(ri, ap.alt, cands, 0, need):
                 return True
+            if self.fatal:
+                return False
         return False
 
     def _pick(self, ri: int, alt: Alternative, cands: list[DeviceView], start: int, need: int) -> bool:
         if need == 0:
             return self.solve(ri + 1)
         for i in range(start, len(cands) - need + 1):
+            if self.fatal:
+                return False
             self.steps += 1
             if self.steps > SEARCH_STEP_LIMIT:
                 self.failure = f"search stopped after {SEARCH_STEP_LIMIT} steps"
@@ -358,8 +405,18 @@ def plan(claim: dict[str, Any], inventory: Inventory, policy: Policy = "binpack"
         return PlanResult(None, reasons=[f"claim {claim_ref(claim)}: {exc}"])
     if not requests:
         return PlanResult({"devices": {"results": [], "config": []}})
+    ref = claim_ref(claim)
+    # ExactCount: the scheduler refuses a claim over the results limit before looking at devices.
+    wanted = sum(min(a.count for a in r.alternatives if not a.all_devices) if
+                 any(not a.all_devices for a in r.alternatives) else 0 for r in requests)
+    if wanted > ALLOCATION_RESULTS_MAX:
+        return PlanResult(None, reasons=[limit_reason(ref, wanted)], fatal=True)
     plans = [[prepare_alternative(a, inventory) for a in r.alternatives] for r in requests]
     errors = [ap.error for alts in plans for ap in alts if ap.error]
+    for alts in plans:  # the first entry of every request is tried on every node in scope
+        why = cel_failure(alts[0], inventory, node, all_nodes=node is None) if not alts[0].error else None
+        if why:
+            return PlanResult(None, reasons=[why], fatal=True)
     heap = _candidate_nodes(inventory, plans, node, policy)
     had_candidates = bool(heap)
     best: tuple[tuple[Any, ...], str | None, list[Chosen]] | None = None
@@ -370,8 +427,11 @@ def plan(claim: dict[str, Any], inventory: Inventory, policy: Policy = "binpack"
         # the bound go to the first node by name; GPU usage breaks ties only within a node).
         if best is not None and lower >= best[0][:3]:
             break
-        search = _NodeSearch(inventory, plans, constraints, n, policy)
-        if search.solve():
+        search = _NodeSearch(inventory, plans, constraints, n, policy, ref)
+        solved = search.solve()
+        if search.fatal:
+            return PlanResult(None, reasons=[search.fatal], fatal=True)
+        if solved:
             score = _score(inventory, n, search.chosen, requests, policy)
             if best is None or score < best[0]:
                 best = (score, n, list(search.chosen))
@@ -379,9 +439,16 @@ def plan(claim: dict[str, Any], inventory: Inventory, policy: Policy = "binpack"
             failures.append(f"node {n}: " + (search.failure or "devices are there but counters, shared "
                                              "capacity or constraints rule every combination out"))
     if best is None:
+        # Nothing fits, so the scheduler walked every entry of every request on every node in scope:
+        # a selector error in a later firstAvailable entry aborts the claim too.
+        for alts in plans:
+            for ap in alts[1:]:
+                why = cel_failure(ap, inventory, node, all_nodes=node is None) if not ap.error else None
+                if why:
+                    return PlanResult(None, reasons=[why], fatal=True)
         return PlanResult(None, reasons=errors + _why_not(inventory, plans, had_candidates, failures))
     _, chosen_node, chosen = best
-    return PlanResult(_allocation(claim, inventory, requests, chosen, chosen_node), chosen_node, [], chosen)
+    return PlanResult(write_allocation(claim, inventory, requests, chosen, chosen_node), chosen_node, [], chosen)
 
 
 def _why_not(inv: Inventory, plans: list[list[AltPlan]], had_candidates: bool, failures: list[str]) -> list[str]:
@@ -412,54 +479,3 @@ def _why_not(inv: Inventory, plans: list[list[AltPlan]], had_candidates: bool, f
         reasons.append("no single node has free devices for every request of the claim")
     reasons.extend(failures)
     return reasons or ["no allocation satisfies the claim"]
-
-
-def _share_id(claim: dict[str, Any], chosen: Chosen, index: int) -> str:
-    uid = str((claim.get("metadata") or {}).get("uid") or claim_ref(claim))
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"gpuready/{uid}/{chosen.device.id}/{index}"))
-
-
-def _published_name(qname: str, driver: str) -> str:
-    return qname.removeprefix(f"{driver}/")
-
-
-def _allocation(claim: dict[str, Any], inv: Inventory, requests: list[Request], chosen: list[Chosen],
-                node: str | None) -> dict[str, Any]:
-    results: list[dict[str, Any]] = []
-    for i, c in enumerate(chosen):
-        d, alt = c.device, c.alternative
-        r: dict[str, Any] = {"request": alt.result_name, "driver": d.driver, "pool": d.pool, "device": d.name}
-        if alt.admin_access:
-            r["adminAccess"] = True
-        if alt.tolerations:
-            r["tolerations"] = [dict(t) for t in alt.tolerations]
-        if d.binding_conditions:
-            r["bindingConditions"] = list(d.binding_conditions)
-        if d.binding_failure_conditions:
-            r["bindingFailureConditions"] = list(d.binding_failure_conditions)
-        if c.consumed is not None and d.allow_multiple_allocations:
-            r["shareID"] = _share_id(claim, c, i)
-            r["consumedCapacity"] = {_published_name(q, d.driver): format_quantity(a) for q, a in sorted(c.consumed.items())}
-        results.append(r)
-    config: list[dict[str, Any]] = []
-    used_alts: list[Alternative] = []
-    for c in chosen:
-        if c.alternative not in used_alts:
-            used_alts.append(c.alternative)
-    for alt in used_alts:
-        cls = inv.classes.get(alt.device_class)
-        for entry in cls.config if cls else ():
-            if entry.get("opaque"):
-                config.append({"source": "FromClass", "requests": [alt.result_name], "opaque": entry["opaque"]})
-    for entry in ((claim.get("spec") or {}).get("devices") or {}).get("config") or []:
-        if entry.get("opaque"):
-            item: dict[str, Any] = {"source": "FromClaim", "opaque": entry["opaque"]}
-            if entry.get("requests"):
-                item["requests"] = list(entry["requests"])
-            config.append(item)
-    allocation: dict[str, Any] = {"devices": {"results": results, "config": config}}
-    if node is not None:
-        allocation["nodeSelector"] = {
-            "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]
-        }
-    return allocation

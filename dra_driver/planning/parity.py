@@ -1,0 +1,98 @@
+"""Rules of the kube-scheduler's structured allocator that make a claim fail outright.
+
+Kept apart from the search in :mod:`.planner`: a CEL runtime error on a device the scheduler
+considers aborts allocation of the whole claim (dra-api.md section 8), a claim may get at most
+``ALLOCATION_RESULTS_MAX`` devices (``AllocationResultsMaxSize``), and constraint values compare by
+type and value (a bool ``true`` is not the int ``1``; list attributes match by intersection).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from dra_driver.planning.cel import CompiledSelector, SelectorResult
+from dra_driver.planning.inventory import Inventory
+from dra_driver.planning.model import DeviceView
+from dra_driver.planning.requests import Alternative
+
+if TYPE_CHECKING:
+    from dra_driver.planning.planner import AltPlan
+
+ALLOCATION_RESULTS_MAX = 32  # resourceapi.AllocationResultsMaxSize: results[] of one claim
+
+_NO_SUCH_KEY = re.compile(r"no such key:?\s*'?\"?([A-Za-z0-9_.\-]+)")
+
+
+def first_verdict(selectors: list[CompiledSelector],
+                  device: DeviceView) -> tuple[CompiledSelector, SelectorResult] | None:
+    """Evaluate selectors in order as the scheduler does (class first, stop at the first false or
+    error); the selector that stopped it with its result, or None when every one matched."""
+    for s in selectors:
+        r = s.evaluate(device)
+        if r.error is not None or not r.matched:
+            return s, r
+    return None
+
+
+def cel_error_reason(alt: Alternative, expression: str, device: DeviceView, error: str) -> str:
+    """The message for a selector that failed at runtime: what, where, and how to fix it."""
+    m = _NO_SUCH_KEY.search(error)
+    attr = m.group(1) if m else "<name>"
+    domain = f'device.attributes["{device.driver}"]'
+    return (
+        f"request {alt.result_name}: CEL selector {expression!r} failed on device {device.id} "
+        f"({device.describe()}): {error}; the kube-scheduler aborts allocation of the whole claim "
+        f"on a selector runtime error. Fix the selector: guard the lookup with has({domain}.{attr}) "
+        f"&& ..., or test the device type first ({domain}.type == \"mig\" && ...)"
+    )
+
+
+def limit_reason(claim_ref: str, devices: int) -> str:
+    """The scheduler's error for a claim asking for more than 32 devices."""
+    return (f"claim {claim_ref}: number of requested devices {devices} exceeds the claim limit of "
+            f"{ALLOCATION_RESULTS_MAX}")
+
+
+def typed_set(value: Any) -> frozenset[tuple[type, Any]]:
+    """An attribute value as a set of (type, value): scalars are 1-element sets (list attributes)."""
+    items = value if isinstance(value, tuple) else (value,)
+    return frozenset((type(v), v) for v in items)
+
+
+def constraint_admits(distinct: bool, seen: list[frozenset[tuple[type, Any]]],
+                      new: frozenset[tuple[type, Any]]) -> bool:
+    """Whether a device with attribute value ``new`` may join devices with values ``seen``.
+
+    matchAttribute: all values share an element of equal type and value (for scalars: equal);
+    distinctAttribute: pairwise disjoint (for scalars: pairwise different).
+    """
+    if distinct:
+        return all(not (new & s) for s in seen)
+    common = new
+    for s in seen:
+        common = common & s
+        if not common:
+            return False
+    return bool(common)
+
+
+def cel_failure(ap: AltPlan, inv: Inventory, node: str | None, all_nodes: bool) -> str | None:
+    """The reason to abort the claim when a selector of ``ap`` errors on a device in scope.
+
+    Scope: the devices of ``node`` and those reachable from every node, or every device when
+    ``all_nodes`` (the scheduler filters every node with the first alternative of a request).
+    """
+    wheres: tuple[str | None, ...] = (node, None)
+    for shape, expression, error in ap.cel_errors:
+        devs = shape.devices if all_nodes else [d for w in wheres for d in shape.by_node.get(w, ())]
+        if devs:
+            return cel_error_reason(ap.alt, expression, devs[0], error)
+    if ap.per_device:
+        for shape in ap.shapes:
+            devs = shape.devices if all_nodes else [d for w in wheres for d in shape.by_node.get(w, ())]
+            for d in devs:
+                stop = first_verdict(ap.per_device, d)
+                if stop is not None and stop[1].error is not None:
+                    return cel_error_reason(ap.alt, stop[0].expression, d, stop[1].error)
+    return None
