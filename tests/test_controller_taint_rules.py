@@ -1,6 +1,6 @@
 """DeviceTaintRules in the controller daemon: a device an admin tainted through a rule is not allocated by
-the local allocator (--allocate) nor by placement mode, and is usable again once the rule is gone; a
-cluster that does not serve the kind is treated as having no rules (no crash loop).
+the local allocator (--allocate) nor by placement mode, nor offered by the shaping webhook, and is
+usable again once the rule is gone; a cluster that does not serve the kind is treated as having no rules (no crash loop).
 
 The local API server serves DeviceTaintRule at resource.k8s.io/v1beta2, as Kubernetes 1.36 does.
 """
@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
+from controller import admission
 from controller.daemon import Controller, ControllerConfig
 from controller.informers import TaintRuleInformer
 from controller.kube import CORE_V1, RESOURCE_V1, KubeApi, claim_path, pod_path
-from controller.testing import install_device_classes, publish_node
+from controller.testing import admission_review, install_device_classes, publish_node
 from dra_driver.apiserver import LocalApiServer
 
 NS = "default"
@@ -109,7 +110,16 @@ def test_rule_tainted_device_is_not_allocated_until_the_rule_is_removed(
         ctrl.stop()
 
 
-def test_rule_added_while_running_reaches_the_inventory(cluster: tuple[LocalApiServer, KubeApi]) -> None:
+def shape_100gi(ctrl: Controller) -> admission.Answer:
+    """What the shaping webhook answers for a 100 GiB claim, from the daemon's current inventory."""
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "x", "namespace": NS},
+             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                 "deviceClassName": VRAM, "capacity": {"requests": {"memory": "100Gi"}}}}]}}}
+    return admission.mutate(admission_review(claim)["request"], ctrl.cache.inventory(), VRAM)
+
+
+def test_rule_added_while_running_reaches_the_inventory_and_the_webhook(
+        cluster: tuple[LocalApiServer, KubeApi]) -> None:
     srv, api = cluster
     ctrl = Controller(ControllerConfig(leader_elect=False, resync_s=60.0), srv.api_client()).start()
     try:
@@ -121,10 +131,14 @@ def test_rule_added_while_running_reaches_the_inventory(cluster: tuple[LocalApiS
             return [f"{t.key}:{t.effect}" for d in inv.devices.values()
                     if (d.pool, d.name) == ("node-c", "gpu-0") for t in d.taints]
         assert h200_taints() == []
+        assert shape_100gi(ctrl).outcome == "mutated"  # offered the H200
         taint_h200(api)
         wait_for("the rule's taint in the inventory",
                  lambda: h200_taints() == ["example.com/maintenance:NoSchedule"])
         assert ctrl.cache.taint_rules.served
+        # The webhook no longer counts the tainted H200 as a device that exists for this request.
+        answer = shape_100gi(ctrl)
+        assert answer.outcome == "warned" and "no device has 100 GiB" in answer.warnings[0], answer.warnings
     finally:
         ctrl.stop()
 
