@@ -186,3 +186,28 @@ def test_admin_access_still_ignores_other_claims() -> None:
     held = claim("o", [exactly()], allocation=allocated("n1", "gpu-0"))
     inv = build_inventory([resource_slice("n1", [gpu_device(0, node="n1")])], [held], CLASSES)
     assert _results(plan(claim("c", [exactly(adminAccess=True)]), inv)) == ["gpu-0"]
+
+
+# 6. A pool that lists a device name twice is invalid ----------------------------------------------
+
+def _duplicate_pool() -> list[dict[str, Any]]:
+    a = resource_slice("n1", [gpu_device(0, node="n1")], slice_count=2, index=0)
+    b = resource_slice("n1", [gpu_device(0, node="n1", product="dup")], slice_count=2, index=1)
+    return [a, b, resource_slice("n2", [gpu_device(0, node="n2")])]
+
+
+def test_pool_with_a_duplicate_device_name_is_skipped_with_a_reason() -> None:
+    inv = build_inventory(_duplicate_pool(), [], CLASSES)
+    (skip,) = [s for s in inv.skipped if s.name == "gpu.nvidia.com/n1"]
+    assert skip.kind == "pool" and "'gpu-0' more than once" in skip.reason and skip.node == "n1"
+    result = plan(claim("c", [exactly()]), inv)
+    assert result.node_name == "n2"  # n1's pool is not used at all
+    assert not plan(claim("c", [exactly()]), inv, node="n1").ok
+
+
+def test_all_mode_fails_while_a_pool_in_scope_is_invalid() -> None:
+    inv = build_inventory(_duplicate_pool(), [], CLASSES)
+    result = plan(claim("c", [exactly(allocationMode="All")]), inv, node="n1")
+    assert result.fatal and "resource pool gpu.nvidia.com/n1 is currently invalid" in result.reasons[0]
+    assert _results(plan(claim("c", [exactly(allocationMode="All")]), inv, node="n2")) == ["gpu-0"]
+

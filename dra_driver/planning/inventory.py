@@ -106,6 +106,8 @@ class Inventory:
     incomplete_pools: list[str] = field(default_factory=list)
     node_used_bytes: dict[str, int] = field(default_factory=dict)  # node_used in whole bytes, for scoring
     pool_devices: dict[tuple[str, str], list[DeviceView]] = field(default_factory=dict)
+    # Pools the scheduler treats as invalid (a device name listed twice): "driver/pool" -> node.
+    invalid_pools: dict[str, str | None] = field(default_factory=dict)
 
     def device(self, key: DeviceKey) -> DeviceView | None:
         """A device by ``(driver, pool, name)``."""
@@ -258,6 +260,7 @@ def _build(slices: list[dict[str, Any]], claims: list[dict[str, Any]], device_cl
     incomplete: list[str] = []
     devices: dict[DeviceKey, DeviceView] = {}
     counter_totals: dict[CounterSetKey, dict[str, Amount]] = {}
+    duplicated: dict[tuple[str, str], tuple[str, str | None]] = {}  # pool -> (device name, node)
     seen: set[tuple[str, str]] = set()
     order = 0
     for s in _complete_pools(slices, skipped, incomplete):
@@ -275,7 +278,10 @@ def _build(slices: list[dict[str, Any]], claims: list[dict[str, Any]], device_cl
             order += 1
             if taint_rules:
                 dev = _with_rule_taints(dev, taint_rules)
+            if dev.key in devices:
+                duplicated.setdefault((driver, pool), (dev.name, spec.get("nodeName") or None))
             devices.setdefault(dev.key, dev)
+    invalid = _drop_invalid_pools(devices, counter_totals, duplicated, skipped)
     if cache is not None:
         for stale in set(cache._entries) - seen:
             del cache._entries[stale]
@@ -298,12 +304,31 @@ def _build(slices: list[dict[str, Any]], claims: list[dict[str, Any]], device_cl
         problems=[s.reason for s in skipped],
         skipped=skipped,
         incomplete_pools=incomplete,
+        invalid_pools=invalid,
     )
     for claim in claims:
         _account_claim(inv, claim)
     _build_shapes(inv)
     inv.node_used_bytes = {n: int(v) for n, v in inv.node_used.items()}
     return inv
+
+
+def _drop_invalid_pools(devices: dict[DeviceKey, DeviceView], counter_totals: dict[CounterSetKey, dict[str, Amount]],
+                        duplicated: dict[tuple[str, str], tuple[str, str | None]],
+                        skipped: list[Skipped]) -> dict[str, str | None]:
+    """Remove pools that list a device name twice: the scheduler uses none of their devices."""
+    invalid: dict[str, str | None] = {}
+    for (driver, pool), (name, node) in sorted(duplicated.items()):
+        for key in [k for k in devices if k[0] == driver and k[1] == pool]:
+            del devices[key]
+        for ckey in [k for k in counter_totals if k[0] == driver and k[1] == pool]:
+            del counter_totals[ckey]
+        invalid[f"{driver}/{pool}"] = node
+        skipped.append(Skipped("pool", f"{driver}/{pool}", (
+            f"pool {driver}/{pool} lists device {name!r} more than once across its ResourceSlices: the "
+            "kube-scheduler treats the pool as invalid and allocates none of its devices; the driver must "
+            "publish each device name once per pool"), node=node))
+    return invalid
 
 
 def _with_rule_taints(dev: DeviceView, rules: list[dict[str, Any]]) -> DeviceView:

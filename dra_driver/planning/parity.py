@@ -96,3 +96,15 @@ def cel_failure(ap: AltPlan, inv: Inventory, node: str | None, all_nodes: bool) 
                 if stop is not None and stop[1].error is not None:
                     return cel_error_reason(ap.alt, stop[0].expression, d, stop[1].error)
     return None
+
+
+def invalid_pool_failure(claim_ref: str, ap: AltPlan, inv: Inventory, node: str | None) -> str | None:
+    """allocationMode All cannot know "all" while a pool in scope is invalid: the scheduler errors."""
+    if not ap.alt.all_devices:
+        return None
+    for pool, where in sorted(inv.invalid_pools.items()):
+        if node is None or where in (node, None):
+            return (f"claim {claim_ref}, request {ap.alt.result_name}: asks for all devices, but resource pool "
+                    f"{pool} is currently invalid (it lists a device name twice; the driver must fix its "
+                    "ResourceSlices)")
+    return None

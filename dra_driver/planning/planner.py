@@ -30,6 +30,7 @@ from dra_driver.planning.parity import (
     cel_failure,
     constraint_admits,
     first_verdict,
+    invalid_pool_failure,
     limit_reason,
     typed_set,
 )
@@ -415,6 +416,7 @@ def plan(claim: dict[str, Any], inventory: Inventory, policy: Policy = "binpack"
     errors = [ap.error for alts in plans for ap in alts if ap.error]
     for alts in plans:  # the first entry of every request is tried on every node in scope
         why = cel_failure(alts[0], inventory, node, all_nodes=node is None) if not alts[0].error else None
+        why = why or invalid_pool_failure(ref, alts[0], inventory, node)
         if why:
             return PlanResult(None, reasons=[why], fatal=True)
     heap = _candidate_nodes(inventory, plans, node, policy)
