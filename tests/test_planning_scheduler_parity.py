@@ -211,3 +211,29 @@ def test_all_mode_fails_while_a_pool_in_scope_is_invalid() -> None:
     assert result.fatal and "resource pool gpu.nvidia.com/n1 is currently invalid" in result.reasons[0]
     assert _results(plan(claim("c", [exactly(allocationMode="All")]), inv, node="n2")) == ["gpu-0"]
 
+
+# 7. Adding an allocated claim twice counts it once -----------------------------------------------
+
+def test_add_claim_twice_does_not_double_count_shared_capacity() -> None:
+    slices = [resource_slice("n1", [gpu_device(0, node="n1", shared=True)])]
+    first = claim("c1", [exactly(memory="40Gi")])
+    inv = build_inventory(slices, [], CLASSES)
+    first["status"] = {"allocation": plan(first, inv).allocation}
+    inv = build_inventory(slices, [first], CLASSES)
+    before = dict(inv.capacity_used[("gpu.nvidia.com", "n1", "gpu-0")])
+    inv.add_claim(first)  # an informer replaying the same object
+    assert dict(inv.capacity_used[("gpu.nvidia.com", "n1", "gpu-0")]) == before
+    # 39.6 GiB are left of 79.6: a 30 GiB claim still fits (it would not if 80 GiB were counted).
+    assert _results(plan(claim("c2", [exactly(memory="30Gi")]), inv)) == ["gpu-0"]
+    inv.remove_claim(first)
+    inv.remove_claim(first)  # and removing twice does not free what others hold
+    assert ("gpu.nvidia.com", "n1", "gpu-0") not in inv.capacity_used
+    inv.add_claim(first)
+    assert dict(inv.capacity_used[("gpu.nvidia.com", "n1", "gpu-0")]) == before
+
+
+def test_building_with_a_claim_listed_twice_counts_it_once() -> None:
+    held = claim("o", [exactly()], allocation=allocated("n1", "gpu-0"))
+    inv = build_inventory([resource_slice("n1", [gpu_device(0, node="n1"), gpu_device(1, node="n1")])],
+                          [held, held], CLASSES)
+    assert inv.node_used["n1"] == inv.devices[("gpu.nvidia.com", "n1", "gpu-0")].memory

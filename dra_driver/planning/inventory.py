@@ -108,6 +108,7 @@ class Inventory:
     pool_devices: dict[tuple[str, str], list[DeviceView]] = field(default_factory=dict)
     # Pools the scheduler treats as invalid (a device name listed twice): "driver/pool" -> node.
     invalid_pools: dict[str, str | None] = field(default_factory=dict)
+    accounted: set[str] = field(default_factory=set)  # claims (by UID) whose allocation is counted
 
     def device(self, key: DeviceKey) -> DeviceView | None:
         """A device by ``(driver, pool, name)``."""
@@ -400,6 +401,19 @@ def _results(inv: Inventory, claim: dict[str, Any]) -> list[tuple[DeviceKey, Cla
 def _account_claim(inv: Inventory, claim: dict[str, Any], sign: int = 1) -> set[DeviceKey]:
     """Add (sign 1) or remove (sign -1) what an allocated claim holds; returns the devices touched."""
     touched: set[DeviceKey] = set()
+    if (claim.get("status") or {}).get("allocation"):
+        # Counted once per claim: informers replay objects, and a claim added twice must not
+        # consume its capacity twice.
+        meta = claim.get("metadata") or {}
+        ident = str(meta.get("uid") or claim_ref(claim))
+        if sign > 0:
+            if ident in inv.accounted:
+                return touched
+            inv.accounted.add(ident)
+        else:
+            if ident not in inv.accounted:
+                return touched
+            inv.accounted.discard(ident)
     for key, use in _results(inv, claim):
         dev = inv.devices.get(key)
         uses = inv.uses[key]
