@@ -201,7 +201,7 @@ def test_all_devices_of_a_claim_come_from_one_node() -> None:
     busy = claim("busy", [exactly()], allocation=allocated("node-a", "gpu-0"))
     result = plan(claim("c", [exactly(count=2)]), _two_nodes([busy]))
     assert result.allocation is None  # one free on node-a, one on node-b: not two on one node
-    assert result.reasons == ["request gpu: needs 2 devices on one node; the most free on any node is 1 (on node-a)"]
+    assert result.reasons == ["request gpu: needs 2 devices on a single node; the most free on any node is 1 (on node-a)"]
     assert {p for _, p, _ in _devices(plan(claim("c", [exactly(count=2)]), _two_nodes()))} == {"node-a"}
 
 

@@ -237,3 +237,33 @@ def test_building_with_a_claim_listed_twice_counts_it_once() -> None:
     inv = build_inventory([resource_slice("n1", [gpu_device(0, node="n1"), gpu_device(1, node="n1")])],
                           [held, held], CLASSES)
     assert inv.node_used["n1"] == inv.devices[("gpu.nvidia.com", "n1", "gpu-0")].memory
+
+
+# 8. Unfit reasons carry codes, and their words give the right metric label -----------------------
+
+def _unfit(c: dict[str, Any], inv: Any) -> tuple[str, str]:
+    from controller.allocator import unfit_category
+
+    result = plan(c, inv)
+    assert not result.ok and len(result.codes) == len(result.reasons), result
+    return result.codes[0], unfit_category(result.reasons)
+
+
+def test_unfit_reasons_are_coded_and_labelled_by_their_real_cause() -> None:
+    taint = [{"key": "k", "value": "v", "effect": "NoSchedule"}]
+    tainted = build_inventory([resource_slice("n1", [gpu_device(0, node="n1", taints=taint)])], [], CLASSES)
+    assert _unfit(claim("c", [exactly()]), tainted) == ("taints", "taints")
+
+    shared = [resource_slice("n1", [gpu_device(0, node="n1", shared=True)])]
+    first = claim("c1", [exactly(memory="70Gi")])
+    first["status"] = {"allocation": plan(first, build_inventory(shared, [], CLASSES)).allocation}
+    used_up = build_inventory(shared, [first], CLASSES)
+    assert _unfit(claim("c2", [exactly(memory="20Gi")]), used_up) == ("capacity", "in_use")
+
+    two = build_inventory([resource_slice("n1", [gpu_device(0, node="n1"), gpu_device(1, node="n1", product="X")])],
+                          [], CLASSES)
+    unmet = claim("c", [exactly("a"), exactly("b")], constraints=[{"matchAttribute": "gpu.nvidia.com/productName"}])
+    assert _unfit(unmet, two) == ("constraints", "constraints")
+    assert _unfit(claim("c", [exactly(count=3)]), two) == ("no_single_node", "no_single_node")
+    assert _unfit(claim("c", [exactly(memory="100Gi")]), two)[0] == "no_matching_device"
+    assert _unfit(claim("c", [exactly(selectors=(PROFILE_1G,))]), two)[0] == "cel_error"

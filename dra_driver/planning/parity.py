@@ -108,3 +108,25 @@ def invalid_pool_failure(claim_ref: str, ap: AltPlan, inv: Inventory, node: str 
                     f"{pool} is currently invalid (it lists a device name twice; the driver must fix its "
                     "ResourceSlices)")
     return None
+
+
+def node_failure(node: str | None, failure: str, code: str, rejects: set[str]) -> tuple[str, str]:
+    """Why a node's search found no combination, in words and as a code (see PlanResult.codes).
+
+    The words keep the metric label words of the controller (``in use``, ``counter``,
+    ``constraint``, ``taint``, ``single node``) so a text-based category stays right.
+    """
+    where = f"node {node}: "
+    if failure:
+        return where + failure, code
+    if rejects == {"capacity"}:
+        return where + "the shared GPUs that fit have too little capacity left (memory in use by other claims)", \
+            "capacity"
+    if rejects <= {"constraints", "in_use"} and "constraints" in rejects:
+        return where + ("no combination of its free devices meets the claim's constraint "
+                        "(matchAttribute / distinctAttribute)"), "constraints"
+    if rejects == {"counters"}:
+        return where + "every MIG placement that fits overlaps slices already allocated (shared counters)", \
+            "counters"
+    return where + ("devices are there but counters, shared capacity or constraints rule every combination "
+                    "out"), "other"

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from dra_driver.planning.cel import CelCompileError, CompiledSelector, compile_selector
 from dra_driver.planning.inventory import CounterSetKey, Inventory, Shape
-from dra_driver.planning.model import Amount, DeviceKey, DeviceView
+from dra_driver.planning.model import Amount, DeviceKey, DeviceView, Taint
 from dra_driver.planning.parity import (
     ALLOCATION_RESULTS_MAX,
     cel_failure,
@@ -32,6 +32,7 @@ from dra_driver.planning.parity import (
     first_verdict,
     invalid_pool_failure,
     limit_reason,
+    node_failure,
     typed_set,
 )
 from dra_driver.planning.parse import SpecError, claim_ref
@@ -63,6 +64,9 @@ class PlanResult:
     reasons: list[str] = field(default_factory=list)
     chosen: list[Chosen] = field(default_factory=list)
     fatal: bool = False  # the scheduler would abort (CEL runtime error, over the 32-device limit)
+    # One code per reason, for metrics: cel_error, claim_limit, invalid_pool, invalid_spec, no_class,
+    # no_matching_device, taints, in_use, capacity, counters, constraints, no_single_node, other.
+    codes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -81,6 +85,7 @@ class AltPlan:
     error: str | None = None
     # Shapes on which a selector fails at runtime: (shape, expression, error text).
     cel_errors: list[tuple[Shape, str, str]] = field(default_factory=list)
+    tainted: list[tuple[DeviceView, Taint]] = field(default_factory=list)  # matched, but taint not tolerated
 
 
 def shape_safe(selector: CompiledSelector, identity: frozenset[str]) -> bool:
@@ -104,6 +109,7 @@ def prepare_alternative(alt: Alternative, inventory: Inventory) -> AltPlan:
     per_device = [s for s in selectors if s not in safe]
     shapes = []
     cel_errors: list[tuple[Shape, str, str]] = []
+    tainted: list[tuple[DeviceView, Taint]] = []
     for shape in inventory.shapes:
         rep = shape.representative
         # Selectors first, whatever the device's taints or use: the scheduler evaluates them on
@@ -113,12 +119,16 @@ def prepare_alternative(alt: Alternative, inventory: Inventory) -> AltPlan:
             if stop[1].error is not None:
                 cel_errors.append((shape, stop[0].expression, stop[1].error))
             continue
+        if capacity_demand(rep, alt)[0] is None:
+            continue
         # allocationMode All takes every matching device: a taint fails the request, not the device.
-        if (not alt.all_devices and untolerated(rep, alt) is not None) or capacity_demand(rep, alt)[0] is None:
+        taint = untolerated(rep, alt) if not alt.all_devices else None
+        if taint is not None:
+            tainted.append((rep, taint))
             continue
         shapes.append(shape)
     shapes.sort(key=lambda s: (s.memory, s.index))
-    return AltPlan(alt, selectors, per_device, shapes, cel_errors=cel_errors)
+    return AltPlan(alt, selectors, per_device, shapes, cel_errors=cel_errors, tainted=tainted)
 
 
 class _NodeSearch:
@@ -137,6 +147,8 @@ class _NodeSearch:
         self.claim_keys: dict[DeviceKey, int] = {}  # devices this claim holds for any request
         self.steps = 0
         self.failure = ""
+        self.failure_code = "other"
+        self.rejects: set[str] = set()  # why devices were turned down: in_use, capacity, counters, constraints
         self.fatal = ""  # set when the scheduler would abort the claim (not just skip the node)
 
     def _order(self, d: DeviceView) -> tuple[Any, ...]:
@@ -160,12 +172,14 @@ class _NodeSearch:
                     self.failure = (f"request {alt.result_name} wants all matching devices, but {d.describe()} "
                                     f"has taint {taint.key}={taint.value}:{taint.effect} that the request "
                                     "does not tolerate")
+                    self.failure_code = "taints"
                     return None
         if alt.all_devices and not alt.admin_access:
             free = {d.key for shape in ap.shapes for where in (self.node, None)
                     for d in self.inv.free[shape.index].get(where, ())}
             if any(d.key not in free for d in out) or not out:
                 self.failure = f"request {alt.result_name} wants all matching devices but some are in use"
+                self.failure_code = "in_use"
                 return None
         out.sort(key=self._order)
         return out
@@ -178,6 +192,7 @@ class _NodeSearch:
         if d.key in self.admin_keys:
             return False
         if not d.allow_multiple_allocations and (d.key in self.taken or d.key in self.inv.taken_by):
+            self.rejects.add("in_use")
             return False
         demand, _ = capacity_demand(d, alt)
         if demand is None:
@@ -187,9 +202,11 @@ class _NodeSearch:
             planned = self.capacity.get(d.key, {})
             for qname, amount in demand.items():
                 if used.get(qname, 0) + planned.get(qname, 0) + amount > d.capacity[qname]:
+                    self.rejects.add("capacity")
                     return False
         already_paid = d.allow_multiple_allocations and (d.key in self.inv.capacity_used or d.key in self.capacity)
         if not already_paid and d.consumes_counters and not self.inv.counters_fit(d, self.counters):
+            self.rejects.add("counters")
             return False
         return demand if d.allow_multiple_allocations else None
 
@@ -203,6 +220,7 @@ class _NodeSearch:
             # Compared by (type, value): bool true is not int 1 (as in the Go allocator).
             typed = typed_set(value) if value is not None else None
             if typed is None or not constraint_admits(c.distinct, seen, typed):
+                self.rejects.add("constraints")
                 for cj in touched:
                     self.values[cj].pop()
                 return None
@@ -277,6 +295,7 @@ class _NodeSearch:
                 return False
             if len(cands) < need:
                 self.failure = f"request {ap.alt.result_name}: {len(cands)} usable devices on the node, {need} needed"
+                self.failure_code = "no_single_node"
                 continue
             if self._pick(ri, ap.alt, cands, 0, need):
                 return True
@@ -403,7 +422,7 @@ def plan(claim: dict[str, Any], inventory: Inventory, policy: Policy = "binpack"
     try:
         requests, constraints = parse_requests(claim)
     except SpecError as exc:
-        return PlanResult(None, reasons=[f"claim {claim_ref(claim)}: {exc}"])
+        return PlanResult(None, reasons=[f"claim {claim_ref(claim)}: {exc}"], codes=["invalid_spec"])
     if not requests:
         return PlanResult({"devices": {"results": [], "config": []}})
     ref = claim_ref(claim)
@@ -411,18 +430,20 @@ def plan(claim: dict[str, Any], inventory: Inventory, policy: Policy = "binpack"
     wanted = sum(min(a.count for a in r.alternatives if not a.all_devices) if
                  any(not a.all_devices for a in r.alternatives) else 0 for r in requests)
     if wanted > ALLOCATION_RESULTS_MAX:
-        return PlanResult(None, reasons=[limit_reason(ref, wanted)], fatal=True)
+        return PlanResult(None, reasons=[limit_reason(ref, wanted)], fatal=True, codes=["claim_limit"])
     plans = [[prepare_alternative(a, inventory) for a in r.alternatives] for r in requests]
     errors = [ap.error for alts in plans for ap in alts if ap.error]
     for alts in plans:  # the first entry of every request is tried on every node in scope
         why = cel_failure(alts[0], inventory, node, all_nodes=node is None) if not alts[0].error else None
-        why = why or invalid_pool_failure(ref, alts[0], inventory, node)
+        code = "cel_error"
+        if not why:
+            why, code = invalid_pool_failure(ref, alts[0], inventory, node), "invalid_pool"
         if why:
-            return PlanResult(None, reasons=[why], fatal=True)
+            return PlanResult(None, reasons=[why], fatal=True, codes=[code])
     heap = _candidate_nodes(inventory, plans, node, policy)
     had_candidates = bool(heap)
     best: tuple[tuple[Any, ...], str | None, list[Chosen]] | None = None
-    failures: list[str] = []
+    failures: list[tuple[str, str]] = []
     while heap:
         lower, _, n = heapq.heappop(heap)
         # Nodes come in bound order: once a bound is no better than the best found, stop (ties on
@@ -432,14 +453,14 @@ def plan(claim: dict[str, Any], inventory: Inventory, policy: Policy = "binpack"
         search = _NodeSearch(inventory, plans, constraints, n, policy, ref)
         solved = search.solve()
         if search.fatal:
-            return PlanResult(None, reasons=[search.fatal], fatal=True)
+            code = "claim_limit" if "claim limit" in search.fatal else "cel_error"
+            return PlanResult(None, reasons=[search.fatal], fatal=True, codes=[code])
         if solved:
             score = _score(inventory, n, search.chosen, requests, policy)
             if best is None or score < best[0]:
                 best = (score, n, list(search.chosen))
         elif len(failures) < 3:
-            failures.append(f"node {n}: " + (search.failure or "devices are there but counters, shared "
-                                             "capacity or constraints rule every combination out"))
+            failures.append(node_failure(n, search.failure, search.failure_code, search.rejects))
     if best is None:
         # Nothing fits, so the scheduler walked every entry of every request on every node in scope:
         # a selector error in a later firstAvailable entry aborts the claim too.
@@ -447,27 +468,35 @@ def plan(claim: dict[str, Any], inventory: Inventory, policy: Policy = "binpack"
             for ap in alts[1:]:
                 why = cel_failure(ap, inventory, node, all_nodes=node is None) if not ap.error else None
                 if why:
-                    return PlanResult(None, reasons=[why], fatal=True)
-        return PlanResult(None, reasons=errors + _why_not(inventory, plans, had_candidates, failures))
+                    return PlanResult(None, reasons=[why], fatal=True, codes=["cel_error"])
+        coded = [(e, "no_class" if "does not exist" in e else "invalid_spec") for e in errors]
+        coded += _why_not(inventory, plans, had_candidates, failures)
+        return PlanResult(None, reasons=[r for r, _ in coded], codes=[c for _, c in coded])
     _, chosen_node, chosen = best
     return PlanResult(write_allocation(claim, inventory, requests, chosen, chosen_node), chosen_node, [], chosen)
 
 
-def _why_not(inv: Inventory, plans: list[list[AltPlan]], had_candidates: bool, failures: list[str]) -> list[str]:
-    reasons: list[str] = []
+def _why_not(inv: Inventory, plans: list[list[AltPlan]], had_candidates: bool,
+             failures: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    reasons: list[tuple[str, str]] = []
     for alts in plans:
         for ap in alts:
             if ap.error:
                 continue
             total = sum(len(s.devices) for s in ap.shapes)
             free = sum(len(v) for s in ap.shapes for v in inv.free[s.index].values())
-            if total == 0:
-                reasons.append(
+            if total == 0 and ap.tainted:
+                dev, t = ap.tainted[0]
+                reasons.append((f"request {ap.alt.result_name}: every device that passes the selectors has a taint "
+                                f"the request does not tolerate (e.g. {t.key}={t.value}:{t.effect} on "
+                                f"{dev.describe()}); add a toleration or wait for the taint to go", "taints"))
+            elif total == 0:
+                reasons.append((
                     f"request {ap.alt.result_name}: no published device passes DeviceClass "
-                    f"{ap.alt.device_class!r}, the request's selectors, capacity requests and tolerations"
-                )
+                    f"{ap.alt.device_class!r}, the request's selectors, capacity requests and tolerations",
+                    "no_matching_device"))
             elif free == 0 and not ap.alt.admin_access:
-                reasons.append(f"request {ap.alt.result_name}: all {total} devices that fit are in use")
+                reasons.append((f"request {ap.alt.result_name}: all {total} devices that fit are in use", "in_use"))
             elif not ap.alt.all_devices and ap.alt.count > 1 and not had_candidates:
                 per_node: dict[str | None, int] = {}
                 for s in ap.shapes:
@@ -475,9 +504,9 @@ def _why_not(inv: Inventory, plans: list[list[AltPlan]], had_candidates: bool, f
                         per_node[where] = per_node.get(where, 0) + len(devs)
                 most = max(per_node.items(), key=lambda kv: kv[1])
                 if most[1] < ap.alt.count:
-                    reasons.append(f"request {ap.alt.result_name}: needs {ap.alt.count} devices on one node; "
-                                   f"the most free on any node is {most[1]} (on {most[0]})")
+                    reasons.append((f"request {ap.alt.result_name}: needs {ap.alt.count} devices on a single node; "
+                                    f"the most free on any node is {most[1]} (on {most[0]})", "no_single_node"))
     if not had_candidates and not reasons:
-        reasons.append("no single node has free devices for every request of the claim")
+        reasons.append(("no single node has free devices for every request of the claim", "no_single_node"))
     reasons.extend(failures)
-    return reasons or ["no allocation satisfies the claim"]
+    return reasons or [("no allocation satisfies the claim", "other")]
