@@ -128,10 +128,17 @@ def run(args: argparse.Namespace) -> int:
     result = plan(claim, inventory, policy=args.policy, node=args.node)
     meta = claim.get("metadata") or {}
     if args.output != "text":
-        doc = {"nodeName": result.node_name, "allocation": result.allocation, "reasons": result.reasons}
+        doc = {"nodeName": result.node_name, "allocation": result.allocation, "reasons": result.reasons,
+               "codes": result.codes, "schedulerAborts": result.fatal}
         print(yaml.safe_dump(doc, sort_keys=False) if args.output == "yaml" else json.dumps(doc, indent=2))
         return 0 if result.ok else 1
     name = f"{meta.get('namespace', 'default')}/{meta.get('name', '?')}"
+    if not result.ok and result.fatal:
+        # Not "unfit for now": the kube-scheduler errors on this claim until its spec is fixed.
+        print(f"Claim {name}: no allocation is possible; the kube-scheduler would abort this claim (fix the claim):")
+        for reason in result.reasons:
+            print(f"  {reason}")
+        return 1
     if not result.ok:
         print(f"Claim {name}: no allocation is possible now")
         for reason in result.reasons:

@@ -89,6 +89,21 @@ def test_plan_prints_the_best_fit_and_the_allocation(cluster: tuple[LocalApiServ
     assert code == 1 and doc["allocation"] is None and doc["reasons"]
 
 
+def test_plan_says_the_scheduler_aborts_on_a_selector_runtime_error(cluster: tuple[LocalApiServer, str],
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    _, kubeconfig = cluster
+    # node-a's whole GPUs have no "profile" attribute: an unguarded lookup errors there.
+    bad = claim("bad", [exactly(selectors=('device.attributes["gpu.nvidia.com"].profile == "1g.20gb"',))])
+    code = main(["plan", "-f", _claim_file(bad), "--kubeconfig", kubeconfig])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "the kube-scheduler would abort this claim" in out
+    assert "has(device.attributes[\"gpu.nvidia.com\"].profile)" in out
+    code = main(["plan", "-f", _claim_file(bad), "--kubeconfig", kubeconfig, "-o", "yaml"])
+    doc = yaml.safe_load(capsys.readouterr().out)
+    assert code == 1 and doc["schedulerAborts"] is True and doc["codes"] == ["cel_error"]
+
+
 def test_explain_a_claim_names_the_holder_and_the_withdrawn_gpu(cluster: tuple[LocalApiServer, str],
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     _, kubeconfig = cluster

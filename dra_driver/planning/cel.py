@@ -5,8 +5,9 @@ What a selector sees is what the kube-scheduler gives it (dra-api.md section 8):
 ``device.capacity[domain].name`` as quantities, ``device.allowMultipleAllocations``, the Kubernetes
 ``quantity``/``semver`` libraries, extended strings, ``cel.bind`` and the standard macros.
 
-A runtime error means "this device does not match" (the scheduler gives up on the claim for that
-device; we keep the message so ``explain`` can show it).
+A runtime error is not "no match": the kube-scheduler aborts allocation of the whole claim
+(dra-api.md section 8). :meth:`CompiledSelector.evaluate` keeps the message; the planner turns it
+into a claim failure (:mod:`.parity`) and ``explain`` shows it per device.
 
 Speed: a parsed expression is cached by its text, and every compiled selector caches its results
 keyed by exactly the values it reads (found statically from the syntax tree). Two GPUs that differ
@@ -305,7 +306,8 @@ class CompiledSelector:
         return result
 
     def matches(self, device: DeviceView) -> bool:
-        """True when the selector is true for ``device`` (false on a runtime error)."""
+        """True when the selector is true for ``device`` (false on a runtime error, which callers that
+        allocate must check for with :meth:`evaluate`: the scheduler aborts the claim then)."""
         return self.evaluate(device).matched
 
     def _evaluate(self, device: DeviceView) -> SelectorResult:
