@@ -168,6 +168,18 @@ def test_match_attribute_bool_true_is_not_int_one() -> None:
     assert not plan(_pair("distinctAttribute"), same).ok
 
 
+def test_list_attributes_match_by_intersection_and_are_distinct_when_disjoint() -> None:
+    # DRAListTypeAttributes: matchAttribute needs a common element; distinctAttribute disjoint lists.
+    overlap = _flagged({"strings": ["a", "b"]}, {"strings": ["b", "c"]})
+    assert _results(plan(_pair("matchAttribute"), overlap)) == ["gpu-0", "gpu-1"]
+    assert not plan(_pair("distinctAttribute"), overlap).ok
+    apart = _flagged({"strings": ["a"]}, {"strings": ["c"]})
+    assert not plan(_pair("matchAttribute"), apart).ok
+    assert _results(plan(_pair("distinctAttribute"), apart)) == ["gpu-0", "gpu-1"]
+    scalar = _flagged({"string": "b"}, {"strings": ["b", "c"]})  # a scalar acts as a 1-element set
+    assert _results(plan(_pair("matchAttribute"), scalar)) == ["gpu-0", "gpu-1"]
+
+
 # 5. Admin access never gets a device twice within one claim -------------------------------------
 
 def test_admin_and_normal_requests_of_one_claim_take_different_devices() -> None:
