@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, cast
 
-from dra_driver.planning.model import Amount, DeviceKey, DeviceView, Taint
+from dra_driver.planning.model import Amount, DeviceKey, DeviceView
 from dra_driver.planning.parse import SpecError, claim_ref, parse_counter_sets, parse_device, quantity_field
+from dra_driver.planning.taint_rules import with_rule_taints
 
 # Attributes that identify one device rather than describe its kind: left out of shapes.
 IDENTITY_ATTRIBUTES = frozenset(
@@ -278,7 +279,7 @@ def _build(slices: list[dict[str, Any]], claims: list[dict[str, Any]], device_cl
             dev.slice_name, dev.order = name, order
             order += 1
             if taint_rules:
-                dev = _with_rule_taints(dev, taint_rules)
+                dev = with_rule_taints(dev, taint_rules)
             if dev.key in devices:
                 duplicated.setdefault((driver, pool), (dev.name, spec.get("nodeName") or None))
             devices.setdefault(dev.key, dev)
@@ -330,23 +331,6 @@ def _drop_invalid_pools(devices: dict[DeviceKey, DeviceView], counter_totals: di
             "kube-scheduler treats the pool as invalid and allocates none of its devices; the driver must "
             "publish each device name once per pool"), node=node))
     return invalid
-
-
-def _with_rule_taints(dev: DeviceView, rules: list[dict[str, Any]]) -> DeviceView:
-    extra = []
-    for rule in rules:
-        spec = rule.get("spec") or {}
-        sel = spec.get("deviceSelector") or {}
-        if all(not sel.get(f) or sel.get(f) == v for f, v in (("driver", dev.driver), ("pool", dev.pool),
-                                                               ("device", dev.name))):
-            t = spec.get("taint") or {}
-            extra.append(Taint(str(t.get("key", "")), str(t.get("value", "") or ""), str(t.get("effect", ""))))
-    if not extra:
-        return dev
-    tainted = dev.fresh_copy()  # never change a view a cache or an older inventory holds
-    tainted.taints = (*dev.taints, *extra)
-    tainted.signature_cache = None
-    return tainted
 
 
 def _classes(raw: list[dict[str, Any]], skipped: list[Skipped]) -> dict[str, DeviceClassView]:

@@ -34,6 +34,7 @@ from dra_driver.planning.parity import (
     limit_reason,
     node_failure,
     typed_set,
+    why_not,
 )
 from dra_driver.planning.parse import SpecError, claim_ref
 from dra_driver.planning.requests import (
@@ -470,43 +471,7 @@ def plan(claim: dict[str, Any], inventory: Inventory, policy: Policy = "binpack"
                 if why:
                     return PlanResult(None, reasons=[why], fatal=True, codes=["cel_error"])
         coded = [(e, "no_class" if "does not exist" in e else "invalid_spec") for e in errors]
-        coded += _why_not(inventory, plans, had_candidates, failures)
+        coded += why_not(inventory, plans, had_candidates, failures)
         return PlanResult(None, reasons=[r for r, _ in coded], codes=[c for _, c in coded])
     _, chosen_node, chosen = best
     return PlanResult(write_allocation(claim, inventory, requests, chosen, chosen_node), chosen_node, [], chosen)
-
-
-def _why_not(inv: Inventory, plans: list[list[AltPlan]], had_candidates: bool,
-             failures: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    reasons: list[tuple[str, str]] = []
-    for alts in plans:
-        for ap in alts:
-            if ap.error:
-                continue
-            total = sum(len(s.devices) for s in ap.shapes)
-            free = sum(len(v) for s in ap.shapes for v in inv.free[s.index].values())
-            if total == 0 and ap.tainted:
-                dev, t = ap.tainted[0]
-                reasons.append((f"request {ap.alt.result_name}: every device that passes the selectors has a taint "
-                                f"the request does not tolerate (e.g. {t.key}={t.value}:{t.effect} on "
-                                f"{dev.describe()}); add a toleration or wait for the taint to go", "taints"))
-            elif total == 0:
-                reasons.append((
-                    f"request {ap.alt.result_name}: no published device passes DeviceClass "
-                    f"{ap.alt.device_class!r}, the request's selectors, capacity requests and tolerations",
-                    "no_matching_device"))
-            elif free == 0 and not ap.alt.admin_access:
-                reasons.append((f"request {ap.alt.result_name}: all {total} devices that fit are in use", "in_use"))
-            elif not ap.alt.all_devices and ap.alt.count > 1 and not had_candidates:
-                per_node: dict[str | None, int] = {}
-                for s in ap.shapes:
-                    for where, devs in inv.free[s.index].items():
-                        per_node[where] = per_node.get(where, 0) + len(devs)
-                most = max(per_node.items(), key=lambda kv: kv[1])
-                if most[1] < ap.alt.count:
-                    reasons.append((f"request {ap.alt.result_name}: needs {ap.alt.count} devices on a single node; "
-                                    f"the most free on any node is {most[1]} (on {most[0]})", "no_single_node"))
-    if not had_candidates and not reasons:
-        reasons.append(("no single node has free devices for every request of the claim", "no_single_node"))
-    reasons.extend(failures)
-    return reasons or [("no allocation satisfies the claim", "other")]
