@@ -52,7 +52,9 @@ def now_rfc3339() -> str:
 def unfit_category(reasons: list[str]) -> str:
     """A metric label for why a claim fits nowhere."""
     text = " ".join(reasons).lower()
-    for needle, label in (("does not exist", "no_class"), ("in use", "in_use"), ("counter", "counters"),
+    for needle, label in (("aborts allocation of the whole claim", "cel_error"),
+                          ("exceeds the claim limit", "claim_limit"), ("is currently invalid", "invalid_pool"),
+                          ("does not exist", "no_class"), ("in use", "in_use"), ("counter", "counters"),
                           ("no published device", "no_matching_device"), ("taint", "taints"),
                           ("constraint", "constraints"), ("single node", "no_single_node")):
         if needle in text:

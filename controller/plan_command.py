@@ -68,10 +68,12 @@ def read_cluster(client: Any) -> Inventory:
 
 
 def _taint_rules(api: Any) -> list[dict[str, Any]]:
-    """DeviceTaintRules where the cluster serves them (beta in 1.36); none elsewhere."""
+    """DeviceTaintRules where the cluster serves them (beta in 1.36, v1 in 1.37); none elsewhere."""
     import kubernetes
 
-    for version in ("v1beta2", "v1alpha3"):
+    from controller.informers import TAINT_RULE_VERSIONS
+
+    for version in TAINT_RULE_VERSIONS:
         try:
             items: list[dict[str, Any]] = api.list_cluster_custom_object(
                 "resource.k8s.io", version, "devicetaintrules").get("items", [])

@@ -278,4 +278,5 @@ def test_unfit_reasons_are_coded_and_labelled_by_their_real_cause() -> None:
     assert _unfit(unmet, two) == ("constraints", "constraints")
     assert _unfit(claim("c", [exactly(count=3)]), two) == ("no_single_node", "no_single_node")
     assert _unfit(claim("c", [exactly(memory="100Gi")]), two)[0] == "no_matching_device"
-    assert _unfit(claim("c", [exactly(selectors=(PROFILE_1G,))]), two)[0] == "cel_error"
+    assert _unfit(claim("c", [exactly(selectors=(PROFILE_1G,))]), two) == ("cel_error", "cel_error")
+    assert _unfit(claim("c", [exactly(count=33)]), two) == ("claim_limit", "claim_limit")
