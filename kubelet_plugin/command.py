@@ -273,15 +273,18 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    set_process_fields(node=config.node_name)  # one node per process: every event says which
     try:
-        set_process_fields(node=config.node_name)  # one node per process: every event says which
-        plugin = _start(config, args.kubeconfig, stop)
-    except ValueError as exc:
-        return _invalid_configuration(exc, args.node_name or None)
-    if plugin is None:
-        return 0  # stopped before it could start
-    _trim_heap()
-    stop.wait()
-    log.info("plugin_stopping", node=config.node_name)
-    plugin.stop()
-    return 0
+        try:
+            plugin = _start(config, args.kubeconfig, stop)
+        except ValueError as exc:
+            return _invalid_configuration(exc, args.node_name or None)
+        if plugin is None:
+            return 0  # stopped before it could start
+        _trim_heap()
+        stop.wait()
+        log.info("plugin_stopping", node=config.node_name)
+        plugin.stop()
+        return 0
+    finally:
+        set_process_fields(node=None)  # run() is also called in-process (tests): leave no trace

@@ -114,6 +114,13 @@ def test_device_leaving_bumps_every_slice_and_drops_stale_ones(
     pub = started()
     publish(pub, build_pool(eight_h200(MigMode.ENABLED), NODE, DRIVER, DYNAMIC))
     assert {o["spec"]["pool"]["generation"] for o in server_slices(srv)} == {1}
+    # A list taken before the watch was live is not trusted (seen on a loaded CI machine): once the
+    # watch is up, one more pass lists with it live, and from then on the watched view is trusted.
+    assert wait_for(lambda: pub._watch.state()[1], 10), "the slice watch never went live"
+    if not pub._view_trusted():
+        pub.resync()
+        publish(pub, build_pool(eight_h200(MigMode.ENABLED), NODE, DRIVER, DYNAMIC))
+    assert wait_for(pub._view_trusted, 10)
     lists = pub.stats().lists
     publish(pub, build_pool(eight_h200(MigMode.ENABLED), NODE, DRIVER, DYNAMIC, unhealthy={"gpu-3": "XID 79"}))
     assert pub.stats().lists == lists  # the watched view was trusted: no list needed for a change
