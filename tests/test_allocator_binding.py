@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from waiting import wait_for
 
 from controller.daemon import Controller, ControllerConfig
 from controller.kube import CORE_V1, RESOURCE_V1, KubeApi, pod_path
@@ -52,15 +53,6 @@ class ApiClientRefusal:
                                                    "change fields other than ..."}).encode()
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture()

@@ -6,12 +6,14 @@ Cluster on the local API server: node-b 8x H100 80GB (two GPUs in static MIG: 1g
 
 from __future__ import annotations
 
+import functools
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import waiting
 
 from controller.allocator import FINALIZER, POD_CLAIM_ANNOTATION
 from controller.daemon import Controller, ControllerConfig
@@ -48,15 +50,7 @@ def world() -> Iterator[dict[str, Any]]:
         ctrl.stop()
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+wait_for = functools.partial(waiting.wait_for, timeout=20.0)
 
 
 def template(api: KubeApi, name: str, memory: str, shape_with: ReviewClient | None = None) -> None:

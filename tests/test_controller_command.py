@@ -9,13 +9,11 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
-from typing import Any
 
 import pytest
+from waiting import wait_for
 
 from controller.command import config_from_args
 from controller.kube import COORDINATION_V1, KubeApi, namespaced
@@ -44,13 +42,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-    return value
 
 
 def http_get(url: str) -> tuple[int, str]:

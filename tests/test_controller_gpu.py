@@ -4,12 +4,12 @@ Never changes GPU settings (whole GPUs or existing MIG devices only)."""
 
 from __future__ import annotations
 
+import functools
 import tempfile
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
+import waiting
 
 from controller.daemon import Controller, ControllerConfig
 from controller.kube import CORE_V1, RESOURCE_V1, KubeApi, claim_path, pod_path
@@ -29,13 +29,7 @@ NODE = "gpu-node"
 VRAM = "vram.gpu.nvidia.com"
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-    return value
+wait_for = functools.partial(waiting.wait_for, timeout=60.0)
 
 
 def vram_template(memory: str) -> dict[str, Any]:

@@ -3,12 +3,13 @@ and one debounced inventory build for a burst of slice changes."""
 
 from __future__ import annotations
 
+import functools
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import waiting
 
 from controller.informers import SLICES, ClusterCache, Informer
 from controller.kube import RESOURCE_V1, KubeApi
@@ -22,13 +23,7 @@ def srv() -> Iterator[LocalApiServer]:
         yield server
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-    return value
+wait_for = functools.partial(waiting.wait_for, timeout=15.0)
 
 
 def make_slice(api: KubeApi, name: str, node: str = "n1") -> dict[str, Any]:

@@ -3,11 +3,13 @@ after a crash, stepping down when the Lease cannot be renewed, and only the lead
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import waiting
 
 from controller.daemon import Controller, ControllerConfig
 from controller.kube import COORDINATION_V1, CORE_V1, RESOURCE_V1, KubeApi, namespaced, pod_path
@@ -23,13 +25,7 @@ def srv() -> Iterator[LocalApiServer]:
         yield server
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-    return value
+wait_for = functools.partial(waiting.wait_for, timeout=15.0)
 
 
 def replica(srv: LocalApiServer, identity: str, **extra: Any) -> Controller:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from waiting import wait_for
 
 from controller import admission
 from controller.daemon import Controller, ControllerConfig
@@ -38,13 +39,6 @@ def cluster() -> Iterator[tuple[LocalApiServer, KubeApi]]:
         yield srv, api
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-    return value
 
 
 def taint_h200(api: KubeApi) -> None:

@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import yaml
+from waiting import wait_for
 
 helm = pytest.importorskip("helm_python")
 
@@ -166,13 +166,6 @@ def audit(checks: set[Attrs], rules: list[tuple[str, dict[str, Any]]]) -> None:
                     assert used, f"the chart grants {verb} on {group or 'core'}/{resource} but nothing used it"
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-    return value
 
 
 def _set_env(container: dict[str, Any], downward: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from waiting import wait_for
 
 from controller.allocator import FINALIZER
 from controller.daemon import Controller, ControllerConfig
@@ -52,13 +53,6 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
             ctrl.stop()
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-    return value
 
 
 def passes(ctrl: Controller, n: int) -> None:

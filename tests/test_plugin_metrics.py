@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 import socket
 import tempfile
-import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import kubernetes
 from prometheus_client.parser import text_string_to_metric_families
+from waiting import wait_for
 
 from dra_driver.devices import GIB
 from kubelet_plugin.testing import NAMESPACE, PluginHarness
@@ -46,14 +45,7 @@ def _value(samples: dict[str, list[tuple[dict[str, str], float]]], name: str, **
     return None
 
 
-def _wait(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
+_wait = wait_for
 
 
 def _make_pod(h: PluginHarness, name: str) -> str:

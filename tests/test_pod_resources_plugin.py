@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import socket
 import tempfile
-import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from waiting import wait_for
 
 from dra_driver.devices import GIB
 from kubelet_plugin.testing import NAMESPACE, PluginHarness
@@ -46,15 +45,7 @@ def _labelled(port: int, device: str) -> dict[str, str] | None:
     return labels if labels.get("container") else None
 
 
-def _wait(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    # The plugin caches the kubelet's answer for a few seconds: allow for one stale round.
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
+_wait = wait_for
 
 
 def test_dcgm_series_of_an_allocated_gpu_name_the_pod_and_container_from_pod_resources() -> None:

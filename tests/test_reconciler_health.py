@@ -8,11 +8,13 @@ NVML and injects an XID.
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import waiting
 
 from controller.claim_health import CONDITION_TYPE, UNHEALTHY_REASON
 from controller.daemon import Controller, ControllerConfig
@@ -25,13 +27,7 @@ NODE = "node-b"
 XID = "XID 79: GPU has fallen off the bus"
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-    return value
+wait_for = functools.partial(waiting.wait_for, timeout=20.0)
 
 
 @pytest.fixture()
