@@ -23,8 +23,8 @@ from typing import Any
 from kubernetes import client, watch
 
 from benchmarks.common import BenchResult, report, summarize
-from dra_driver.apiserver import LocalApiServer
-from dra_driver.apiserver.samples import slice_body
+from testbed.apiserver import LocalApiServer
+from testbed.apiserver.slice_samples import slice_body
 
 
 def _ms(t0: float) -> float:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from benchmarks.common import BenchResult, report, summarize
-from dra_driver.nvml import NvmlUnavailableError, discover, open_nvml
+from kubelet_plugin.nvml import NvmlUnavailableError, discover, open_nvml
 
 
 def _time_discovery(nvml: object, n: int) -> list[float]:

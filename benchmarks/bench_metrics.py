@@ -13,9 +13,9 @@ import urllib.request
 from prometheus_client import CollectorRegistry, generate_latest
 
 from benchmarks.common import BenchResult, report, summarize
-from dra_driver.metrics import DeviceAllocation, GpuCollector, PluginMetrics, metrics_url, serve_metrics
-from dra_driver.metrics.vram import PodRef, PreparedClaim, VramAccountant
-from dra_driver.nvml import discover, open_nvml
+from kubelet_plugin.metrics import DeviceAllocation, GpuCollector, PluginMetrics, metrics_url, serve_metrics
+from kubelet_plugin.metrics.vram_accounting import PodRef, PreparedClaim, VramAccountant
+from kubelet_plugin.nvml import discover, open_nvml
 
 
 def _node_registry(profile: str) -> tuple[CollectorRegistry, int]:

@@ -15,9 +15,9 @@ import time
 from typing import Any
 
 from benchmarks.common import BenchResult, report, summarize
-from dra_driver.planning import build_inventory, plan, shape_vram_request
-from dra_driver.planning.inventory import SliceCache
-from dra_driver.planning.samples import (
+from controller.planning import build_inventory, plan, shape_vram_request
+from controller.planning.cluster_inventory import SliceCache
+from testbed.planning_samples import (
     DRIVER,
     allocated,
     claim,
@@ -114,8 +114,8 @@ def run(quick: bool = False) -> list[BenchResult]:
 
 def _placement(inv: Any, small: dict[str, Any], pair: dict[str, Any], nodes: int, repeat: int) -> BenchResult:
     """Placement mode's hot path: a gated pod's claims planned together on one node (plan_pod)."""
-    from controller.placement_plan import _allocated, plan_pod
-    from dra_driver.planning.parse import claim_ref
+    from controller.placement.pod_plan import _allocated, plan_pod
+    from controller.planning.parse import claim_ref
 
     claims = [small, pair]
 

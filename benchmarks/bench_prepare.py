@@ -32,8 +32,8 @@ import kubernetes
 import urllib3
 
 from benchmarks.common import BenchResult, machine_description, report, summarize
-from dra_driver.kubelet_emulator import KubeletEmulator
 from proto import dra_v1_pb2, dra_v1_pb2_grpc
+from testbed.kubelet_emulator import KubeletEmulator
 
 DRIVER = "gpu.nvidia.com"
 NODE = "bench-node"

@@ -14,9 +14,9 @@ from __future__ import annotations
 import sys
 
 from benchmarks.common import BenchResult, report, summarize
-from dra_driver.health.probe import CudaProber, SimulatedProber
-from dra_driver.health.topology import ProbeTarget
-from dra_driver.nvml import discover, open_nvml
+from kubelet_plugin.health.probe_runner import CudaProber, SimulatedProber
+from kubelet_plugin.health.topology import ProbeTarget
+from kubelet_plugin.nvml import discover, open_nvml
 
 TIMEOUT_S = 60.0
 

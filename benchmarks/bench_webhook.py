@@ -19,16 +19,16 @@ import time
 from typing import Any
 
 from benchmarks.common import BenchResult, report, summarize
+from controller.api_client import CORE_V1, RESOURCE_V1, KubeApi
 from controller.daemon import Controller, ControllerConfig
-from controller.kube import CORE_V1, RESOURCE_V1, KubeApi
-from controller.testing import (
+from testbed.apiserver import LocalApiServer
+from testbed.controller_harness import (
     ReviewClient,
     admission_review,
     install_device_classes,
     node_slices,
     self_signed_cert,
 )
-from dra_driver.apiserver import LocalApiServer
 
 PROFILES = (("sim:4xh200", "dynamic"), ("sim:8xh100", "static"), ("sim:h200-141gb", "static"))
 VRAM = "vram.gpu.nvidia.com"

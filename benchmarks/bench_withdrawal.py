@@ -23,12 +23,12 @@ from typing import Any
 import kubernetes
 
 from benchmarks.common import BenchResult, report, summarize
-from dra_driver.apiserver import LocalApiServer
-from dra_driver.health import HealthMonitor, HealthPolicy, HealthSnapshot
-from dra_driver.health.node_status import NodeStatusReporter
-from dra_driver.nvml import discover, open_nvml
 from dra_driver.slices import SliceOptions, build_pool
+from kubelet_plugin.health import HealthMonitor, HealthPolicy, HealthSnapshot
+from kubelet_plugin.health.node_status import NodeStatusReporter
+from kubelet_plugin.nvml import discover, open_nvml
 from kubelet_plugin.publisher import SlicePublisher
+from testbed.apiserver import LocalApiServer
 
 NODE = "bench-node"
 DRIVER = "gpu.nvidia.com"

@@ -29,13 +29,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.api_client import RESOURCE_V1, ApiError, KubeApi, claim_path, namespaced, pod_path
+from controller.controller_metrics import ControllerMetrics
 from controller.informers import ClusterCache
-from controller.kube import RESOURCE_V1, ApiError, KubeApi, claim_path, namespaced, pod_path
+from controller.planning import Explanation, Inventory, allocate_and_reserve, explain
+from controller.planning.explain import unhealthy_from_node_conditions
+from controller.planning.planner import Policy
 from dra_driver.logs import get_logger
-from dra_driver.metrics.controller import ControllerMetrics
-from dra_driver.planning import Explanation, Inventory, allocate_and_reserve, explain
-from dra_driver.planning.explain import unhealthy_from_node_conditions
-from dra_driver.planning.planner import Policy
 
 log = get_logger(__name__)
 

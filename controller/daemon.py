@@ -31,17 +31,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
 
 from controller.allocator import LocalAllocator
+from controller.api_client import KubeApi
+from controller.claim_health.reconciler import EVICT, NONE, HealthReconciler
+from controller.controller_metrics import ControllerMetrics
 from controller.informers import ClusterCache
-from controller.kube import KubeApi
 from controller.leader import LeaderElector, LeaseConfig
-from controller.placement import MODES as PLACEMENT_MODES
-from controller.placement import PlacementController
-from controller.reconciler import EVICT, NONE, HealthReconciler
-from controller.webhook import WebhookServer
+from controller.placement.placement_mode import MODES as PLACEMENT_MODES
+from controller.placement.placement_mode import PlacementController
+from controller.planning.planner import Policy
+from controller.webhooks.webhook_server import WebhookServer
 from dra_driver.logs import LoggedErrorsMixin, get_logger
-from dra_driver.metrics.controller import ControllerMetrics
-from dra_driver.metrics.server import serve_metrics, server_class_for
-from dra_driver.planning.planner import Policy
+from dra_driver.metrics_server import serve_metrics, server_class_for
 
 log = get_logger(__name__)
 
@@ -74,7 +74,7 @@ class ControllerConfig:
     renew_deadline: float = 10.0
     retry_period: float = 2.0
     allocate: bool = False
-    placement_mode: str = "off"  # off | gated (controller.placement)
+    placement_mode: str = "off"  # off | gated (controller.placement.placement_mode)
     on_device_failure: str = NONE
     resync_s: float = 30.0
     debounce_s: float = 0.05

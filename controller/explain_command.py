@@ -14,8 +14,8 @@ import sys
 from typing import Any
 
 from controller.plan_command import api_client, read_cluster
-from dra_driver.planning import explain
-from dra_driver.planning.explain import unhealthy_from_node_conditions
+from controller.planning import explain
+from controller.planning.explain import unhealthy_from_node_conditions
 
 HELP = "explain why a claim (or a pod's claims) fits where it does, or does not fit"
 DESCRIPTION = """\

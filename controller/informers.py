@@ -26,10 +26,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from controller.kube import COORDINATION_V1, CORE_V1, RESOURCE_V1, WATCH_TIMEOUT_SECONDS, ApiError, KubeApi
+from controller.api_client import (
+    COORDINATION_V1,
+    CORE_V1,
+    RESOURCE_V1,
+    WATCH_TIMEOUT_SECONDS,
+    ApiError,
+    KubeApi,
+)
+from controller.planning import Inventory, Skipped, build_inventory
+from controller.planning.cluster_inventory import SliceCache
 from dra_driver.logs import get_logger
-from dra_driver.planning import Inventory, Skipped, build_inventory
-from dra_driver.planning.inventory import SliceCache
 
 log = get_logger(__name__)
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from controller.kube import COORDINATION_V1, ApiError, KubeApi, namespaced
+from controller.api_client import COORDINATION_V1, ApiError, KubeApi, namespaced
 from dra_driver.logs import get_logger
 
 log = get_logger(__name__)

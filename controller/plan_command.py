@@ -14,9 +14,9 @@ from typing import Any
 
 import yaml
 
+from controller.planning import Inventory, build_inventory, plan, shape_vram_request
 from dra_driver.logs import get_logger
-from dra_driver.planning import Inventory, build_inventory, plan, shape_vram_request
-from dra_driver.planning.quantity import human_bytes
+from dra_driver.quantity import human_bytes
 
 log = get_logger(__name__)
 
@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def api_client(kubeconfig: str) -> Any:
     """A ``kubernetes`` ApiClient from a kubeconfig file, in-cluster, or the default kubeconfig."""
-    from dra_driver.kube_json import make_api_client
+    from dra_driver.kube_api import make_api_client
 
     return make_api_client(kubeconfig)
 

@@ -9,6 +9,10 @@ Each subcommand lives in its own module, which provides::
 
 Modules are imported only when their subcommand runs (or shows its help), so ``gpuready --help``
 stays fast, a daemon carries only its own imports, and a broken subcommand cannot break the others.
+
+The production subcommands are listed here. Others come from installed distributions under the
+entry-point group :data:`EXTENSION_GROUP`, each naming a ``(module, one-line help)`` pair: that is
+how the testbed adds ``demo`` and ``local-apiserver`` without any production module importing it.
 """
 
 from __future__ import annotations
@@ -25,20 +29,48 @@ from dra_driver.logs import configure
 # The one-line help lives here so that ``gpuready --help`` imports no subcommand, and running one
 # subcommand imports only its own module (the node daemon should not carry the planner's CEL).
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("dra_driver.demo.command", "run the whole driver on simulated GPUs, end to end"),
-    "kubelet-plugin": ("kubelet_plugin.command", "run the node daemon (registration, prepare, CDI, slices, health)"),
-    "controller": ("controller.command", "run the cluster daemon (VRAM-aware placement, webhooks, claim health)"),
-    "devices": ("dra_driver.nvml.command", "show the GPUs, MIG devices and placements NVML reports on this node"),
-    "validate": ("dra_driver.health.validate_command", "check that every GPU on this node is ready (driver, container side, CUDA)"),
-    "local-apiserver": ("dra_driver.apiserver.command", "run the local Kubernetes API server used by the tests and the demo"),
+    "kubelet-plugin": ("kubelet_plugin.plugin_command", "run the node daemon (registration, prepare, CDI, slices, health)"),
+    "controller": ("controller.controller_command", "run the cluster daemon (VRAM-aware placement, webhooks, claim health)"),
+    "devices": ("kubelet_plugin.devices_command", "show the GPUs, MIG devices and placements NVML reports on this node"),
+    "validate": ("kubelet_plugin.validate_command", "check that every GPU on this node is ready (driver, container side, CUDA)"),
     "explain": ("controller.explain_command", "say why a claim or pod's claim does or does not fit"),
     "plan": ("controller.plan_command", "show what the planner would allocate for a claim right now"),
 }
 
 
-def _chosen(argv: Sequence[str]) -> str | None:
+EXTENSION_GROUP = "gpuready.commands"
+
+
+def extension_commands() -> dict[str, tuple[str, str]]:
+    """Subcommands that installed distributions add: name -> (module, one-line help)."""
+    from importlib.metadata import entry_points
+
+    found: dict[str, tuple[str, str]] = {}
+    for ep in entry_points(group=EXTENSION_GROUP):
+        if ep.name in SUBCOMMANDS:
+            continue  # an extension never replaces a production subcommand
+        try:
+            module_name, help_line = ep.load()
+        except ModuleNotFoundError as exc:
+            if exc.name and ep.value.split(".")[0].split(":")[0] == exc.name.split(".")[0]:
+                continue  # its package is not installed (the production image leaves the testbed out)
+            found[ep.name] = (ep.value, f"(unavailable: {exc})")
+            continue
+        except Exception as exc:  # a broken extension is listed as such, never breaks the CLI
+            found[ep.name] = (ep.value, f"(unavailable: {exc})")
+            continue
+        found[ep.name] = (str(module_name), str(help_line))
+    return found
+
+
+def all_commands() -> dict[str, tuple[str, str]]:
+    """Every subcommand: extensions (the demo first, as the README starts with it), then production."""
+    return {**extension_commands(), **SUBCOMMANDS}
+
+
+def _chosen(argv: Sequence[str], commands: dict[str, tuple[str, str]]) -> str | None:
     """The subcommand named on the command line, if any."""
-    return next((a for a in argv if a in SUBCOMMANDS), None)
+    return next((a for a in argv if a in commands), None)
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
@@ -58,8 +90,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpuready {__version__}")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    chosen = _chosen(argv or ())
-    for name, (module_name, help_line) in SUBCOMMANDS.items():
+    commands = all_commands()
+    chosen = _chosen(argv or (), commands)
+    for name, (module_name, help_line) in commands.items():
         if argv is not None and name != chosen:
             sub.add_parser(name, help=help_line)
             continue

@@ -1,7 +1,7 @@
 """The device model: what a node's GPUs are, as immutable typed records.
 
 Everything gpuready publishes, prepares and monitors starts from these records. They are built by
-:mod:`dra_driver.nvml` (from real or simulated NVML) and consumed as plain data by the pure logic
+:mod:`kubelet_plugin.nvml` (from real or simulated NVML) and consumed as plain data by the pure logic
 (slice building, planning, CDI edits). No I/O here.
 
 Naming (DESIGN.md section 3): a whole GPU is ``gpu-<minor>`` (the minor number survives another GPU

@@ -20,7 +20,7 @@ names the field and the fix) and the controller's validating webhook reuses :fun
 the same mistake is refused when the claim is created. Unknown fields, wrong types and impossible
 values are errors: a typo silently ignored would leave a user wondering why a setting had no effect.
 
-What the settings do (see :mod:`dra_driver.cdi` and :mod:`kubelet_plugin.mps`):
+What the settings do (see :mod:`kubelet_plugin.cdi.cdi_spec` and :mod:`kubelet_plugin.mps.control_daemon`):
 
 - ``env`` and ``visibleDevicesEnv`` become container environment variables.
 - ``sharing.strategy: MPS``: the kubelet plugin starts one CUDA MPS control daemon per claim for the
@@ -46,6 +46,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from dra_driver.quantity import QuantityError, parse_whole_quantity
+
 API_GROUP = "gpu.nvidia.com"
 API_VERSION = f"{API_GROUP}/v1alpha1"
 KIND_GPU = "GpuConfig"
@@ -62,11 +64,6 @@ RESERVED_ENV = frozenset({"NVIDIA_VISIBLE_DEVICES"})
 MAX_ENV = 64
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_QUANTITY = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|K|M|G|T)?$")
-_QUANTITY_FACTORS = {
-    None: 1, "Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4,
-    "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4,
-}
 
 
 class OpaqueConfigError(ValueError):
@@ -143,17 +140,18 @@ def _check_unknown(obj: Mapping[str, Any], allowed: Sequence[str], path: str) ->
                 f"remove it (allowed fields here: {', '.join(allowed)})")
 
 
-def parse_quantity(value: Any, path: str) -> int:
-    """A Kubernetes-style binary or decimal quantity (``20Gi``, ``512Mi``, ``1000000``) in bytes."""
+def parse_size(value: Any, path: str) -> int:
+    """A size in bytes, as any Kubernetes quantity the API server accepts (``20Gi``, ``1.5Gi``, ``2e9``)."""
     if isinstance(value, int) and not isinstance(value, bool):
         if value < 0:
             raise OpaqueConfigError(path, f"{value} is negative", "write a positive size such as 20Gi")
         return value
     _expect_type(value, str, path, "a size such as 20Gi")
-    match = _QUANTITY.match(value.strip())
-    if not match:
-        raise OpaqueConfigError(path, f"{value!r} is not a size", "write a size such as 20Gi or 512Mi")
-    return int(match.group(1)) * _QUANTITY_FACTORS[match.group(2)]
+    try:
+        return parse_whole_quantity(value)
+    except QuantityError as exc:
+        raise OpaqueConfigError(path, f"{value!r} is not a size in bytes: {exc}",
+                                "write a Kubernetes quantity such as 20Gi, 1.5Gi or 512Mi") from None
 
 
 def _parse_mps(raw: Any, path: str) -> MpsSettings:
@@ -168,7 +166,7 @@ def _parse_mps(raw: Any, path: str) -> MpsSettings:
     limit = raw.get("defaultPinnedDeviceMemoryLimit")
     limit_bytes = None
     if limit is not None:
-        limit_bytes = parse_quantity(limit, f"{path}.defaultPinnedDeviceMemoryLimit")
+        limit_bytes = parse_size(limit, f"{path}.defaultPinnedDeviceMemoryLimit")
         if limit_bytes < 1024**2:
             raise OpaqueConfigError(f"{path}.defaultPinnedDeviceMemoryLimit",
                                     f"{limit!r} is below 1Mi", "set at least 1Mi (for example 8Gi)")

@@ -120,7 +120,7 @@ class PluginConfig:
 
     def health_policy(self) -> Any:
         """The health monitor's policy from these settings (ValueError names the conflicting XIDs)."""
-        from dra_driver.health import HealthPolicy
+        from kubelet_plugin.health import HealthPolicy
 
         return HealthPolicy(extra_fatal_xids=self.xid_fatal, extra_ignored_xids=self.xid_ignore,
                             required_passes=self.recovery_passes, hold_down_s=self.hold_down,

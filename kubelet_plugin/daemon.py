@@ -5,7 +5,7 @@ Concurrency model: **threads**, and only threads. gRPC requests run on the DRA s
 publisher, the VRAM accounting check, the MPS daemon watch and the registration retry timer run their
 own daemon threads;
 /metrics scrapes run on the metrics server's thread. Shared state is guarded by locks: per-claim
-locks plus the checkpoint lock in :class:`~kubelet_plugin.prepare.Preparer`, ``_state_lock`` here
+locks plus the checkpoint lock in :class:`~kubelet_plugin.prepare.preparer.Preparer`, ``_state_lock`` here
 for the current health view, and ``_devices_lock`` to re-read the node after a dynamic MIG change or
 when the health poll finds NVML listing other GPUs (``self.devices`` and ``self.device_index`` are
 replaced whole, so readers need no lock; prepare never takes ``_devices_lock`` except through a
@@ -37,14 +37,26 @@ from typing import Any
 
 import grpc
 
-from dra_driver.cdi import driver_mounts
 from dra_driver.devices import NodeDevices
-from dra_driver.health.inventory import keep_lost_gpus
-from dra_driver.health.kubelet_health import health_stream_entries
-from dra_driver.health.mig_probe import destroy_leftover_probe_instances, mig_gate
-from dra_driver.health.topology import gpu_topology
 from dra_driver.logs import get_logger
-from dra_driver.metrics import (
+from dra_driver.slices import SliceOptions, build_pool
+from kubelet_plugin.cdi.cdi_spec import driver_mounts
+from kubelet_plugin.cdi.driver_files import find_driver_files
+from kubelet_plugin.checkpoint.recovery import RecoveryReport, recover
+from kubelet_plugin.checkpoint.store import CheckpointStore, read_boot_id
+from kubelet_plugin.claim_api import KubeClaims, NodeStatusApi, PodEventsApi, PreparedClaims, emit_node_event
+from kubelet_plugin.config import PluginConfig
+from kubelet_plugin.feature_fallback import PublishFallback
+from kubelet_plugin.health.gpu_set import keep_lost_gpus
+from kubelet_plugin.health.kubelet_health import health_stream_entries
+from kubelet_plugin.health.mig_probe import destroy_leftover_probe_instances, mig_gate
+from kubelet_plugin.health.topology import gpu_topology
+from kubelet_plugin.kubelet_grpc.dra_service import DraServicer
+from kubelet_plugin.kubelet_grpc.health_stream import HealthBroadcaster, HealthServicer, entries_from_map
+from kubelet_plugin.kubelet_grpc.registration import RegistrationServer
+from kubelet_plugin.kubelet_grpc.sockets import SocketPaths, remove_stale_socket
+from kubelet_plugin.liveness import PluginProbes
+from kubelet_plugin.metrics import (
     DeviceAllocation,
     GpuCollector,
     PluginMetrics,
@@ -54,23 +66,11 @@ from dra_driver.metrics import (
     allocations_from_claims,
     serve_metrics,
 )
-from dra_driver.metrics.pod_resources import single_pod_users
-from dra_driver.slices import SliceOptions, build_pool
-from kubelet_plugin.allocation import NodeDevice, index_devices
-from kubelet_plugin.checkpoint import CheckpointStore, read_boot_id
-from kubelet_plugin.config import PluginConfig
-from kubelet_plugin.dra_service import DraServicer
-from kubelet_plugin.driver_files import find_driver_files
-from kubelet_plugin.fallback import PublishFallback
-from kubelet_plugin.health_stream import HealthBroadcaster, HealthServicer, entries_from_map
-from kubelet_plugin.kube import KubeClaims, NodeStatusApi, PodEventsApi, PreparedClaims, emit_node_event
-from kubelet_plugin.mig import NvmlMigOps
-from kubelet_plugin.prepare import Preparer, PrepareSettings
-from kubelet_plugin.probes import PluginProbes
+from kubelet_plugin.metrics.pod_resources_client import single_pod_users
+from kubelet_plugin.prepare.claim_plan import NodeDevice, index_devices
+from kubelet_plugin.prepare.mig_ops import NvmlMigOps
+from kubelet_plugin.prepare.preparer import Preparer, PrepareSettings
 from kubelet_plugin.publisher import SlicePublisher
-from kubelet_plugin.recovery import RecoveryReport, recover
-from kubelet_plugin.registration import RegistrationServer
-from kubelet_plugin.sockets import SocketPaths, remove_stale_socket
 from proto import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -115,7 +115,7 @@ class KubeletPlugin:
         self.recovery: RecoveryReport | None = None
         self._server: grpc.Server | None = None
         self._metrics_server: Any = None
-        # /healthz and /readyz on the metrics port (kubelet_plugin.probes): DRA socket, loops, registration.
+        # /healthz and /readyz on the metrics port (kubelet_plugin.liveness): DRA socket, loops, registration.
         self.probes = PluginProbes(self, node=config.node_name)
         self._state_lock = threading.Lock()
         self._devices_lock = threading.Lock()  # serializes re-reading the node after a MIG change
@@ -138,7 +138,7 @@ class KubeletPlugin:
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
         """Bring the plugin up; returns once the registration socket exists."""
-        from dra_driver.nvml import discover
+        from kubelet_plugin.nvml import discover
 
         cfg = self.config
         self.devices = discover(self.nvml)
@@ -248,14 +248,14 @@ class KubeletPlugin:
         if cfg.health_mode == "off":
             self.set_unhealthy({})
             return
-        from dra_driver.health import HealthMonitor
-        from dra_driver.health.node_status import NodeStatusReporter
+        from kubelet_plugin.health import HealthMonitor
+        from kubelet_plugin.health.node_status import NodeStatusReporter
 
         assert self.devices is not None
         # A raw-JSON client for the two calls it makes: CoreV1Api would cost ~20 MB resident.
         self.node_status = NodeStatusReporter(self.api_client, cfg.node_name, core=NodeStatusApi(self.api_client))
         self.node_status.start()
-        from dra_driver.health.probe import prober_for
+        from kubelet_plugin.health.probe_runner import prober_for
 
         self.health_monitor = HealthMonitor(self.nvml, self.devices, cfg.health_policy(),
                                             prober=MeteredProber(prober_for(self.nvml), self.metrics),
@@ -274,10 +274,12 @@ class KubeletPlugin:
         unhealthy. A simulated node has no device nodes, so it is checked only against an explicit
         --dev-root (a fake tree), and the skip is said in the log.
         """
-        from dra_driver.health.validation import ValidationConfig
+        from kubelet_plugin.health.validation import ValidationConfig
 
         cfg = self.config
-        simulated = type(self.nvml).__module__.startswith("dra_driver.nvml.sim")
+        from kubelet_plugin.nvml import is_simulated
+
+        simulated = is_simulated(self.nvml)
         root = cfg.device_node_root(simulated)
         if root is None:
             why = ("--dev-root off" if cfg.dev_root == "off"
@@ -317,7 +319,7 @@ class KubeletPlugin:
         attributed to that instance). The prepare index is rebuilt only when the set of GPUs changed:
         in dynamic MIG it lists placements, whatever instances exist.
         """
-        from dra_driver.nvml import discover
+        from kubelet_plugin.nvml import discover
 
         with self._devices_lock:
             fresh = discover(self.nvml)

@@ -29,11 +29,10 @@ from .model import (
     RequestPolicy,
     SliceSpec,
     Version,
-    format_quantity,
     node_owner_reference,
 )
-from .reading import complete_pool_devices
-from .shared import SharedGpuNames, check_shared_gpu_names, shared_memory_policy
+from .pool_view import complete_pool_devices
+from .shared_gpus import SharedGpuNames, check_shared_gpu_names, shared_memory_policy
 
 __all__ = [
     "ATTR_NUMA_NODE",
@@ -58,7 +57,6 @@ __all__ = [
     "check_shared_gpu_names",
     "complete_pool_devices",
     "counter_set_name",
-    "format_quantity",
     "label_value",
     "memory_slice_counter",
     "node_owner_reference",

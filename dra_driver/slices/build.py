@@ -4,8 +4,9 @@ What comes out (DESIGN.md section 3, reference/dra-api.md sections 3 and 10):
 
 - one pool named after the node; the slices are named ``<node>-<driver with dots as dashes>-NNN``
   so that name order (the order the scheduler walks since 1.36) is the intended order;
-- devices sorted by ascending memory (then compute slices, then the plain profile before its
-  ``+me`` twin, then GPU minor and placement), so the scheduler's first fit is a best fit by VRAM;
+- devices sorted by :func:`dra_driver.ordering.best_fit_key` (ascending memory, MIG before a whole
+  GPU, fewer SMs, the plain profile before its ``+me`` twin, GPU minor, placement), so the
+  scheduler's first fit is a best fit by VRAM;
 - at most 128 devices per slice, 64 in a slice holding any device with taints or counters;
 - dynamic MIG: counter sets go in slices of their own (1.35+: a slice carries devices or
   ``sharedCounters``, not both; at most 8 sets per slice), after the device slices;
@@ -26,6 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from dra_driver.devices import GIB, Gpu, MigMode, NodeDevices
+from dra_driver.ordering import FitKey, best_fit_key
 
 from .attributes import (
     gpu_attributes,
@@ -36,7 +38,7 @@ from .attributes import (
 )
 from .counters import gpu_counter_set, placement_consumption, whole_gpu_consumption
 from .model import Capacity, CounterSet, DeviceSpec, DeviceTaint, SliceSpec
-from .shared import shared_memory_policy
+from .shared_gpus import shared_memory_policy
 
 MAX_DEVICES_PER_SLICE = 128
 MAX_LIMITED_DEVICES_PER_SLICE = 64  # when a device in the slice has taints or consumesCounters
@@ -56,10 +58,10 @@ class SliceOptions:
     ``shared_gpus``: ``True`` publishes every whole GPU as shareable (consumable ``memory`` with
     ``allowMultipleAllocations``), or a set of GPU names (``gpu-0``) shares just those; names not on
     the node are skipped here (a GPU may have dropped off the bus) and reported by
-    :func:`~dra_driver.slices.shared.check_shared_gpu_names`. A shared GPU is not partitioned:
+    :func:`~dra_driver.slices.shared_gpus.check_shared_gpu_names`. A shared GPU is not partitioned:
     in dynamic MIG mode it is published whole, without placements.
 
-    A shared GPU's ``memory`` policy (:func:`~dra_driver.slices.shared.shared_memory_policy`):
+    A shared GPU's ``memory`` policy (:func:`~dra_driver.slices.shared_gpus.shared_memory_policy`):
     ``min`` = ``shared_memory_min_bytes``, ``step`` = ``shared_memory_step_bytes``, ``default`` = the
     whole memory rounded down to the step, so a claim that asks no memory takes the whole GPU.
     """
@@ -139,14 +141,9 @@ def _check_names(node_name: str, driver_name: str) -> None:
 
 @dataclass(frozen=True)
 class _Entry:
-    key: tuple[int, int, int, int, int, int, str]
+    key: FitKey
     device: DeviceSpec
     gpu: Gpu
-
-
-def _sort_key(memory: int, is_gpu: bool, compute: int, media: int, gpu: Gpu, start: int, name: str
-              ) -> tuple[int, int, int, int, int, int, str]:
-    return (memory, int(is_gpu), compute, media, gpu.minor, start, name)
 
 
 def _whole_gpu(gpu: Gpu, devices: NodeDevices, options: SliceOptions, counter_set: CounterSet | None
@@ -166,7 +163,7 @@ def _whole_gpu(gpu: Gpu, devices: NodeDevices, options: SliceOptions, counter_se
         allow_multiple_allocations=shared,
         memory_bytes=gpu.memory_bytes,
     )
-    key = _sort_key(gpu.memory_bytes, True, gpu.compute_slice_count, 0, gpu, 0, gpu.name)
+    key = best_fit_key(gpu.memory_bytes, whole_gpu=True, minor=gpu.minor, name=gpu.name)
     return _Entry(key, device, gpu)
 
 
@@ -192,9 +189,9 @@ def _gpu_entries(gpu: Gpu, devices: NodeDevices, options: SliceOptions
                 consumes_counters=(placement_consumption(counter_set, profile, where.start, where.size),),
                 memory_bytes=profile.memory_bytes,
             )
-            media = profile.ofa_engines + profile.encoders  # "+me": prefer the plain twin first
-            key = _sort_key(profile.memory_bytes, False, profile.compute_slices, media, gpu,
-                            where.start, placement.name)
+            key = best_fit_key(profile.memory_bytes, whole_gpu=False, multiprocessors=profile.multiprocessors,
+                               media_engines=profile.ofa_engines + profile.encoders, minor=gpu.minor,
+                               placement_start=where.start, name=placement.name)
             entries.append(_Entry(key, device, gpu))
         return entries, counter_set
     if options.mig_mode == "static" and gpu.mig_mode == MigMode.ENABLED:
@@ -206,9 +203,9 @@ def _gpu_entries(gpu: Gpu, devices: NodeDevices, options: SliceOptions
                 capacity=mig_capacity(mig.profile, mig.memory_bytes),
                 memory_bytes=mig.memory_bytes,
             )
-            media = mig.profile.ofa_engines + mig.profile.encoders
-            key = _sort_key(mig.memory_bytes, False, mig.profile.compute_slices, media, gpu,
-                            mig.placement.start, mig.name)
+            key = best_fit_key(mig.memory_bytes, whole_gpu=False, multiprocessors=mig.profile.multiprocessors,
+                               media_engines=mig.profile.ofa_engines + mig.profile.encoders, minor=gpu.minor,
+                               placement_start=mig.placement.start, name=mig.name)
             entries.append(_Entry(key, device, gpu))
         return entries, None
     return [_whole_gpu(gpu, devices, options, None)], None

@@ -10,33 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dra_driver.quantity import format_quantity
+
 RESOURCE_API_VERSION = "resource.k8s.io/v1"
-
-_BINARY_SUFFIXES = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
-_DECIMAL_SUFFIXES = ("", "k", "M", "G", "T", "P", "E")
-
-
-def format_quantity(value: int, binary: bool = False) -> str:
-    """An integer as the canonical Kubernetes quantity string the API server would store.
-
-    ``binary=True`` is a BinarySI quantity (``143771Mi``: what ``resource.NewQuantity(n, BinarySI)``
-    serialises to), otherwise DecimalSI (``1k`` for 1000). Both are exact: never rounded. A binary
-    value that is not a multiple of 1024 (or is below 1024) falls back to DecimalSI, as the API
-    server's canonicalisation does.
-    """
-    if value == 0:
-        return "0"
-    if binary and abs(value) >= 1024 and value % 1024 == 0:
-        exponent = 0
-        while exponent < len(_BINARY_SUFFIXES) - 1 and value % 1024 == 0:
-            value //= 1024
-            exponent += 1
-        return f"{value}{_BINARY_SUFFIXES[exponent]}"
-    exponent = 0
-    while exponent < len(_DECIMAL_SUFFIXES) - 1 and value % 1000 == 0:
-        value //= 1000
-        exponent += 1
-    return f"{value}{_DECIMAL_SUFFIXES[exponent]}"
 
 
 @dataclass(frozen=True)
@@ -105,7 +81,7 @@ class CounterSet:
 
     def to_k8s(self) -> dict[str, Any]:
         """The CounterSet JSON."""
-        return {"name": self.name, "counters": {k: {"value": format_quantity(v)} for k, v in self.counters}}
+        return {"name": self.name, "counters": {k: {"value": format_quantity(v, binary=False)} for k, v in self.counters}}
 
 
 @dataclass(frozen=True)
@@ -119,7 +95,7 @@ class CounterConsumption:
         """The DeviceCounterConsumption JSON."""
         return {
             "counterSet": self.counter_set,
-            "counters": {k: {"value": format_quantity(v)} for k, v in self.counters},
+            "counters": {k: {"value": format_quantity(v, binary=False)} for k, v in self.counters},
         }
 
 

@@ -35,8 +35,8 @@ from __future__ import annotations
 
 from dra_driver.slices import node_owner_reference
 
-from .core import NODE_RETRY_SECONDS, WRITE_PARALLELISM, PublisherStats, SlicePublisher
-from .http import SLICES_PATH, ApiError
+from .slice_publisher import NODE_RETRY_SECONDS, WRITE_PARALLELISM, PublisherStats, SlicePublisher
+from .slice_requests import SLICES_PATH, ApiError
 
 __all__ = [
     "NODE_RETRY_SECONDS",

@@ -1,0 +1,112 @@
+"""The controller's metrics: planning, webhooks, placements, unfit claims, reconciler, leadership.
+
+Like :mod:`kubelet_plugin.metrics.plugin_metrics`, nothing uses the global default registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+
+from dra_driver import __version__
+
+# The ``*_created`` companion series double the exposition size and no dashboard reads them.
+disable_created_metrics()
+
+# Planning over a cluster inventory is pure CPU work: tens of microseconds for one node, tens of
+# milliseconds for thousands of devices. A webhook call must answer well inside the API server's
+# 10 s timeout (chart default 5 s), so its buckets reach that far.
+PLANNING_BUCKETS: tuple[float, ...] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+)
+WEBHOOK_BUCKETS: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+WEBHOOK_OUTCOMES: tuple[str, ...] = ("mutated", "unchanged", "allowed", "denied", "warned", "error")
+
+
+class ControllerMetrics:
+    """The metric families of one controller replica."""
+
+    def __init__(self, registry: CollectorRegistry | None = None, driver_name: str = "gpu.nvidia.com") -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        info = Gauge("gpuready_controller_build_info", "gpuready version of this controller (value 1).",
+                     ["version", "driver_name"], registry=r)
+        info.labels(__version__, driver_name).set(1)
+        self.is_leader = Gauge(
+            "gpuready_controller_is_leader",
+            "1 while this replica holds the leader Lease (runs reconcilers and placement).", registry=r)
+        self.planning_duration = Histogram(
+            "gpuready_controller_planning_duration_seconds",
+            "Time to plan one claim (best-fit search over the inventory), by policy and result.",
+            ["policy", "result"], buckets=PLANNING_BUCKETS, registry=r)
+        self.webhook_duration = Histogram(
+            "gpuready_controller_webhook_duration_seconds",
+            "Time to answer one admission review, by webhook (mutate, validate) and object kind.",
+            ["webhook", "kind"], buckets=WEBHOOK_BUCKETS, registry=r)
+        self.webhook_requests = Counter(
+            "gpuready_controller_webhook_requests",
+            "Admission reviews answered, by webhook, kind and outcome "
+            "(mutated, unchanged, allowed, denied, warned, error).",
+            ["webhook", "kind", "outcome"], registry=r)
+        self.placements = Counter(
+            "gpuready_controller_placements",
+            "Claims the controller placed itself (placement mode), by policy and result.",
+            ["policy", "result"], registry=r)
+        self.unfit_verdicts = Counter(
+            "gpuready_controller_unfit_verdicts",
+            "Times a claim was found to fit no device, by reason (memory, selector, counters, taints, ...).",
+            ["reason"], registry=r)
+        self.unfit_claims = Gauge(
+            "gpuready_controller_unfit_claims",
+            "Pending claims that currently fit no device in the cluster, by reason.",
+            ["reason"], registry=r)
+        self.reconciler_actions = Counter(
+            "gpuready_controller_reconciler_actions",
+            "Actions of the claim health reconciler (condition_set, event, evict, ...), by result.",
+            ["action", "result"], registry=r)
+        self.inventory_devices = Gauge(
+            "gpuready_controller_inventory_devices",
+            "Devices in the controller's inventory of published ResourceSlices, by state.",
+            ["state"], registry=r)
+        self.is_leader.set(0)
+
+    def set_leader(self, leader: bool) -> None:
+        """Record whether this replica holds the leader Lease."""
+        self.is_leader.set(1 if leader else 0)
+
+    def observe_planning(self, seconds: float, policy: str, ok: bool) -> None:
+        """Record one planning run; ``ok`` False when no plan was found."""
+        self.planning_duration.labels(policy, "fit" if ok else "unfit").observe(seconds)
+
+    def observe_webhook(self, webhook: str, kind: str, seconds: float, outcome: str) -> None:
+        """Record one admission review. ``webhook``: mutate|validate; ``kind``: ResourceClaim|...."""
+        if outcome not in WEBHOOK_OUTCOMES:
+            raise ValueError(f"webhook outcome {outcome!r} is not one of {', '.join(WEBHOOK_OUTCOMES)}")
+        self.webhook_duration.labels(webhook, kind).observe(seconds)
+        self.webhook_requests.labels(webhook, kind, outcome).inc()
+
+    def observe_placement(self, policy: str, ok: bool) -> None:
+        """Count one placement attempt (placement mode)."""
+        self.placements.labels(policy, "placed" if ok else "failed").inc()
+
+    def observe_unfit(self, reason: str) -> None:
+        """Count one 'fits nowhere' verdict."""
+        self.unfit_verdicts.labels(reason).inc()
+
+    def set_unfit_claims(self, counts: Mapping[str, int]) -> None:
+        """Replace the current unfit-claims-by-reason snapshot (reasons not given drop to absent)."""
+        self.unfit_claims.clear()
+        for reason, n in counts.items():
+            self.unfit_claims.labels(reason).set(n)
+
+    def reconciler_action(self, action: str, ok: bool = True) -> None:
+        """Count one reconciler action."""
+        self.reconciler_actions.labels(action, "success" if ok else "error").inc()
+
+    def set_inventory(self, counts: Mapping[str, int]) -> None:
+        """Record inventory size by state (e.g. {'published': 64, 'tainted': 1, 'allocated': 12})."""
+        self.inventory_devices.clear()
+        for state, n in counts.items():
+            self.inventory_devices.labels(state).set(n)

@@ -1,0 +1,209 @@
+"""Admission decisions (pure): the mutating webhook's VRAM shaping and the validating webhook's checks.
+
+Both take the ``request`` of an ``admission.k8s.io/v1`` AdmissionReview and return an
+:class:`Answer`: the ``response`` to send and the outcome for the metrics. The HTTP side is
+:mod:`controller.webhooks.webhook_server`.
+
+Mutating (ResourceClaim, ResourceClaimTemplate CREATE): every ``exactly`` request of the
+memory-sized DeviceClass that states ``capacity.requests.memory`` becomes a ``firstAvailable`` list
+of the device shapes that exist and are big enough, smallest first
+(:func:`controller.planning.shape_vram_request`); the originals are kept in the annotation
+``gpuready.io/original-requests``. A request no device could ever satisfy is admitted unchanged with
+a warning naming the largest device. Failing open: any error admits the object unchanged with a
+warning (the chart's failurePolicy is Ignore for the same reason: shaping is an optimisation).
+
+Validating (ResourceClaim, ResourceClaimTemplate, DeviceClass CREATE/UPDATE): every opaque config
+for this driver must parse (:func:`dra_driver.opaque_config.parse_config`); a bad one is refused
+with a message naming the field and the fix. Failing closed: an internal error refuses.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.planning import Inventory, shape_vram_request
+from controller.planning.shaping import ORIGINAL_ANNOTATION
+from dra_driver.opaque_config import OpaqueConfigError, parse_config
+
+MUTATE_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
+VALIDATE_KINDS = ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass")
+MAX_WARNING = 256  # the API server may truncate longer warnings
+
+
+@dataclass
+class Answer:
+    """The AdmissionResponse to send and what happened (a metrics outcome)."""
+
+    response: dict[str, Any]
+    outcome: str  # mutated | unchanged | allowed | denied | warned | error
+    kind: str = ""
+    warnings: list[str] = field(default_factory=list)
+
+
+def _base(request: dict[str, Any], allowed: bool, warnings: list[str]) -> dict[str, Any]:
+    response: dict[str, Any] = {"uid": request.get("uid", ""), "allowed": allowed}
+    if warnings:
+        response["warnings"] = [w if len(w) <= MAX_WARNING else w[: MAX_WARNING - 3] + "..." for w in warnings]
+    return response
+
+
+def _kind(request: dict[str, Any]) -> str:
+    return str((request.get("kind") or {}).get("kind") or "")
+
+
+def _requests_location(kind: str, obj: dict[str, Any]) -> tuple[str, list[Any] | None]:
+    """JSON pointer of the requests list and the list (None when absent)."""
+    if kind == "ResourceClaimTemplate":
+        devices = (((obj.get("spec") or {}).get("spec") or {}).get("devices") or {})
+        return "/spec/spec/devices/requests", devices.get("requests")
+    devices = ((obj.get("spec") or {}).get("devices") or {})
+    return "/spec/devices/requests", devices.get("requests")
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _annotation_ops(meta: dict[str, Any] | None, base: str, value: str) -> list[dict[str, Any]]:
+    """Ops that set ``ORIGINAL_ANNOTATION`` on the metadata at JSON pointer ``base``."""
+    if meta is None:
+        return [{"op": "add", "path": base, "value": {"annotations": {ORIGINAL_ANNOTATION: value}}}]
+    if not isinstance(meta.get("annotations"), dict):
+        return [{"op": "add", "path": f"{base}/annotations", "value": {ORIGINAL_ANNOTATION: value}}]
+    return [{"op": "add", "path": f"{base}/annotations/{_escape(ORIGINAL_ANNOTATION)}", "value": value}]
+
+
+def mutate(request: dict[str, Any], inventory: Inventory | None, memory_class: str) -> Answer:
+    """Shape the VRAM requests of a created claim or claim template. Never refuses (fails open)."""
+    kind = _kind(request)
+    try:
+        return _mutate(request, kind, inventory, memory_class)
+    except Exception as exc:  # fail open: shaping is an optimisation, never a reason to block a claim
+        return mutation_failed(request, exc)
+
+
+def mutation_failed(request: dict[str, Any], exc: Exception) -> Answer:
+    """The fail-open answer: admitted unchanged, with a warning saying shaping was skipped and why."""
+    warning = (f"gpuready: VRAM request shaping skipped after an internal error ({type(exc).__name__}: "
+               f"{exc}); the claim is admitted unchanged")
+    return Answer(_base(request, True, [warning]), "error", _kind(request), [warning])
+
+
+def _shapeable(r: Any, memory_class: str) -> bool:
+    """Whether a request is one the webhook shapes: ``exactly`` the memory class with a memory request.
+
+    ``allocationMode: All`` asks for every matching device; a best-fit list would turn it into "all
+    devices of one shape", a different request, so it is left as the user wrote it."""
+    if not isinstance(r, dict):
+        return False
+    body = r.get("exactly") or {}
+    return (isinstance(body, dict) and body.get("deviceClassName") == memory_class
+            and body.get("allocationMode") != "All"
+            and ((body.get("capacity") or {}).get("requests") or {}).get("memory") is not None)
+
+
+def _mutate(request: dict[str, Any], kind: str, inventory: Inventory | None, memory_class: str) -> Answer:
+    obj = request.get("object") or {}
+    if kind not in MUTATE_KINDS or request.get("operation") != "CREATE" or not isinstance(obj, dict):
+        return Answer(_base(request, True, []), "unchanged", kind)
+    pointer, requests = _requests_location(kind, obj)
+    if not requests:
+        return Answer(_base(request, True, []), "unchanged", kind)
+    wants_shaping = [r for r in requests if _shapeable(r, memory_class)]
+    if not wants_shaping:
+        return Answer(_base(request, True, []), "unchanged", kind)
+    if inventory is None:
+        warning = ("gpuready: the controller has not read the cluster's devices yet; the VRAM request is "
+                   "admitted unshaped (the scheduler takes the first device that is big enough)")
+        return Answer(_base(request, True, [warning]), "warned", kind, [warning])
+    new_requests: list[Any] = []
+    warnings: list[str] = []
+    annotation: str | None = None
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else None
+    existing = ((meta or {}).get("annotations") or {}).get(ORIGINAL_ANNOTATION)
+    for r in requests:
+        if not _shapeable(r, memory_class):
+            new_requests.append(r)
+            continue
+        result = shape_vram_request(r, inventory, memory_class)
+        if result.warning:
+            warnings.append(f"gpuready: request {r.get('name')!r}: {result.warning}")
+        if result.changed:
+            annotation = result.annotation(annotation or existing)
+        new_requests.append(result.request)
+    if annotation is None:
+        return Answer(_base(request, True, warnings), "warned" if warnings else "unchanged", kind, warnings)
+    ops: list[dict[str, Any]] = [{"op": "replace", "path": pointer, "value": new_requests}]
+    ops += _annotation_ops(meta, "/metadata", annotation)
+    if kind == "ResourceClaimTemplate":
+        # Claims generated from the template copy spec.metadata: they record the original too.
+        tmeta = (obj.get("spec") or {}).get("metadata")
+        ops += _annotation_ops(tmeta if isinstance(tmeta, dict) else None, "/spec/metadata", annotation)
+    response = _base(request, True, warnings)
+    response["patchType"] = "JSONPatch"
+    response["patch"] = base64.b64encode(json.dumps(ops, separators=(",", ":")).encode()).decode()
+    return Answer(response, "mutated", kind, warnings)
+
+
+def _configs(kind: str, obj: dict[str, Any]) -> tuple[str, list[Any]]:
+    """Field path prefix and the opaque config list of a claim, template or class."""
+    spec = obj.get("spec") or {}
+    if kind == "DeviceClass":
+        return "spec.config", list(spec.get("config") or [])
+    if kind == "ResourceClaimTemplate":
+        return "spec.spec.devices.config", list((((spec.get("spec") or {}).get("devices") or {}).get("config")) or [])
+    return "spec.devices.config", list(((spec.get("devices") or {}).get("config")) or [])
+
+
+def config_errors(kind: str, obj: dict[str, Any], driver: str) -> list[str]:
+    """Every problem with this driver's opaque configs in ``obj``, each naming its field."""
+    prefix, configs = _configs(kind, obj)
+    errors: list[str] = []
+    for i, entry in enumerate(configs):
+        opaque = entry.get("opaque") if isinstance(entry, dict) else None
+        if not isinstance(opaque, dict) or opaque.get("driver") != driver:
+            continue  # another driver's config: its own webhook checks it
+        try:
+            parse_config(opaque.get("parameters"), f"{prefix}[{i}].opaque.parameters")
+        except OpaqueConfigError as exc:
+            errors.append(str(exc))
+    return errors
+
+
+def validate(request: dict[str, Any], driver: str) -> Answer:
+    """Check this driver's opaque configs. Fails closed: an internal error refuses the object."""
+    kind = _kind(request)
+    try:
+        return _validate(request, kind, driver)
+    except Exception as exc:
+        message = (f"gpuready: the validating webhook failed internally ({type(exc).__name__}: {exc}); "
+                   "retry, and report this if it persists")
+        response = _base(request, False, [])
+        response["status"] = {"code": 500, "reason": "InternalError", "message": message}
+        return Answer(response, "error", kind)
+
+
+def _validate(request: dict[str, Any], kind: str, driver: str) -> Answer:
+    obj = request.get("object")
+    if kind not in VALIDATE_KINDS or request.get("operation") not in ("CREATE", "UPDATE") or not isinstance(obj, dict):
+        return Answer(_base(request, True, []), "allowed", kind)
+    if request.get("operation") == "UPDATE" and kind != "DeviceClass":
+        old = request.get("oldObject") or {}
+        if old.get("spec") == obj.get("spec"):
+            return Answer(_base(request, True, []), "allowed", kind)  # metadata/status writes pass
+    errors = config_errors(kind, obj, driver)
+    if not errors:
+        return Answer(_base(request, True, []), "allowed", kind)
+    name = (obj.get("metadata") or {}).get("name") or (obj.get("metadata") or {}).get("generateName") or ""
+    message = f"{kind} {name}: invalid {driver} configuration: " + "; ".join(errors)
+    response = _base(request, False, [])
+    response["status"] = {"code": 422, "reason": "Invalid", "message": message}
+    return Answer(response, "denied", kind)
+
+
+def review(response: dict[str, Any]) -> dict[str, Any]:
+    """Wrap a response in an ``admission.k8s.io/v1`` AdmissionReview."""
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}

@@ -1,0 +1,289 @@
+"""CDI (Container Device Interface) specs for prepared claims: pure computation and validation.
+
+One spec per claim (reference/dra-api.md section 13): kind ``k8s.<driver>/claim`` (vendor
+``k8s.<driver name>``, class ``claim``), one CDI device per allocated device named
+``<claim UID>-<device name>`` (unique per claim, because runtimes cache specs and only reload on a
+cache miss), file name ``k8s.<driver>-claim_<claim UID>.json`` (the CDI library's transient-spec
+convention). The spec declares the *minimum* ``cdiVersion`` its content needs: loaders reject a
+spec that uses a feature newer than its declared version.
+
+Device-level edits: the GPU's device node (a MIG device adds its parent's node and its
+``nvidia-caps`` nodes), ``NVIDIA_VISIBLE_DEVICES`` with the UUIDs of the devices of the same
+request (identical for every device of a request, so a container given several of them sees one
+consistent value), and the claim's opaque config (env, ``visibleDevicesEnv``, sharing). A device
+shared with ``sharing.strategy: MPS`` also gets the claim's MPS daemon: ``CUDA_MPS_PIPE_DIRECTORY``
+and a read-write mount of the daemon's pipe directory at the same path, plus its shared-memory
+directory mounted on ``/dev/shm`` (see :mod:`kubelet_plugin.mps.control_daemon`). Spec-level
+edits (applied whenever any device of the claim is injected): the control device nodes
+(``/dev/nvidiactl``, ``/dev/nvidia-uvm``...) and read-only bind mounts of the NVIDIA driver files
+found under the configured driver root.
+
+No I/O here; writing files is :mod:`kubelet_plugin.cdi_files`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dra_driver.opaque_config import DeviceConfig
+
+CDI_CLASS = "claim"
+NVIDIA_MAJOR = 195  # fixed character major of /dev/nvidia<minor> and /dev/nvidiactl
+NVIDIACTL_MINOR = 255
+KNOWN_VERSIONS = ("0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0")
+BASE_VERSION = "0.3.0"
+HOOK_NAMES = ("createRuntime", "createContainer", "startContainer", "poststart", "poststop", "prestart")
+MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
+RW_MOUNT_OPTIONS = ("rw", "nosuid", "nodev", "bind")
+MPS_SHM_PATH = "/dev/shm"
+
+_VENDOR = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
+_CLASS = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
+_DEVICE_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+_EDIT_FIELDS = ("env", "deviceNodes", "mounts", "hooks", "additionalGids", "intelRdt", "netDevices")
+_NODE_FIELDS = ("path", "hostPath", "type", "major", "minor", "fileMode", "permissions", "uid", "gid")
+_MOUNT_FIELDS = ("hostPath", "containerPath", "type", "options")
+_HOOK_FIELDS = ("hookName", "path", "args", "env", "timeout")
+
+
+@dataclass(frozen=True)
+class CdiDevice:
+    """One allocated device as the CDI spec needs it."""
+
+    name: str  # the published device name (gpu-0, gpu-0-mig-1g18gb-19-0)
+    request: str  # the top-level request name it serves
+    uuid: str  # GPU-... or MIG-...
+    device_nodes: tuple[str, ...]  # /dev/nvidia<minor> first, then nvidia-caps nodes for MIG
+    config: DeviceConfig = field(default_factory=DeviceConfig)
+    memory_bytes: int = 0
+    # The claim's running MPS daemon (sharing.strategy: MPS): its pipe directory (same path on the host
+    # and in the container) and the directory its clients must see as /dev/shm ("" = none).
+    mps_pipe_dir: str = ""
+    mps_shm_dir: str = ""
+
+
+def cdi_vendor(driver_name: str) -> str:
+    """The CDI vendor of a driver's per-claim specs (the DRA example driver's convention)."""
+    return f"k8s.{driver_name}"
+
+
+def cdi_kind(driver_name: str) -> str:
+    """``<vendor>/<class>``, e.g. ``k8s.gpu.nvidia.com/claim``."""
+    return f"{cdi_vendor(driver_name)}/{CDI_CLASS}"
+
+
+def cdi_device_name(claim_uid: str, device_name: str) -> str:
+    """The CDI device name of one allocated device of one claim."""
+    return f"{claim_uid}-{device_name}"
+
+
+def qualified_device_id(driver_name: str, claim_uid: str, device_name: str) -> str:
+    """The fully qualified CDI device ID the kubelet passes to the runtime."""
+    return f"{cdi_kind(driver_name)}={cdi_device_name(claim_uid, device_name)}"
+
+
+def spec_file_name(driver_name: str, claim_uid: str) -> str:
+    """``<vendor>-<class>_<claim UID>.json``: the transient-spec file name for a claim."""
+    return f"{cdi_vendor(driver_name)}-{CDI_CLASS}_{claim_uid.replace('/', '_')}.json"
+
+
+def _device_node(path: str) -> dict[str, Any]:
+    node: dict[str, Any] = {"path": path, "hostPath": path, "permissions": "rwm"}
+    match = re.fullmatch(r"/dev/nvidia(\d+)", path)
+    if match:
+        node.update(type="c", major=NVIDIA_MAJOR, minor=int(match.group(1)))
+    elif path == "/dev/nvidiactl":
+        node.update(type="c", major=NVIDIA_MAJOR, minor=NVIDIACTL_MINOR)
+    # Other nodes (nvidia-uvm, nvidia-caps) have dynamic majors: the runtime reads them from the host.
+    return node
+
+
+def driver_mounts(driver_root: str, files: Sequence[str]) -> list[dict[str, Any]]:
+    """Read-only bind mounts of NVIDIA driver files found under ``driver_root``.
+
+    ``files`` are absolute paths as the container should see them (``/usr/bin/nvidia-smi``); the
+    host path is the same path under ``driver_root`` (``/`` for a driver installed on the host,
+    ``/run/nvidia/driver`` for the GPU operator's driver container).
+    """
+    root = driver_root.rstrip("/")
+    return [
+        {"hostPath": f"{root}{path}", "containerPath": path, "type": "bind", "options": list(MOUNT_OPTIONS)}
+        for path in sorted(files)
+    ]
+
+
+def _device_env(device: CdiDevice, request_devices: Sequence[CdiDevice]) -> list[str]:
+    uuids = ",".join(d.uuid for d in request_devices)
+    env = {"NVIDIA_VISIBLE_DEVICES": uuids}
+    cfg = device.config
+    for name in cfg.visible_devices_env:
+        env[name] = uuids
+    if cfg.sharing is not None:
+        env["GPUREADY_SHARING_STRATEGY"] = cfg.sharing.strategy
+        if device.mps_pipe_dir:
+            env["CUDA_MPS_PIPE_DIRECTORY"] = device.mps_pipe_dir
+        # Client-side limits: they tighten the daemon's defaults for each process (the daemon enforces).
+        mps = cfg.sharing.mps
+        if mps.active_thread_percentage is not None:
+            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mps.active_thread_percentage)
+        if mps.pinned_memory_limit_bytes is not None:
+            # Per visible-device ordinal, in MiB: the CUDA MPS client syntax "0=1024M,1=1024M".
+            mib = mps.pinned_memory_limit_bytes // 1024**2
+            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(
+                f"{i}={mib}M" for i in range(len(request_devices)))
+    env.update(cfg.env)
+    return [f"{k}={v}" for k, v in env.items()]
+
+
+def _device_mounts(device: CdiDevice) -> list[dict[str, Any]]:
+    mounts = []
+    if device.mps_pipe_dir:
+        mounts.append({"hostPath": device.mps_pipe_dir, "containerPath": device.mps_pipe_dir, "type": "bind",
+                       "options": list(RW_MOUNT_OPTIONS)})
+    if device.mps_shm_dir:
+        mounts.append({"hostPath": device.mps_shm_dir, "containerPath": MPS_SHM_PATH, "type": "bind",
+                       "options": list(RW_MOUNT_OPTIONS)})
+    return mounts
+
+
+def claim_spec(driver_name: str, claim_uid: str, devices: Sequence[CdiDevice],
+               control_device_nodes: Sequence[str], mounts: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """The CDI spec (as a JSON-ready dict) for one prepared claim."""
+    if not devices:
+        raise ValueError("a CDI spec needs at least one device")
+    by_request: dict[str, list[CdiDevice]] = {}
+    for d in devices:
+        by_request.setdefault(d.request, []).append(d)
+    cdi_devices = []
+    for d in devices:
+        edits: dict[str, Any] = {"env": _device_env(d, by_request[d.request]),
+                                 "deviceNodes": [_device_node(p) for p in d.device_nodes]}
+        device_mounts = _device_mounts(d)
+        if device_mounts:
+            edits["mounts"] = device_mounts
+        cdi_devices.append({"name": cdi_device_name(claim_uid, d.name), "containerEdits": edits})
+    top: dict[str, Any] = {"deviceNodes": [_device_node(p) for p in control_device_nodes]}
+    if mounts:
+        top["mounts"] = [dict(m) for m in mounts]
+    spec: dict[str, Any] = {"cdiVersion": BASE_VERSION, "kind": cdi_kind(driver_name),
+                            "devices": cdi_devices, "containerEdits": top}
+    spec["cdiVersion"] = minimum_version(spec)
+    return spec
+
+
+def _vkey(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split("."))
+
+
+def _edits_version(edits: Mapping[str, Any]) -> str:
+    needed = BASE_VERSION
+    if any("type" in m for m in edits.get("mounts", ())):
+        needed = max(needed, "0.4.0", key=_vkey)
+    if any("hostPath" in n for n in edits.get("deviceNodes", ())):
+        needed = max(needed, "0.5.0", key=_vkey)
+    if "intelRdt" in edits or "additionalGids" in edits:
+        needed = max(needed, "0.7.0", key=_vkey)
+    rdt = edits.get("intelRdt") or {}
+    if "netDevices" in edits or "schemata" in rdt or "enableMonitoring" in rdt:
+        needed = max(needed, "1.1.0", key=_vkey)
+    return needed
+
+
+def minimum_version(spec: Mapping[str, Any]) -> str:
+    """The lowest ``cdiVersion`` that allows everything this spec uses (reference section 13)."""
+    needed = _edits_version(spec.get("containerEdits") or {})
+    kind = str(spec.get("kind", ""))
+    if "annotations" in spec or "." in kind.partition("/")[2]:
+        needed = max(needed, "0.6.0", key=_vkey)
+    for dev in spec.get("devices", ()):
+        needed = max(needed, _edits_version(dev.get("containerEdits") or {}), key=_vkey)
+        if str(dev.get("name", ""))[:1].isdigit():
+            needed = max(needed, "0.5.0", key=_vkey)
+        if "annotations" in dev:
+            needed = max(needed, "0.6.0", key=_vkey)
+    return needed
+
+
+def _validate_edits(edits: Any, path: str, errors: list[str], require_nonempty: bool) -> None:
+    if not isinstance(edits, dict):
+        errors.append(f"{path}: must be an object")
+        return
+    errors.extend(f"{path}.{k}: unknown field" for k in edits if k not in _EDIT_FIELDS)
+    if require_nonempty and not any(edits.get(k) for k in _EDIT_FIELDS):
+        errors.append(f"{path}: a device needs at least one container edit")
+    for i, env in enumerate(edits.get("env", ())):
+        if not isinstance(env, str) or "=" not in env or env.startswith("="):
+            errors.append(f"{path}.env[{i}]: {env!r} is not NAME=value")
+    for i, node in enumerate(edits.get("deviceNodes", ())):
+        p = f"{path}.deviceNodes[{i}]"
+        errors.extend(f"{p}.{k}: unknown field" for k in node if k not in _NODE_FIELDS)
+        if not str(node.get("path", "")).startswith("/"):
+            errors.append(f"{p}.path: required and absolute")
+        if "hostPath" in node and not str(node["hostPath"]).startswith("/"):
+            errors.append(f"{p}.hostPath: must be absolute")
+        if not set(node.get("permissions", "rwm")) <= set("rwm") or node.get("permissions") == "":
+            errors.append(f"{p}.permissions: must be a non-empty subset of 'rwm'")
+        if node.get("type", "c") not in ("b", "c", "u", "p"):
+            errors.append(f"{p}.type: must be b, c, u or p")
+        for k in ("major", "minor", "fileMode", "uid", "gid"):
+            if k in node and (not isinstance(node[k], int) or isinstance(node[k], bool) or node[k] < 0):
+                errors.append(f"{p}.{k}: must be a non-negative integer")
+    for i, mount in enumerate(edits.get("mounts", ())):
+        p = f"{path}.mounts[{i}]"
+        errors.extend(f"{p}.{k}: unknown field" for k in mount if k not in _MOUNT_FIELDS)
+        for k in ("hostPath", "containerPath"):
+            if not mount.get(k):
+                errors.append(f"{p}.{k}: required")
+        if not isinstance(mount.get("options", []), list):
+            errors.append(f"{p}.options: must be a list of strings")
+    for i, hook in enumerate(edits.get("hooks", ())):
+        p = f"{path}.hooks[{i}]"
+        errors.extend(f"{p}.{k}: unknown field" for k in hook if k not in _HOOK_FIELDS)
+        if hook.get("hookName") not in HOOK_NAMES:
+            errors.append(f"{p}.hookName: must be one of {', '.join(HOOK_NAMES)}")
+        if not str(hook.get("path", "")).startswith("/"):
+            errors.append(f"{p}.path: required and absolute")
+        if "timeout" in hook and not (isinstance(hook["timeout"], int) and hook["timeout"] > 0):
+            errors.append(f"{p}.timeout: must be a positive number of seconds")
+
+
+def validate_spec(spec: Any) -> list[str]:
+    """Check a spec against the CDI format rules (reference section 13); return the problems found.
+
+    Checks what a CDI loader rejects: unknown fields, an unknown or too low ``cdiVersion``, a bad
+    ``kind``, an empty device list, bad or duplicate device names, and malformed container edits.
+    """
+    if not isinstance(spec, dict):
+        return ["spec: must be an object"]
+    errors = [f"{k}: unknown field" for k in spec
+              if k not in ("cdiVersion", "kind", "annotations", "devices", "containerEdits")]
+    version = spec.get("cdiVersion")
+    if version not in KNOWN_VERSIONS:
+        errors.append(f"cdiVersion: {version!r} is not a known CDI version")
+    elif _vkey(version) < _vkey(minimum_version(spec)):
+        errors.append(f"cdiVersion: {version} is lower than {minimum_version(spec)} that the content needs")
+    vendor, slash, cls = str(spec.get("kind", "")).partition("/")
+    if not slash or not _VENDOR.match(vendor) or not _CLASS.match(cls) or len(cls) > 63:
+        errors.append(f"kind: {spec.get('kind')!r} is not <vendor>/<class>")
+    devices = spec.get("devices")
+    if not isinstance(devices, list) or not devices:
+        errors.append("devices: must be a non-empty list")
+        devices = []
+    seen: set[str] = set()
+    for i, dev in enumerate(devices):
+        name = dev.get("name", "") if isinstance(dev, dict) else ""
+        if not isinstance(name, str) or not _DEVICE_NAME.match(name):
+            errors.append(f"devices[{i}].name: {name!r} is not a valid CDI device name")
+        elif name in seen:
+            errors.append(f"devices[{i}].name: duplicate {name!r}")
+        seen.add(str(name))
+        if isinstance(dev, dict):
+            errors.extend(f"devices[{i}].{k}: unknown field" for k in dev
+                          if k not in ("name", "annotations", "containerEdits"))
+            _validate_edits(dev.get("containerEdits"), f"devices[{i}].containerEdits", errors, True)
+    if "containerEdits" in spec:
+        _validate_edits(spec["containerEdits"], "containerEdits", errors, False)
+    return errors

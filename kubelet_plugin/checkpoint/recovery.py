@@ -1,0 +1,128 @@
+"""Start-up reconciliation of the checkpoint with the node, before the plugin accepts any call.
+
+- Records of a previous boot (the file's boot ID differs): dropped; MIG instances they created are
+  destroyed if they somehow survived and their CDI specs removed. The kubelet prepares its claims
+  again after a reboot, from scratch.
+- Records still in ``PrepareStarted`` (a crash between the two phases): rolled back (CDI spec
+  removed, MIG instances created for them destroyed). The kubelet never saw success for them, so it
+  retries the prepare, which starts clean.
+- Completed records whose CDI spec file is missing (``/var/run/cdi`` cleaned): the spec is rebuilt
+  from the checkpoint so containers of running pods can still restart.
+- Temp files a crash left mid-write in the CDI directory are removed.
+- CDI specs of this driver with no record (the record was lost with a corrupt checkpoint, or dropped
+  as malformed): a record is rebuilt from the spec (:mod:`kubelet_plugin.checkpoint.spec_recovery`), so the
+  devices a running pod holds stay taken and unprepare cleans everything, MIG instances included.
+
+Nothing here raises for one bad record: it is logged and the rest still recovers.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from dra_driver.logs import get_logger
+from kubelet_plugin.cdi.cdi_spec import CDI_CLASS, cdi_vendor
+from kubelet_plugin.checkpoint.schema import ClaimState
+from kubelet_plugin.checkpoint.spec_recovery import read_spec, record_from_spec, spec_uids
+from kubelet_plugin.prepare.preparer import Preparer
+
+log = get_logger(__name__)
+
+
+@dataclass
+class RecoveryReport:
+    """What start-up recovery did (also logged)."""
+
+    previous_boot_dropped: list[str] = field(default_factory=list)
+    rolled_back: list[str] = field(default_factory=list)
+    specs_rebuilt: list[str] = field(default_factory=list)
+    records_rebuilt: list[str] = field(default_factory=list)  # from CDI specs whose record was lost
+    temp_files_removed: int = 0
+    failures: list[str] = field(default_factory=list)
+
+
+def recover(preparer: Preparer, boot_id: str) -> RecoveryReport:
+    """Bring the checkpoint, the CDI directory and MIG instances back in line."""
+    report = RecoveryReport()
+    store = preparer.checkpoint
+    previous_boot = store.file_boot_id is not None and store.file_boot_id != boot_id
+    report.records_rebuilt = rebuild_from_specs(preparer, report)
+    for uid in store.records():
+        try:
+            # The claim lock: during a rolling update the other instance may be preparing this claim
+            # right now (its record is in PrepareStarted for a moment); wait for it, then look again.
+            with preparer.claim_lock(uid):
+                record = store.get(uid)
+                if record is None:
+                    continue
+                if previous_boot:
+                    preparer.undo(record)
+                    report.previous_boot_dropped.append(uid)
+                elif record.state is ClaimState.PREPARE_STARTED:
+                    preparer.undo(record)
+                    report.rolled_back.append(uid)
+                elif record.cdi_spec is not None and not os.path.exists(preparer.spec_path(uid)):
+                    # The path is derived from the UID, never read from the record (a file anyone could edit).
+                    preparer.write_spec(preparer.spec_path(uid), record.cdi_spec)
+                    report.specs_rebuilt.append(uid)
+        except Exception as exc:
+            report.failures.append(f"{uid}: {exc}")
+            log.error("checkpoint_recovery_failed", exc_info=True, claim_uid=uid, node=preparer.settings.pool)
+    preparer.revive_all_mps()  # MPS daemons that went away with the plugin's previous container
+    if previous_boot or store.file_boot_id is None:
+        with store.update():
+            pass  # stamp the file with this boot's ID
+    report.temp_files_removed = _remove_temp_files(preparer.settings.cdi_root, preparer.settings.driver_name)
+    log.info("checkpoint_recovered", previous_boot=previous_boot,
+             previous_boot_dropped=len(report.previous_boot_dropped), rolled_back=len(report.rolled_back),
+             specs_rebuilt=len(report.specs_rebuilt), records_rebuilt=len(report.records_rebuilt),
+             temp_files_removed=report.temp_files_removed,
+             node=preparer.settings.pool)
+    return report
+
+
+def rebuild_from_specs(preparer: Preparer, report: RecoveryReport) -> list[str]:
+    """Records for this driver's CDI specs that have none (see :mod:`kubelet_plugin.checkpoint.spec_recovery`)."""
+    settings, store = preparer.settings, preparer.checkpoint
+    rebuilt = []
+    for uid in spec_uids(settings.cdi_root, settings.driver_name):
+        if store.get(uid) is not None:
+            continue
+        try:
+            with preparer.claim_lock(uid):
+                if store.get(uid) is not None:  # another instance prepared it meanwhile
+                    continue
+                path = preparer.spec_path(uid)
+                record = record_from_spec(read_spec(path), path, uid, settings.driver_name, preparer.devices(),
+                                          os.path.dirname(store.path) or ".", preparer.mig is not None, settings.pool)
+                with store.update() as records:
+                    records.setdefault(uid, record)
+            rebuilt.append(uid)
+            log.warning("claim_record_rebuilt_from_spec", claim_uid=uid, node=settings.pool,
+                        device=",".join(record.devices), mig_instances=len(record.mig), mps=record.mps is not None,
+                        reason="a CDI spec of this driver had no checkpoint record; its devices stay taken until "
+                               "the kubelet unprepares the claim")
+        except FileNotFoundError:
+            continue  # unprepared meanwhile
+        except Exception as exc:
+            report.failures.append(f"{uid}: rebuilding its record from the CDI spec: {exc}")
+            log.error("claim_record_rebuild_failed", claim_uid=uid, node=settings.pool, error=str(exc))
+    return rebuilt
+
+
+def _remove_temp_files(cdi_root: str, driver: str) -> int:
+    prefix = f".{cdi_vendor(driver)}-{CDI_CLASS}_"
+    removed = 0
+    try:
+        names = os.listdir(cdi_root)
+    except FileNotFoundError:
+        return 0
+    for name in names:
+        if name.startswith(prefix) and ".tmp-" in name:
+            try:
+                os.unlink(os.path.join(cdi_root, name))
+                removed += 1
+            except OSError:
+                pass
+    return removed

@@ -1,0 +1,212 @@
+"""The plugin's crash-safe record of what it prepared: one JSON file, written atomically.
+
+The file is ``<plugin data dir>/checkpoint.json``; its bytes (layout, version, checksum) are
+:mod:`kubelet_plugin.checkpoint.codec`, its records :mod:`kubelet_plugin.checkpoint.schema`. The boot
+ID (``/proc/sys/kernel/random/boot_id``) tells records of an earlier boot apart (their CDI files in
+``/var/run/cdi`` and their MIG instances are gone or stale after a reboot). A claim shared with ``sharing.strategy: MPS`` records its MPS control
+daemon (:class:`MpsRecord`: directories before the daemon starts, its PID after), so an unprepare,
+even by a restarted plugin, stops exactly that daemon and a repeated prepare never starts a second. A file that cannot be read or fails its checksum is quarantined
+(renamed ``checkpoint.json.corrupt-<time>``, kept for people to look at) and salvaged record by record
+(:mod:`kubelet_plugin.checkpoint.salvage`): every record that still reads and type-checks is kept, the
+others are logged with why; start-up recovery then rebuilds records of claims whose CDI spec exists
+but whose record was lost, so no device a running pod holds is handed to another claim.
+
+Records are read strictly (every field type-checked, :mod:`kubelet_plugin.checkpoint.record_json`) but
+forward-compatibly: unknown keys, a newer plugin's fields, are kept and written back unchanged.
+Paths in a record are never trusted: the CDI spec and MPS directories are derived from the UID.
+
+Several plugin instances (rolling update) share the file: every update takes an exclusive
+``flock`` on ``<file>.lock`` and re-reads the file if another instance changed it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from dra_driver.logs import get_logger
+from kubelet_plugin.checkpoint.atomic_files import atomic_write
+from kubelet_plugin.checkpoint.codec import CheckpointCorrupt, decode_full, encode
+from kubelet_plugin.checkpoint.salvage import Salvage
+from kubelet_plugin.checkpoint.schema import ClaimRecord
+
+log = get_logger(__name__)
+
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+
+
+def read_boot_id(path: str = BOOT_ID_PATH) -> str:
+    """This boot's ID; ``GPUREADY_BOOT_ID`` overrides it (tests simulate a reboot with it)."""
+    override = os.environ.get("GPUREADY_BOOT_ID")
+    if override:
+        return override
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return "unknown"
+
+
+READ_RETRIES = 3  # a file another instance left unreadable is read again this many times before salvage
+
+
+class CheckpointStore:
+    """The checkpoint file plus its in-memory copy; all updates go through :meth:`update`."""
+
+    def __init__(self, path: str, boot_id: str, on_write: Callable[[bool], None] | None = None,
+                 node: str = "") -> None:
+        self.path = path
+        self.node = node or None  # in log lines (None: left out)
+        self.on_write = on_write or (lambda ok: None)  # metrics: called with success/failure
+        self.boot_id = boot_id
+        self.file_boot_id: str | None = None  # the boot ID the file had when opened
+        self.quarantined: str | None = None  # where a corrupt file was moved, if it was
+        self.corruption: str | None = None  # why, and what was salvaged (the Event's text)
+        self.salvaged: Salvage[ClaimRecord] | None = None
+        self._claims: dict[str, ClaimRecord] = {}
+        self._extra: dict[str, Any] = {}  # top-level keys of a newer plugin, carried through
+        self._lock = threading.Lock()
+        self._signature: tuple[int, int, int] | None = None
+        self._unreadable: tuple[int, int, int] | None = None  # signature of a file that failed to decode
+        self._encoded: dict[str, tuple[ClaimRecord, str]] = {}
+
+    def open(self) -> None:
+        """Load the file; quarantine and salvage it when it is corrupt. Never raises for content."""
+        with self._locked():
+            try:
+                with open(self.path, "rb") as f:
+                    data = f.read()
+            except FileNotFoundError:
+                self._claims = {}
+                return
+            try:
+                self.file_boot_id, self._claims, self._extra = decode_full(data)
+                self._signature = self._stat()
+            except CheckpointCorrupt as exc:
+                self._claims = {}
+                self._quarantine(exc)
+                self.file_boot_id = exc.salvage.boot_id
+                self._write()
+
+    def _quarantine(self, exc: CheckpointCorrupt) -> None:
+        """Move the bad file aside (kept for people) and take in what was salvaged from it.
+
+        Salvaged records win over the in-memory ones of the same claim (they are newer); in-memory
+        records the file lost are kept: a stale record only keeps a device taken until the kubelet
+        unprepares, a lost one lets another claim take a device a pod still holds.
+        """
+        found = exc.salvage
+        self.quarantined = f"{self.path}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+        os.replace(self.path, self.quarantined)
+        self.salvaged = found
+        self.corruption = f"{exc}; {found.summary}"
+        self._claims = {**self._claims, **found.records}
+        self._unreadable = None
+        for uid, why in found.dropped:
+            log.error("checkpoint_record_dropped", path=self.path, node=self.node, claim_uid=uid[:128], reason=why)
+        log.error("checkpoint_corrupt_quarantined", path=self.path, node=self.node, moved_to=self.quarantined,
+                  reason=str(exc), salvaged=len(found.records), dropped=len(found.dropped),
+                  truncated=found.truncated)
+
+    def get(self, uid: str) -> ClaimRecord | None:
+        """The record of a claim, as on disk now (another instance may have changed it).
+
+        No copy is needed: records are replaced, never mutated.
+        """
+        with self._lock:
+            self._refresh()
+            return self._claims.get(uid)
+
+    def records(self) -> dict[str, ClaimRecord]:
+        """A shallow copy of all records, as on disk now."""
+        with self._lock:
+            self._refresh()
+            return dict(self._claims)
+
+    @contextlib.contextmanager
+    def update(self) -> Iterator[dict[str, ClaimRecord]]:
+        """Lock, refresh from disk if another instance wrote it, yield the records, then save them.
+
+        If the body raises, nothing is written and the in-memory records are restored. A file that
+        another instance left unreadable is never simply overwritten: it is quarantined and its
+        records salvaged into ours first.
+        """
+        with self._locked():
+            self._refresh(writing=True)
+            before = dict(self._claims)
+            try:
+                yield self._claims
+            except BaseException:
+                self._claims = before
+                raise
+            self._write()
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self._lock:
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)  # closing releases the flock
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _refresh(self, writing: bool = False) -> None:
+        # Readers need no flock: writers replace the file by rename, so a read sees a whole file.
+        signature = self._stat()
+        if signature == self._signature:
+            return
+        if signature is not None and signature == self._unreadable and not writing:
+            return  # already reported; the next update salvages it
+        failure: CheckpointCorrupt | None = None
+        for attempt in range(READ_RETRIES):
+            try:
+                with open(self.path, "rb") as f:
+                    _, self._claims, self._extra = decode_full(f.read())
+                self._signature = signature
+                self._unreadable = None
+                return
+            except FileNotFoundError:
+                self._claims = {}
+                self._signature = None
+                self._unreadable = None
+                return
+            except CheckpointCorrupt as exc:
+                failure = exc
+                if attempt + 1 < READ_RETRIES:
+                    time.sleep(0.01 * (attempt + 1))
+                    signature = self._stat()
+        assert failure is not None
+        if writing:
+            # Under the file lock, about to write: never overwrite what we could not read (another
+            # instance's records would be lost). Quarantine it and take in its salvageable records.
+            self._quarantine(failure)
+            return
+        if signature != self._unreadable:
+            log.error("checkpoint_reload_failed", path=self.path, node=self.node, reason=str(failure),
+                      detail="serving the records in memory; the next prepare or unprepare quarantines the "
+                             "file and salvages its records")
+        self._unreadable = signature
+
+    def _write(self) -> None:
+        try:
+            atomic_write(self.path, encode(self.boot_id, self._claims, self._encoded, self._extra), mode=0o600)
+        except BaseException:
+            self.on_write(False)
+            raise
+        self.on_write(True)
+        self.file_boot_id = self.boot_id
+        self._signature = self._stat()

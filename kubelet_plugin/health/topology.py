@@ -1,0 +1,105 @@
+"""Which published device names a GPU-level fact or an NVML event concerns. Pure.
+
+A fault on a physical GPU concerns every device carved from it: the whole GPU, its MIG devices and, in
+dynamic MIG mode, every MIG placement that could be created on it. An XID event that NVML attributes
+to a GPU instance (and compute instance) concerns only the matching MIG device(s); an attribution
+that matches nothing we know of falls back to the whole GPU (being wrong that way withdraws too much
+for a while; being wrong the other way hands a broken GPU to the next job).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from dra_driver.devices import Gpu, MigMode, NodeDevices
+
+NVML_ID_ANY = 0xFFFFFFFF
+"""NVML's gpuInstanceId/computeInstanceId when an event is not attributable to one instance."""
+
+
+class ProbeMode(StrEnum):
+    """How a probe target's CUDA is reached (or why it is not).
+
+    A MIG-enabled GPU has no CUDA device of its own: CUDA sees only its MIG devices.
+    """
+
+    DIRECT = "direct"  # cuda_uuid names a GPU or an existing MIG device: probe it
+    # Dynamic MIG, no instance on the GPU: create a temporary full-size instance, probe it by its MIG
+    # UUID, destroy it (kubelet_plugin.health.mig_probe), under the lock prepare's MIG changes take.
+    TEMPORARY = "temporary"
+    IN_USE = "in-use"  # dynamic MIG, a claim's instance exists: never probe inside a tenant's instance
+    COVERED = "covered"  # static MIG parent: CUDA runs in its MIG devices, each probed as its own target
+    UNREACHABLE = "unreachable"  # MIG on, no instance, and creating one is not ours to do (static MIG)
+
+
+@dataclass(frozen=True)
+class ProbeTarget:
+    """One CUDA compute probe and the devices whose health its result decides.
+
+    ``cuda_uuid`` None: the target has no CUDA device of its own; ``mode`` says what happens instead.
+    """
+
+    gpu_uuid: str
+    cuda_uuid: str | None  # what CUDA_VISIBLE_DEVICES selects: "GPU-..." or "MIG-..."
+    label: str  # "gpu-0" or the MIG device name, for messages
+    device_names: tuple[str, ...]
+    mode: ProbeMode = ProbeMode.DIRECT
+
+
+@dataclass(frozen=True)
+class GpuTopology:
+    """One physical GPU and the names of every device tracked for it."""
+
+    gpu: Gpu
+    device_names: tuple[str, ...]
+    probe_targets: tuple[ProbeTarget, ...]
+
+    def names_for_event(self, gpu_instance_id: int | None, compute_instance_id: int | None) -> tuple[str, ...]:
+        """The devices an event on this GPU concerns, by its GPU/compute instance attribution."""
+        gi = None if gpu_instance_id in (None, NVML_ID_ANY) else gpu_instance_id
+        ci = None if compute_instance_id in (None, NVML_ID_ANY) else compute_instance_id
+        if gi is None:
+            return self.device_names
+        matches = tuple(
+            m.name for m in self.gpu.mig_devices
+            if m.gpu_instance_id == gi and (ci is None or m.compute_instance_id == ci)
+        )
+        return matches or self.device_names
+
+
+def gpu_topology(gpu: Gpu, dynamic_mig: bool = False, temporary_mig: bool | None = None) -> GpuTopology:
+    """The tracked device names and probe targets of one GPU.
+
+    ``temporary_mig``: whether a MIG-enabled GPU with no instance may be probed through a temporary
+    full-size instance (default: in dynamic MIG only; in static MIG the layout is the admin's).
+    """
+    placements = tuple(p.name for p in gpu.placements()) if dynamic_mig else ()
+    mig_names = tuple(m.name for m in gpu.mig_devices)
+    # Placements that are existing MIG devices are the same name: keep each name once, in order.
+    names = tuple(dict.fromkeys((gpu.name, *mig_names, *placements)))
+    temporary = dynamic_mig if temporary_mig is None else temporary_mig
+    targets: list[ProbeTarget]
+    if gpu.mig_mode is not MigMode.ENABLED:
+        targets = [ProbeTarget(gpu.uuid, gpu.uuid, gpu.name, names)]
+    elif dynamic_mig:
+        # Every instance on a dynamic-MIG GPU is a claim's: with one present the GPU is in use and
+        # is not probed (one result for all its names: a placement has no CUDA of its own).
+        mode = ProbeMode.IN_USE if gpu.mig_devices else ProbeMode.TEMPORARY
+        targets = [ProbeTarget(gpu.uuid, None, gpu.name, names, mode)]
+    else:
+        # Static MIG: probe each MIG device by its MIG UUID; its result decides that device only.
+        targets = [ProbeTarget(gpu.uuid, m.uuid, m.name, (m.name,)) for m in gpu.mig_devices]
+        rest = tuple(n for n in names if n not in mig_names)
+        if gpu.mig_devices:
+            mode = ProbeMode.COVERED
+        else:
+            mode = ProbeMode.TEMPORARY if temporary else ProbeMode.UNREACHABLE
+        targets.append(ProbeTarget(gpu.uuid, None, gpu.name, rest, mode))
+    return GpuTopology(gpu=gpu, device_names=names, probe_targets=tuple(targets))
+
+
+def node_topology(devices: NodeDevices, dynamic_mig: bool = False,
+                  temporary_mig: bool | None = None) -> dict[str, GpuTopology]:
+    """Every GPU's topology, keyed by GPU UUID."""
+    return {g.uuid: gpu_topology(g, dynamic_mig, temporary_mig) for g in devices.gpus}

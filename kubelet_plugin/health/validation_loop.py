@@ -1,0 +1,186 @@
+"""The health monitor's validation loop: which devices are due a probe, running the probes, applying them.
+
+A mixin of :class:`~kubelet_plugin.health.monitor.HealthMonitor` (split out by concern: the monitor's
+state table, events and polls live there). It runs on the monitor's ``health-validate`` thread; probes
+of different targets run in parallel on a bounded pool, so one hung GPU (killed at the probe timeout)
+does not hold back the publication of the others.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import Any
+
+from dra_driver.devices import Gpu, NodeDevices
+from dra_driver.logs import get_logger
+from kubelet_plugin.health.mig_probe import run_target
+from kubelet_plugin.health.nvml_checks import POLLED_KEYS, NvmlUnavailable, check_gpu
+from kubelet_plugin.health.policy import HealthPolicy
+from kubelet_plugin.health.probe_runner import COVERED, Prober, ProbeResult
+from kubelet_plugin.health.snapshot import HealthSnapshot
+from kubelet_plugin.health.state import DeviceRecord, Fault, HealthState, Transition, apply_validation
+from kubelet_plugin.health.topology import GpuTopology, ProbeMode, ProbeTarget
+from kubelet_plugin.health.validation import DEVICE_NODE_KEY, ValidationConfig, device_node_faults
+
+log = get_logger(__name__)
+
+
+class ValidationLoop:
+    """Validation for the health monitor. The attributes and the four methods below are the monitor's."""
+
+    _nvml: Any
+    _devices: NodeDevices
+    _policy: HealthPolicy
+    _prober: Prober
+    _clock: Callable[[], float]
+    _device_nodes: ValidationConfig | None
+    _topo: dict[str, GpuTopology]
+    _records: dict[str, DeviceRecord]
+    _lock: threading.Lock
+    _notify_lock: threading.Lock
+    _node_problem: str | None
+    _generation: int
+    _validated: threading.Event
+    _validated_delivered: threading.Event
+    _stop: threading.Event
+    _validate_wake: threading.Event
+    _reg: Any
+    _last_probe: dict[tuple[str, str], float]
+    _on_inventory_change: Callable[[], None]
+
+    def _update(self, change: Callable[[], Iterable[tuple[str, DeviceRecord]]],
+                node_problem: str | bool | None = False) -> None:
+        raise NotImplementedError
+
+    def _apply_conditions(self, topo: GpuTopology, faults: list[Fault],
+                          owned: frozenset[str] = POLLED_KEYS) -> None:
+        raise NotImplementedError
+
+    def _mark_nvml_down(self, problem: str) -> None:
+        raise NotImplementedError
+
+    def _snapshot_locked(self, transitions: tuple[Transition, ...]) -> HealthSnapshot:
+        raise NotImplementedError
+
+    def _notify(self, snap: HealthSnapshot) -> None:
+        raise NotImplementedError
+
+    def _due(self, target: ProbeTarget, now: float) -> bool:
+        with self._lock:  # .get: set_devices may have dropped a name since the target was listed
+            recs = [r for r in (self._records.get(n) for n in target.device_names) if r is not None]
+        if self._node_problem is not None:
+            return False
+        if any(r.conditions for r in recs):
+            return False  # the cause has not cleared: probing a lost GPU proves nothing
+        last = self._last_probe.get((target.gpu_uuid, target.label))
+        if any(r.state is HealthState.VALIDATING for r in recs) or last is None:
+            return True
+        if any(r.state is not HealthState.HEALTHY for r in recs):
+            return now - last >= self._policy.recheck_interval_s
+        interval = self._policy.revalidate_interval_s
+        return bool(interval) and now - last >= interval
+
+    def validate_once(self) -> None:
+        """Validate every target that is due now: NVML checks first, then the CUDA probes.
+
+        Probes of different targets run in parallel, so one hung GPU (killed at the probe timeout)
+        does not hold back the publication of the others.
+        """
+        due: list[tuple[Gpu, ProbeTarget]] = []
+        for topo in self._topo.values():
+            targets = [t for t in topo.probe_targets if self._due(t, self._clock())]
+            if not targets:
+                continue
+            try:
+                faults = check_gpu(self._nvml, topo.gpu)
+            except NvmlUnavailable as exc:
+                self._mark_nvml_down(str(exc))
+                return
+            if self._device_nodes is not None:
+                faults += device_node_faults(topo.gpu, self._devices, self._device_nodes)
+            self._apply_conditions(topo, faults, POLLED_KEYS | {DEVICE_NODE_KEY})
+            if not faults:
+                due.extend((topo.gpu, t) for t in targets)
+        if not due or self._stop.is_set():
+            return
+        # Bounded: dozens of MIG devices starting CUDA at once would starve each other (and the
+        # node) and turn slow starts into false timeouts.
+        workers = min(len(due), max(4, os.cpu_count() or 1), 16)
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="health-probe") as pool:
+            # Targets CUDA cannot reach (in use, covered, unreachable) are decided without the prober,
+            # so its metrics count only probes that ran.
+            futures = {pool.submit(run_target, self._nvml, gpu, t, self._prober, self._policy.probe_timeout_s): t
+                       for gpu, t in due}
+            for future in as_completed(futures):
+                target = futures[future]
+                self._last_probe[(target.gpu_uuid, target.label)] = self._clock()
+                self._apply_probe(target, future.result())
+        if any(t.mode is ProbeMode.TEMPORARY for _, t in due):
+            self._resync_after_temporary()
+
+    def _apply_probe(self, target: ProbeTarget, result: ProbeResult) -> None:
+        now = self._clock()
+        failure = None if result.ok else Fault(result.code, f"CUDA {result.reason} on {target.label}")
+        # Not probed: publishes a validating device on NVML checks alone (as before), says so, and
+        # keeps any other device's last result. A static-MIG parent is covered by its MIG devices' probes.
+        why = result.reason if not result.probed and result.code != COVERED else ""
+        if why:
+            log.info("validation_not_probed", device=target.label, reason=why)
+        self._update(lambda: [(n, apply_validation(self._records[n], result.ok, now, self._policy, failure,
+                                                   not_probed=why))
+                              for n in target.device_names if n in self._records])
+
+    def _resync_after_temporary(self) -> None:
+        """Re-read the node if a re-read during a probe saw its temporary instance (now destroyed).
+
+        A prepare on another GPU re-reads the node; if that happened while a temporary instance
+        existed, the topology (and the plugin's view) lists an instance that is gone: the GPU would
+        read as in use, and its MIG UUID would be probed. One re-read puts that right.
+        """
+        from kubelet_plugin.health.mig_probe import mig_gate
+
+        gate = mig_gate(self._nvml)
+        stale = [t.gpu.name for t in self._topo.values()
+                 if t.gpu.mig_devices and any(p.mode is ProbeMode.IN_USE for p in t.probe_targets)
+                 and not gate.probing(t.gpu.uuid) and not _has_instances(self._nvml, t.gpu)]
+        if not stale:
+            return
+        log.info("health_resync_after_probe_instance", devices=stale)
+        try:
+            self._on_inventory_change()
+        except Exception:
+            log.error("gpu_rediscovery_failed", exc_info=True)
+
+    def _validate_loop(self) -> None:
+        while not self._stop.is_set():
+            if self._reg is not None:
+                self.validate_once()
+                if not self._validated.is_set() and not self._stop.is_set():
+                    self._validated.set()
+                    self._notify_validated()
+                    # Only now may wait_validated() return: on_change has seen the validated
+                    # snapshot, so a caller that then waits for the slices sees the validated pool.
+                    self._validated_delivered.set()
+            self._validate_wake.wait(min(self._policy.recheck_interval_s, 1.0))
+            self._validate_wake.clear()
+
+    def _notify_validated(self) -> None:
+        # The first round may change no state (a node with no GPUs); say it finished anyway.
+        with self._notify_lock:
+            with self._lock:
+                self._generation += 1
+                snap = self._snapshot_locked(())
+            self._notify(snap)
+
+
+def _has_instances(nvml: Any, gpu: Gpu) -> bool:
+    """Whether NVML lists any MIG device on the GPU now (True when it cannot tell: no re-read then)."""
+    from kubelet_plugin.health.mig_probe import instance_count
+
+    try:
+        return instance_count(nvml, gpu) > 0
+    except Exception:
+        return True

@@ -1,0 +1,93 @@
+"""Where ``--nvml`` finds its NVML: the real library, or a backend registered under a name.
+
+``--nvml real`` is the ``pynvml`` module. ``--nvml <name>:<argument>`` (``sim:4xh200@node-a``) asks
+the backend registered as ``<name>``: one registered in this process with :func:`register_backend`,
+or else one advertised by an installed distribution under the entry-point group
+:data:`ENTRY_POINT_GROUP`. The simulated NVML of the testbed reaches the plugin only through this
+seam (gpuready's own ``pyproject.toml`` advertises it as ``sim``), so no production module imports a
+stand-in, and a node image that leaves the testbed out simply has no ``sim`` backend.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+ENTRY_POINT_GROUP = "gpuready.nvml_backends"
+
+
+@dataclass(frozen=True)
+class NvmlBackend:
+    """A named NVML source: ``open(argument)`` returns an uninitialised object with pynvml's surface.
+
+    ``choices()`` lists the arguments it accepts (profile names), for help texts and error messages;
+    ``simulated`` says its GPUs have no device nodes or CUDA (the daemon skips those checks).
+    """
+
+    name: str
+    open: Callable[[str], Any]
+    choices: Callable[[], list[str]]
+    simulated: bool = True
+
+
+_lock = threading.Lock()
+_registered: dict[str, NvmlBackend] = {}
+
+
+def register_backend(backend: NvmlBackend) -> None:
+    """Make ``backend`` answer ``--nvml <backend.name>:...`` in this process (tests, the demo)."""
+    with _lock:
+        _registered[backend.name] = backend
+
+
+def _advertised() -> dict[str, Any]:
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def find_backend(name: str) -> NvmlBackend | None:
+    """The backend called ``name``: registered here first, else an installed entry point."""
+    with _lock:
+        found = _registered.get(name)
+    if found is not None:
+        return found
+    ep = _advertised().get(name)
+    if ep is None:
+        return None
+    try:
+        factory = ep.load()
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.split(".")[0] == ep.value.split(".")[0].split(":")[0]:
+            return None  # advertised, but its package is not installed (the production image)
+        raise
+    backend = factory() if callable(factory) and not isinstance(factory, NvmlBackend) else factory
+    if not isinstance(backend, NvmlBackend):
+        raise ValueError(f"entry point {ep.value!r} ({ENTRY_POINT_GROUP}) gave {backend!r}, not an NvmlBackend")
+    register_backend(backend)
+    return backend
+
+
+def backend_names() -> list[str]:
+    """Every backend name this process could use, sorted."""
+    with _lock:
+        names = set(_registered)
+    return sorted(names | set(_advertised()))
+
+
+def describe_sources() -> str:
+    """``real``, then each backend with its choices: for help texts and the error of a bad ``--nvml``."""
+    parts = ["real"]
+    for name in backend_names():
+        try:
+            backend = find_backend(name)
+            if backend is None:
+                continue
+            choices = backend.choices()
+        except Exception as exc:  # a broken extension must not break the help text
+            parts.append(f"{name}:<...> (unavailable: {exc})")
+            continue
+        parts.append(f"{name}:<{'|'.join(choices) or 'argument'}>")
+    return ", ".join(parts)

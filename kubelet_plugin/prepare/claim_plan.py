@@ -1,0 +1,188 @@
+"""From a fetched ResourceClaim to what this node must prepare: pure checks and config resolution.
+
+:func:`plan_claim` checks that the claim is the one the kubelet asked for (UID), that it is
+allocated, that every result of this driver names a device of this node's pool that exists and is
+healthy, and resolves the opaque configuration of each device (class configs first, then claim
+configs, each overriding the previous; other drivers' configs ignored). Any problem is a
+:class:`PrepareError` with a short machine ``reason`` (a metric label) and a message for people.
+
+No I/O: the claim is a plain JSON dict as the API server returns it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dra_driver.devices import Gpu, MigDevice, MigMode, MigPlacement, NodeDevices
+from dra_driver.opaque_config import (
+    DeviceConfig,
+    OpaqueConfigError,
+    ParsedConfig,
+    check_applies,
+    config_applies_to_request,
+    parse_config,
+)
+from kubelet_plugin.cdi.cdi_spec import qualified_device_id
+from kubelet_plugin.checkpoint.schema import PreparedDeviceRecord
+
+
+class PrepareError(Exception):
+    """A claim cannot be prepared; ``reason`` is a short word for metrics, the message is for people."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class NodeDevice:
+    """A device this node can prepare: a whole GPU, an existing MIG device, or a MIG placement."""
+
+    name: str
+    kind: str  # "gpu" | "mig" | "placement" (dynamic MIG: created at prepare time)
+    gpu: Gpu
+    mig: MigDevice | None = None
+    placement: MigPlacement | None = None
+
+    @property
+    def config_type(self) -> str:
+        """``gpu`` or ``mig``: which opaque config kind applies."""
+        return "gpu" if self.kind == "gpu" else "mig"
+
+    @property
+    def memory_bytes(self) -> int:
+        """Memory of the device (for config checks)."""
+        if self.mig is not None:
+            return self.mig.memory_bytes
+        if self.placement is not None:
+            return self.placement.profile.memory_bytes
+        return self.gpu.memory_bytes
+
+
+def index_devices(node: NodeDevices, dynamic_mig: bool) -> dict[str, NodeDevice]:
+    """Every preparable device of a node by published name.
+
+    Static MIG: existing MIG devices, and whole GPUs whose MIG mode is off. Dynamic MIG: whole GPUs
+    plus every placement of MIG-enabled GPUs (the instance is created when a claim is prepared).
+    """
+    result: dict[str, NodeDevice] = {}
+    for gpu in node.gpus:
+        if dynamic_mig or gpu.mig_mode != MigMode.ENABLED:
+            result[gpu.name] = NodeDevice(gpu.name, "gpu", gpu)
+        if gpu.mig_mode != MigMode.ENABLED:
+            continue
+        if dynamic_mig:
+            for placement in gpu.placements():
+                result[placement.name] = NodeDevice(placement.name, "placement", gpu, placement=placement)
+        else:
+            for mig in gpu.mig_devices:
+                result[mig.name] = NodeDevice(mig.name, "mig", gpu, mig=mig)
+    return result
+
+
+@dataclass(frozen=True)
+class PlannedDevice:
+    """One allocated device of a claim, resolved against this node."""
+
+    request: str  # as in the allocation result: "<request>" or "<request>/<subrequest>"
+    pool: str
+    device: NodeDevice
+    share_id: str | None
+    admin_access: bool
+    config: DeviceConfig
+
+    @property
+    def shared(self) -> bool:
+        """Whether the allocation lets other claims use the device at the same time."""
+        return self.share_id is not None or self.admin_access
+
+
+@dataclass(frozen=True)
+class ClaimPlan:
+    """What preparing one claim means on this node."""
+
+    uid: str
+    namespace: str
+    name: str
+    devices: tuple[PlannedDevice, ...]
+
+
+def _opaque_configs(claim: Mapping[str, Any], driver: str, ref: str) -> list[tuple[list[str], ParsedConfig]]:
+    allocation = claim["status"]["allocation"]
+    entries = list(enumerate((allocation.get("devices") or {}).get("config") or []))
+    # The allocator lists class configs before claim configs; sort anyway (stable) so claim wins.
+    entries.sort(key=lambda e: 0 if e[1].get("source") == "FromClass" else 1)
+    parsed = []
+    for index, entry in entries:
+        opaque = entry.get("opaque") or {}
+        if opaque.get("driver") != driver:
+            continue
+        where = "DeviceClass config" if entry.get("source") == "FromClass" else "claim config"
+        path = f"{ref} status.allocation.devices.config[{index}] ({where}).opaque.parameters"
+        try:
+            parsed.append((list(entry.get("requests") or []), parse_config(opaque.get("parameters"), path)))
+        except OpaqueConfigError as exc:
+            raise PrepareError("invalid_config", str(exc)) from exc
+    return parsed
+
+
+def plan_claim(claim: Mapping[str, Any], uid: str, namespace: str, name: str, driver: str, pool: str,
+               devices: Mapping[str, NodeDevice], unhealthy: Mapping[str, str]) -> ClaimPlan:
+    """Check a fetched claim and resolve its devices and configs. Raises :class:`PrepareError`."""
+    ref = f"ResourceClaim {namespace}/{name}"
+    if not uid:  # the gRPC service refuses this first; kept so no caller can match a claim without a UID
+        raise PrepareError("invalid_request", f"{ref}: no claim UID given; the kubelet must send the "
+                           "claim's metadata.uid")
+    actual_uid = (claim.get("metadata") or {}).get("uid")
+    if actual_uid != uid:
+        raise PrepareError("uid_mismatch", f"{ref} has UID {actual_uid}, the kubelet asked for {uid}: "
+                           "the claim was deleted and re-created; the pod must be re-created for the new claim")
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        raise PrepareError("not_allocated", f"{ref} is not allocated (status.allocation is empty)")
+    results = [r for r in (allocation.get("devices") or {}).get("results") or [] if r.get("driver") == driver]
+    if not results:
+        raise PrepareError("no_devices", f"{ref} has no device of driver {driver} in status.allocation")
+    configs = _opaque_configs(claim, driver, ref)
+    planned = []
+    for r in results:
+        device_name, result_pool, request = r.get("device", ""), r.get("pool", ""), r.get("request", "")
+        if result_pool != pool:
+            raise PrepareError("wrong_node", f"{ref}: device {result_pool}/{device_name} belongs to pool "
+                               f"{result_pool}, not to this node's pool {pool}; the claim is allocated "
+                               "to another node")
+        device = devices.get(device_name)
+        if device is None:
+            raise PrepareError("unknown_device", f"{ref}: device {device_name} does not exist on node {pool} "
+                               "(removed since allocation, or MIG layout changed); delete the pod so the "
+                               "claim is allocated again")
+        if device_name in unhealthy or device.gpu.name in unhealthy:
+            why = unhealthy.get(device_name) or unhealthy.get(device.gpu.name)
+            raise PrepareError("device_unhealthy", f"{ref}: device {device_name} is unhealthy ({why}); "
+                               "delete the pod so the claim is allocated to a healthy device")
+        config = DeviceConfig(kind="MigDeviceConfig" if device.config_type == "mig" else "GpuConfig")
+        for requests, parsed in configs:
+            if config_applies_to_request(requests, request):
+                try:
+                    check_applies(parsed.config, device.config_type, device_name, device.memory_bytes,
+                                  f"{ref} config for request {request}")
+                except OpaqueConfigError as exc:
+                    raise PrepareError("invalid_config", str(exc)) from exc
+                config = config.merged_with(parsed.config, parsed.fields_set)
+        planned.append(PlannedDevice(request=request, pool=result_pool, device=device,
+                                     share_id=r.get("shareID"), admin_access=bool(r.get("adminAccess")),
+                                     config=config))
+    return ClaimPlan(uid=uid, namespace=namespace, name=name, devices=tuple(planned))
+
+
+def answer_for(plan: ClaimPlan, driver: str) -> list[PreparedDeviceRecord]:
+    """The devices of the NodePrepareResources answer (request names without ``/<subrequest>``)."""
+    return [
+        PreparedDeviceRecord(request_names=[d.request.split("/", 1)[0]], pool_name=d.pool,
+                             device_name=d.device.name,
+                             cdi_device_ids=[qualified_device_id(driver, plan.uid, d.device.name)],
+                             share_id=d.share_id)
+        for d in plan.devices
+    ]

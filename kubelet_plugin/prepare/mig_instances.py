@@ -1,0 +1,153 @@
+"""Dynamic MIG steps of a prepare and an unprepare (mixed into :class:`kubelet_plugin.prepare.preparer.Preparer`).
+
+Creating the MIG instances a claim's placements name, the full-size instance a whole MIG-enabled GPU
+needs (shared by the claims of that GPU, see :mod:`kubelet_plugin.prepare.whole_gpu_instance`), recording each as soon
+as it exists so a crash can destroy it, and publishing/withdrawing their UUIDs in ``status.devices``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+
+from dra_driver.devices import MigDevice
+from dra_driver.logs import get_logger
+from kubelet_plugin.checkpoint.schema import ClaimRecord, MigRecord
+from kubelet_plugin.checkpoint.store import CheckpointStore
+from kubelet_plugin.prepare.claim_plan import ClaimPlan, NodeDevice, PrepareError
+from kubelet_plugin.prepare.prepare_types import ClaimSource, MigOps, PrepareSettings
+from kubelet_plugin.prepare.whole_gpu_instance import (
+    full_instance_record,
+    full_placement,
+    gpu_locks,
+    needs_full_instance,
+    other_users,
+)
+
+log = get_logger(__name__)
+
+
+def planned_mig(node: NodeDevice) -> MigRecord | None:
+    """The record of the MIG instance preparing ``node`` creates (a placement), or None."""
+    if node.placement is None:
+        return None
+    return MigRecord(device=node.name, parent_uuid=node.gpu.uuid, parent_minor=node.gpu.minor,
+                     profile=node.placement.profile.name, gi_profile_id=node.placement.profile.gi_profile_id,
+                     placement_start=node.placement.placement.start)
+
+
+class MigSteps:
+    """The MIG half of :class:`~kubelet_plugin.prepare.preparer.Preparer` (its attributes are set there)."""
+
+    settings: PrepareSettings
+    checkpoint: CheckpointStore
+    claims: ClaimSource
+    mig: MigOps | None
+    devices: Callable[[], Mapping[str, NodeDevice]]
+    _lock_dir: str
+
+    def _full_instances(self, plan: ClaimPlan) -> list[MigRecord]:
+        """Records of the full-size instances this plan's whole MIG-enabled GPUs need (one per GPU)."""
+        result: dict[str, MigRecord] = {}
+        for d in plan.devices:
+            gpu = d.device.gpu
+            if d.device.kind != "gpu" or not needs_full_instance(gpu) or gpu.name in result:
+                continue
+            placement = full_placement(gpu)
+            if placement is None:
+                raise PrepareError("mig_full_profile_missing", f"ResourceClaim {plan.namespace}/{plan.name}: "
+                                   f"GPU {gpu.name} has MIG mode enabled but no MIG profile covering the whole "
+                                   "GPU, so it cannot run CUDA as a whole GPU; disable MIG mode on it or "
+                                   "allocate a MIG device instead")
+            result[gpu.name] = full_instance_record(gpu, placement)
+        return list(result.values())
+
+    def _create_mig(self, plan: ClaimPlan, record: ClaimRecord) -> dict[str, MigDevice]:
+        created: dict[str, MigDevice] = {}
+        placements = [d.device for d in plan.devices if d.device.placement is not None]
+        wholes = [m for m in record.mig if m.whole_gpu]
+        if not placements and not wholes:
+            return created
+        if self.mig is None:
+            raise PrepareError("mig_unsupported", "dynamic MIG placement allocated but this plugin has no "
+                               "MIG support; run it with --mig-mode dynamic")
+        for device in placements:
+            assert device.placement is not None
+            try:
+                mig = self.mig.create(device.gpu, device.placement)
+            except Exception as exc:  # NVML's reason (overlap, no permission, MIG off) for the user
+                raise PrepareError("mig_create_failed", f"ResourceClaim {plan.namespace}/{plan.name}: "
+                                   f"creating MIG device {device.name} failed: {exc}") from exc
+            created[device.name] = mig
+            log.info("mig_instance_created", claim_uid=plan.uid, device=device.name, uuid=mig.uuid,
+                     node=self.settings.pool)
+            with self.checkpoint.update() as records:
+                rec = records[plan.uid]
+                records[plan.uid] = replace(rec, mig=[
+                    replace(m, uuid=mig.uuid, gpu_instance_id=mig.gpu_instance_id,
+                            compute_instance_id=mig.compute_instance_id) if m.device == device.name else m
+                    for m in rec.mig])
+        for whole in wholes:
+            created[whole.device] = self._full_instance(plan, whole)
+        return created
+
+    def _full_instance(self, plan: ClaimPlan, whole: MigRecord) -> MigDevice:
+        """Create (or, when other claims share the GPU, reuse) a whole GPU's full-size instance."""
+        assert self.mig is not None
+        gpu = next(d.device.gpu for d in plan.devices if d.device.name == whole.device)
+        with gpu_locks(self._lock_dir, [gpu.name]):
+            users = other_users(self.checkpoint.records(), plan.uid, whole)
+            mig = self.mig.existing(whole) if users else None
+            if mig is None:
+                placement = full_placement(gpu)
+                assert placement is not None  # checked when the record was made
+                try:
+                    mig = self.mig.create(gpu, placement)
+                except Exception as exc:  # NVML's reason (an instance already there, no permission)
+                    raise PrepareError("mig_create_failed", f"ResourceClaim {plan.namespace}/{plan.name}: "
+                                       f"creating the full-size MIG instance {placement.profile.name} that "
+                                       f"runs CUDA on MIG-enabled GPU {gpu.name} failed: {exc}") from exc
+                log.info("mig_instance_created", claim_uid=plan.uid, device=gpu.name, uuid=mig.uuid,
+                         node=self.settings.pool, profile=placement.profile.name)
+            else:
+                log.info("mig_instance_reused", claim_uid=plan.uid, device=gpu.name, uuid=mig.uuid,
+                         node=self.settings.pool, shared_with=",".join(users))
+            with self.checkpoint.update() as records:
+                rec = records[plan.uid]
+                records[plan.uid] = replace(rec, mig=[
+                    replace(m, uuid=mig.uuid, gpu_instance_id=mig.gpu_instance_id,
+                            compute_instance_id=mig.compute_instance_id) if m is whole or
+                    (m.whole_gpu and m.device == whole.device) else m
+                    for m in rec.mig])
+        return mig
+
+    def _write_mig_status(self, plan: ClaimPlan, created: Mapping[str, MigDevice]) -> None:
+        if not self.settings.write_mig_status:
+            return
+        entries = [
+            {"driver": self.settings.driver_name, "pool": d.pool, "device": d.device.name,
+             **({"shareID": d.share_id} if d.share_id else {}),
+             "data": {"uuid": created[d.device.name].uuid, "parentUUID": d.device.gpu.uuid,
+                      "gpuInstanceId": created[d.device.name].gpu_instance_id,
+                      "computeInstanceId": created[d.device.name].compute_instance_id}}
+            for d in plan.devices if d.device.name in created
+        ]
+        try:
+            self.claims.write_device_status(plan.namespace, plan.name, plan.uid, entries)
+        except Exception as exc:  # status is informational: older servers or RBAC may refuse it
+            log.warning("claim_status_write_failed", claim_uid=plan.uid, node=self.settings.pool, error=str(exc))
+
+    def _remove_mig_status(self, record: ClaimRecord) -> None:
+        """Drop the ``status.devices`` entries prepare wrote for the MIG devices just destroyed.
+
+        Best effort: the instances are gone and the record dropped; a failure is logged, never returned.
+        A deleted claim is normal here (the kubelet unprepares after the pod, often after the claim).
+        """
+        if not self.settings.write_mig_status:
+            return
+        try:
+            self.claims.remove_device_status(record.namespace, record.name, record.uid, self.settings.pool,
+                                             [m.device for m in record.mig])
+        except Exception as exc:
+            log.warning("claim_status_cleanup_failed", claim_uid=record.uid, node=self.settings.pool,
+                        error=str(exc))

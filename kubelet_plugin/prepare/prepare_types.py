@@ -1,0 +1,70 @@
+"""The types shared by prepare and unprepare: settings, the per-claim outcome, and the two ports
+(the API server's claims, NVML's MIG instances). Re-exported by :mod:`kubelet_plugin.prepare.preparer`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from dra_driver.devices import Gpu, MigDevice, MigPlacement
+from kubelet_plugin.checkpoint.schema import MigRecord, PreparedDeviceRecord
+
+
+class ClaimSource(Protocol):
+    """Where claims come from (the API server)."""
+
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The claim as JSON, or None when it does not exist."""
+
+    def write_device_status(self, namespace: str, name: str, uid: str, entries: list[dict[str, Any]]) -> None:
+        """Set this driver's ``status.devices`` entries of a claim (best effort)."""
+
+    def remove_device_status(self, namespace: str, name: str, uid: str, pool: str, devices: list[str]) -> bool:
+        """Drop this driver's ``status.devices`` entries for ``devices`` (a deleted claim is fine)."""
+
+
+class MigOps(Protocol):
+    """Creating and destroying MIG instances (dynamic MIG)."""
+
+    def create(self, gpu: Gpu, placement: MigPlacement) -> MigDevice:
+        """Create the GPU instance + compute instance of a placement."""
+
+    def destroy(self, record: MigRecord) -> bool:
+        """Destroy the instance a record names (by UUID, else by placement); False if none existed."""
+
+    def existing(self, record: MigRecord) -> MigDevice | None:
+        """The instance a record names as it exists now (by UUID, else by placement), or None."""
+
+
+@dataclass(frozen=True)
+class PrepareSettings:
+    """The node-wide facts prepare needs."""
+
+    driver_name: str
+    pool: str  # this node's pool name (the node name)
+    cdi_root: str
+    control_device_nodes: tuple[str, ...]
+    driver_mounts: tuple[Mapping[str, Any], ...] = ()
+    write_mig_status: bool = True
+    # Taint mode: an unhealthy device is published with a NoSchedule taint and the scheduler gives it
+    # only to claims that tolerate it, so an allocation naming it is the scheduler's decision: prepare
+    # it (with a warning) instead of refusing as withdraw mode does.
+    taint_mode: bool = False
+    # sharing.strategy: MPS (used when no MpsOps is passed to Preparer): the nvidia-cuda-mps-control to
+    # run ("" = MPS_CONTROL_PATH, PATH, then the driver root), where the driver files are ("" =
+    # NVIDIA_DRIVER_ROOT or /), and how long a daemon may take to come up.
+    mps_control: str = ""
+    driver_root: str = ""
+    mps_start_timeout: float = 10.0
+    mps_private_shm: bool | None = None  # None: MPS_PRIVATE_SHM (default true)
+
+
+@dataclass(frozen=True)
+class ClaimOutcome:
+    """The result of preparing or unpreparing one claim: an answer or an error message."""
+
+    devices: tuple[PreparedDeviceRecord, ...] = ()
+    error: str = ""
+    reason: str = ""
+

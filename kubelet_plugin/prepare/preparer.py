@@ -1,0 +1,322 @@
+"""NodePrepareResources / NodeUnprepareResources: per-claim work, checkpointed in two phases.
+
+Concurrency (threads, see :mod:`kubelet_plugin.daemon`): each claim has its own lock, so a prepare
+and an unprepare of one claim never interleave, while different claims proceed in parallel. The
+only shared critical section is the checkpoint update (check that no other claim holds a device,
+then record phase 1), which is short; fetching the claim from the API server, creating MIG
+instances and writing the CDI spec happen outside it.
+
+Order of a prepare: fetch the claim (outside any lock) -> resolve it against this node
+(:func:`kubelet_plugin.prepare.claim_plan.plan_claim`) -> checkpoint phase 1 ``PrepareStarted`` naming what
+is about to be created -> create dynamic MIG instances -> start the claim's MPS control daemon
+(``sharing.strategy: MPS``, :mod:`kubelet_plugin.mps.control_daemon`) -> write the CDI spec -> checkpoint phase 2
+``PrepareCompleted`` with the answer. Unprepare undoes them in reverse (the MPS daemon stops before its
+MIG instance goes). A failure after phase 1 undoes what was done and drops the
+record, so the kubelet's retry starts clean; a crash after phase 1 is undone at the next start
+(:mod:`kubelet_plugin.checkpoint.recovery`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
+from typing import Any
+
+from dra_driver.logs import get_logger
+from kubelet_plugin.cdi.cdi_spec import CdiDevice, claim_spec, spec_file_name
+from kubelet_plugin.checkpoint.atomic_files import atomic_write
+from kubelet_plugin.checkpoint.schema import ClaimRecord, ClaimState, MpsRecord
+from kubelet_plugin.checkpoint.spec_recovery import claim_ref, mismatch_problem, read_spec
+from kubelet_plugin.checkpoint.store import CheckpointStore
+from kubelet_plugin.mps.claim_daemons import revive_claim, start_for_claim
+from kubelet_plugin.mps.control_daemon import MpsControl, MpsControlSettings, private_shm_default
+from kubelet_plugin.mps.mps_dirs import plan_record
+from kubelet_plugin.mps.mps_plan import MpsOps, check_claim, claim_mps_devices
+from kubelet_plugin.prepare.claim_plan import ClaimPlan, NodeDevice, PrepareError, answer_for, plan_claim
+from kubelet_plugin.prepare.mig_instances import MigSteps, planned_mig
+from kubelet_plugin.prepare.prepare_errors import api_failure
+from kubelet_plugin.prepare.prepare_types import ClaimOutcome, ClaimSource, MigOps, PrepareSettings
+from kubelet_plugin.prepare.unpreparer import UnprepareSteps
+
+__all__ = ["ClaimOutcome", "ClaimSource", "MigOps", "PrepareError", "PrepareSettings", "Preparer"]
+
+log = get_logger(__name__)
+
+LOCK_STRIPES = 64
+
+
+def _occupancy(device: NodeDevice) -> set[str]:
+    """What a device occupies: two claims conflict when these sets intersect."""
+    gpu = device.gpu
+    if device.kind == "gpu":
+        return {gpu.name, *(f"{gpu.name}/mem{i}" for i in range(gpu.memory_slice_count))}
+    if device.placement is not None:
+        return {device.name, *(f"{gpu.name}/mem{i}" for i in device.placement.placement.memory_slices)}
+    return {device.name}
+
+
+class Preparer(MigSteps, UnprepareSteps):
+    """Prepares and unprepares claims; safe to call from many threads.
+
+    The MIG steps live in :mod:`kubelet_plugin.prepare.mig_instances`, unprepare in :mod:`kubelet_plugin.prepare.unpreparer`.
+    """
+
+    def __init__(self, settings: PrepareSettings, checkpoint: CheckpointStore, claims: ClaimSource,
+                 devices: Callable[[], Mapping[str, NodeDevice]],
+                 unhealthy: Callable[[], Mapping[str, str]], mig: MigOps | None = None,
+                 on_change: Callable[[], None] | None = None, mps: MpsOps | None = None) -> None:
+        self.settings = settings
+        self.checkpoint = checkpoint
+        self.claims = claims
+        self.devices = devices
+        self.unhealthy = unhealthy
+        self.mig = mig
+        self.on_change = on_change or (lambda: None)
+        self._locks: dict[str, list[Any]] = {}  # uid -> [Lock, users]
+        self._data_dir = os.path.dirname(checkpoint.path) or "."
+        self._lock_dir = os.path.join(self._data_dir, "locks")
+        self._locks_mutex = threading.Lock()
+        self.mps: MpsOps = mps or MpsControl(MpsControlSettings(
+            binary=settings.mps_control,
+            driver_root=settings.driver_root or os.environ.get("NVIDIA_DRIVER_ROOT", "") or "/",
+            start_timeout=settings.mps_start_timeout, node=settings.pool))
+        self._mps_private_shm = (settings.mps_private_shm if settings.mps_private_shm is not None
+                                 else private_shm_default())
+
+    # --- locks ------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def claim_lock(self, uid: str) -> Iterator[None]:
+        """Serialize all work on one claim, in this process and across plugin instances.
+
+        In-process: one lock per claim (dropped once nobody uses it). Across instances (a rolling
+        update runs two, and the kubelet may call either): an exclusive ``flock`` on one of
+        ``LOCK_STRIPES`` files chosen by the claim UID, so different claims rarely wait for each other.
+        """
+        with self._locks_mutex:
+            entry = self._locks.setdefault(uid, [threading.Lock(), 0])
+            entry[1] += 1
+        try:
+            with entry[0]:
+                stripe = zlib.crc32(uid.encode()) % LOCK_STRIPES
+                os.makedirs(self._lock_dir, exist_ok=True)
+                fd = os.open(os.path.join(self._lock_dir, f"claims-{stripe}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                    yield
+                finally:
+                    os.close(fd)  # releases the flock
+        finally:
+            with self._locks_mutex:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del self._locks[uid]
+
+    def spec_path(self, uid: str) -> str:
+        """Where a claim's CDI spec lives."""
+        return os.path.join(self.settings.cdi_root, spec_file_name(self.settings.driver_name, uid))
+
+    # --- prepare ----------------------------------------------------------------------------------
+    def prepare(self, namespace: str, name: str, uid: str) -> ClaimOutcome:
+        """Prepare one claim; never raises (errors are returned per claim)."""
+        try:
+            recorded = self._recorded_answer(uid, namespace, name, locked=False)
+            if recorded is not None:
+                return recorded
+            plan = self._plan(namespace, name, uid)
+            with self.claim_lock(uid):
+                recorded = self._recorded_answer(uid, namespace, name, locked=True)
+                if recorded is not None:
+                    return recorded
+                stale = self.checkpoint.get(uid)
+                if stale is not None and stale.recovered:  # rebuilt from its CDI spec: complete it
+                    return self._complete_recovered(stale, plan)
+                if stale is not None:  # a half-done prepare whose rollback failed earlier
+                    self.undo(stale)
+                return self._prepare_locked(plan)
+        except PrepareError as exc:
+            log.warning("claim_prepare_failed", claim_uid=uid, claim=f"{namespace}/{name}",
+                        node=self.settings.pool, reason=exc.reason, error=str(exc))
+            return ClaimOutcome(error=str(exc), reason=exc.reason)
+        except Exception as exc:  # a bug or an I/O failure: fail this claim, keep serving the others
+            log.error("claim_prepare_error", exc_info=True, claim_uid=uid, node=self.settings.pool)
+            return ClaimOutcome(error=f"internal error preparing ResourceClaim {namespace}/{name}: {exc}",
+                                reason="internal")
+
+    def _plan(self, namespace: str, name: str, uid: str) -> ClaimPlan:
+        """Fetch the claim (API failures mapped to their own reasons) and resolve it against this node."""
+        try:
+            claim = self.claims.get(namespace, name)
+        except Exception as exc:
+            mapped = api_failure(exc, namespace, name)
+            if mapped is None:
+                raise
+            raise mapped from exc
+        if claim is None:
+            raise PrepareError("claim_not_found", f"ResourceClaim {namespace}/{name} not found")
+        unhealthy = self.unhealthy()
+        plan = plan_claim(claim, uid, namespace, name, self.settings.driver_name, self.settings.pool,
+                          self.devices(), {} if self.settings.taint_mode else unhealthy)
+        if self.settings.taint_mode:
+            self._warn_tainted(plan, unhealthy)
+        check_claim(self.mps, plan)
+        return plan
+
+    def _complete_recovered(self, record: ClaimRecord, plan: ClaimPlan) -> ClaimOutcome:
+        """A repeated prepare of a claim whose record was rebuilt from its CDI spec: the allocation must name
+        the spec's devices; then the record gets the claim's name and the answer (same CDI device IDs)."""
+        if sorted(set(record.devices)) != sorted({d.device.name for d in plan.devices}):
+            raise PrepareError("claim_mismatch", f"ResourceClaim {plan.namespace}/{plan.name}: the CDI spec left "
+                               f"from before its checkpoint record was lost names devices {sorted(set(record.devices))}, "
+                               f"its allocation {sorted({d.device.name for d in plan.devices})}; unprepare the "
+                               "claim (delete its pod) so it is prepared afresh")
+        answer = answer_for(plan, self.settings.driver_name)
+        path = self.spec_path(plan.uid)
+        try:
+            spec = read_spec(path)
+        except (OSError, ValueError):
+            spec = record.cdi_spec
+        with self.checkpoint.update() as records:
+            records[plan.uid] = replace(record, namespace=plan.namespace, name=plan.name, answer=answer,
+                                        shared_devices=[d.device.name for d in plan.devices if d.shared],
+                                        cdi_spec=spec, cdi_spec_file=path, recovered="", updated_at=time.time())
+        if spec is not None and not os.path.exists(path):
+            self.write_spec(path, spec)
+        log.info("claim_record_completed", claim_uid=plan.uid, claim=f"{plan.namespace}/{plan.name}",
+                 node=self.settings.pool, reason="record rebuilt from its CDI spec; the claim was asked again")
+        return ClaimOutcome(devices=tuple(answer))
+
+    def _start_mps(self, plan: ClaimPlan, record: ClaimRecord,
+                   cdi_devices: dict[str, CdiDevice]) -> dict[str, CdiDevice]:
+        """Start the claim's MPS daemon (recorded before and after) and point its devices' CDI edits at it."""
+        if record.mps is None:
+            return cdi_devices
+
+        def save(mps: MpsRecord) -> None:
+            with self.checkpoint.update() as records:
+                records[plan.uid] = replace(records[plan.uid], mps=mps)
+
+        started = start_for_claim(self.mps, plan, record.mps, {n: d.uuid for n, d in cdi_devices.items()}, save)
+        log.info("claim_mps_started", claim_uid=plan.uid, claim=f"{plan.namespace}/{plan.name}",
+                 node=self.settings.pool, device=",".join(started.device_uuids), pid=started.pid,
+                 pipe_dir=started.pipe_dir)
+        return {name: replace(d, mps_pipe_dir=started.pipe_dir, mps_shm_dir=started.shm_dir)
+                if d.uuid in started.device_uuids else d for name, d in cdi_devices.items()}
+
+    def revive_all_mps(self) -> int:
+        """:meth:`revive_mps` for every recorded claim (start-up, and periodically: a rolling update's old
+        instance takes the daemons it started along when its container stops); how many were restarted."""
+        return sum(self.revive_mps(uid) for uid in self.checkpoint.records())
+
+    def revive_mps(self, uid: str) -> bool:
+        """Restart a completed claim's MPS daemon if it died; True if restarted. Never raises."""
+        seen = self.checkpoint.get(uid)
+        if seen is not None and seen.recovered:  # rebuilt without its devices' UUIDs: cannot restart it
+            return False
+        return revive_claim(uid, self.checkpoint, self.claim_lock, self.mps, self.settings.pool, self._data_dir)
+
+    def _warn_tainted(self, plan: ClaimPlan, unhealthy: Mapping[str, str]) -> None:
+        for d in plan.devices:
+            why = unhealthy.get(d.device.name) or unhealthy.get(d.device.gpu.name)
+            if why is not None:
+                log.warning("claim_prepared_on_tainted_device", claim_uid=plan.uid,
+                            claim=f"{plan.namespace}/{plan.name}", device=d.device.name, node=self.settings.pool,
+                            reason=why, note="the allocation tolerates the device's unhealthy taint")
+
+    def _recorded_answer(self, uid: str, namespace: str, name: str, locked: bool) -> ClaimOutcome | None:
+        """The recorded answer of a completed prepare (the lock-free fast path needs its spec on disk).
+
+        A record made for another namespace/name is an error naming the field: a UID names one claim,
+        and answering another claim's devices would hand them to the wrong pod.
+        """
+        record = self.checkpoint.get(uid)
+        if record is None or record.recovered:
+            return None
+        mismatch = mismatch_problem(record, namespace, name)
+        if mismatch:
+            raise PrepareError("claim_mismatch", mismatch)
+        if record.state is not ClaimState.PREPARE_COMPLETED:
+            return None
+        spec_file = self.spec_path(uid)  # derived, never the recorded path
+        if record.cdi_spec is not None and not os.path.exists(spec_file):
+            if not locked:
+                return None  # an unprepare may be removing it: decide under the claim lock
+            self.write_spec(spec_file, record.cdi_spec)  # lost (e.g. /var/run cleaned): rebuild
+        return ClaimOutcome(devices=tuple(record.answer))
+
+    def _reserve(self, plan: ClaimPlan) -> ClaimRecord:
+        """Critical section: check no other claim holds the devices, then record phase 1."""
+        index = self.devices()
+        mine = [(d, _occupancy(d.device)) for d in plan.devices]
+        whole = self._full_instances(plan)
+        with self.checkpoint.update() as records:
+            for other in records.values():
+                if other.uid == plan.uid:
+                    continue
+                for name in other.devices:
+                    other_dev = index.get(name)
+                    taken = _occupancy(other_dev) if other_dev else {name}
+                    for planned, occ in mine:
+                        both_shared = planned.shared and name in other.shared_devices
+                        if occ & taken and not both_shared:
+                            raise PrepareError(
+                                "device_in_use",
+                                f"device {planned.device.name} is already prepared for {claim_ref(other)} and "
+                                "the allocation does not share it; unprepare that claim first")
+            record = ClaimRecord(
+                uid=plan.uid, namespace=plan.namespace, name=plan.name, state=ClaimState.PREPARE_STARTED,
+                devices=[d.device.name for d in plan.devices],
+                shared_devices=[d.device.name for d in plan.devices if d.shared],
+                cdi_spec_file=self.spec_path(plan.uid),
+                mig=[m for m in (planned_mig(d.device) for d in plan.devices) if m is not None] + whole,
+                mps=plan_record(self._data_dir, plan.uid, self._mps_private_shm) if claim_mps_devices(plan) else None)
+            records[plan.uid] = record
+        return record
+
+    def _prepare_locked(self, plan: ClaimPlan) -> ClaimOutcome:
+        record = self._reserve(plan)
+        try:
+            created = self._create_mig(plan, record)
+            cdi_devices: dict[str, CdiDevice] = {}
+            for d in plan.devices:
+                if d.device.name in cdi_devices:  # two shares of one device in one claim: one CDI device
+                    continue
+                gpu, mig = d.device.gpu, d.device.mig or created.get(d.device.name)
+                nodes = (gpu.device_node, *(mig.device_nodes if mig else ()))
+                cdi_devices[d.device.name] = CdiDevice(
+                    name=d.device.name, request=d.request.split("/", 1)[0], uuid=mig.uuid if mig else gpu.uuid,
+                    device_nodes=nodes, config=d.config, memory_bytes=d.device.memory_bytes)
+            cdi_devices = self._start_mps(plan, self.checkpoint.get(plan.uid) or record, cdi_devices)
+            spec = claim_spec(self.settings.driver_name, plan.uid, list(cdi_devices.values()),
+                              self.settings.control_device_nodes, self.settings.driver_mounts)
+            self.write_spec(record.cdi_spec_file, spec)
+            answer = answer_for(plan, self.settings.driver_name)
+            with self.checkpoint.update() as records:
+                records[plan.uid] = replace(records[plan.uid], state=ClaimState.PREPARE_COMPLETED,
+                                            answer=answer, cdi_spec=spec, updated_at=time.time())
+        except BaseException:
+            current = self.checkpoint.get(plan.uid)
+            try:
+                self.undo(current or record)
+            except Exception:
+                log.error("claim_prepare_rollback_failed", exc_info=True, claim_uid=plan.uid,
+                          claim=f"{plan.namespace}/{plan.name}", node=self.settings.pool)
+            raise
+        if created:
+            self._write_mig_status(plan, created)
+        log.info("claim_prepared", claim_uid=plan.uid, claim=f"{plan.namespace}/{plan.name}",
+                 node=self.settings.pool, device=",".join(d.device.name for d in plan.devices))
+        self.on_change()
+        return ClaimOutcome(devices=tuple(answer))
+
+    def write_spec(self, path: str, spec: Mapping[str, Any]) -> None:
+        """Write a CDI spec atomically (the runtime never sees a partial file)."""
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        atomic_write(path, json.dumps(spec, indent=1).encode())
+

@@ -1,0 +1,135 @@
+"""``gpuready demo``: run the whole driver on simulated GPUs and tell what happens, checking each step."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+import time
+
+from testbed.demo.output import DemoFailure, Printer
+from testbed.demo.scenarios import DEFAULT, SCENARIOS
+
+HELP = "run the whole driver on simulated GPUs: placement, prepare, a GPU fault and recovery"
+DESCRIPTION = f"""\
+Starts a local Kubernetes API server, two simulated GPU nodes (8 x H100 with static MIG; 4 x H200
+with dynamic MIG and a shared GPU) each with the real kubelet plugin on real gRPC sockets, a
+kubelet emulator per node, and the gpuready controller as the allocator. Then it shows, checking
+each step: the published inventory; pods with claims placed by VRAM (15 GiB on a MIG slice, 70 GiB,
+two GPUs on one node, a shared GPU) and one that cannot fit, with gpuready explain's answer;
+NodePrepareResources producing CDI specs; a GPU fault withdrawing the device (timed), GPUReady,
+Events and the claim's status; recovery; and pods finishing. No GPU, cluster or network is needed.
+
+Exit status: 0 when every step showed what it should, 1 when one did not (the message says which
+and the work directory with the component logs is kept), 2 for bad arguments.
+
+Scenarios (--scenario): {", ".join(f"{name}{' (default)' if name == DEFAULT else ''}" for name in SCENARIOS)}.
+  {chr(10).join(f"  {s.name:10} {s.title}" for s in SCENARIOS.values()).strip()}
+
+Examples:
+  gpuready demo
+  gpuready demo --scenario gpu-lost
+  gpuready demo --serve          # then: KUBECONFIG=<printed path> kubectl get resourceslices
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``gpuready demo``."""
+    parser.add_argument("--scenario", choices=sorted(SCENARIOS), default=DEFAULT,
+                        help=f"which fault to inject (default {DEFAULT})")
+    parser.add_argument("--serve", action="store_true",
+                        help="after the story, keep the cluster running (kubectl, /metrics) until Ctrl-C")
+    parser.add_argument("--quiet", action="store_true",
+                        help="print only each step's result and the summary")
+    parser.add_argument("--hold-down", type=float, default=1.0,
+                        help="seconds a recovered GPU must stay healthy before it is published again "
+                             "(default 1 for the demo; the plugin's default is 60)")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the work directory (CDI specs, checkpoints, logs) after the demo")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the story; 0 when every step held, 1 when one did not."""
+    from testbed.demo.cluster import DemoCluster
+    from testbed.demo.health_story import fault, finish, recover
+    from testbed.demo.story import (
+        StoryState,
+        explain_unfit,
+        place_pods,
+        prepare,
+        show_inventory,
+        start_cluster,
+    )
+
+    if args.hold_down < 0:
+        print("gpuready demo: --hold-down must not be negative", file=sys.stderr)
+        return 2
+    scenario = SCENARIOS[args.scenario]
+    p = Printer(quiet=args.quiet, total_steps=8)
+    p.title(f"gpuready demo: a DRA driver for NVIDIA GPUs, on simulated GPUs (scenario: {scenario.name})")
+    cluster = DemoCluster(hold_down=args.hold_down)
+    started = time.monotonic()
+    ok = False
+    try:
+        start_cluster(p, cluster, metrics=args.serve)
+        inventory = show_inventory(p, cluster)
+        state = StoryState()
+        place_pods(p, cluster, inventory, state)
+        explain_unfit(p, cluster, state)
+        prepare(p, cluster, state)
+        result = fault(p, cluster, state, scenario)
+        recover(p, cluster, state, scenario, result)
+        finish(p, cluster, state)
+        p.summary(time.monotonic() - started)
+        if result.withdrawn_ms is not None:
+            p.info(f"  Withdrawal time ({scenario.name}): {result.withdrawn_ms:.0f} ms.")
+        ok = True
+        if args.serve:
+            _serve(p, cluster)
+        return 0
+    except DemoFailure as exc:
+        p.fail(str(exc))
+        return 1
+    except KeyboardInterrupt:
+        p.info("\ninterrupted")
+        return 130
+    except Exception as exc:  # an unexpected error is a failed demo too: say what and where the logs are
+        p.fail(f"unexpected error: {type(exc).__name__}: {exc}")
+        return 1
+    finally:
+        keep = args.keep or (not ok and bool(cluster.workdir))
+        if keep and cluster.workdir:
+            p.info(f"  work directory kept: {cluster.workdir} (component logs: {cluster.log_path})")
+        cluster.stop(keep_workdir=keep)
+
+
+def _serve(p: Printer, cluster: object) -> None:
+    """Keep everything running until Ctrl-C or SIGTERM, printing how to look at it."""
+    from testbed.demo.cluster import DemoCluster
+
+    assert isinstance(cluster, DemoCluster)
+    urls = cluster.serve_metrics()
+    p.info("")
+    p.info("The cluster keeps running (Ctrl-C to stop). Point kubectl at it:")
+    p.info(f"  export KUBECONFIG={cluster.kubeconfig}")
+    p.info("  kubectl get nodes,resourceslices,deviceclasses")
+    p.info("  kubectl get resourceslices -o yaml | less")
+    p.info(f"  gpuready explain <claim> --kubeconfig {cluster.kubeconfig}")
+    p.info("Metrics (open in a browser or curl):")
+    for name, url in urls:
+        p.info(f"  {name:24} {url}")
+    p.info(f"Component logs: {cluster.log_path}")
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+    previous = signal.signal(signal.SIGTERM, on_signal)
+    try:
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    p.info("stopping")

@@ -1,0 +1,176 @@
+"""The claim health reconciler: a device withdrawn (or tainted) as unhealthy shows on the claim and its
+pods, controller-owned pods are evicted and bare pods are not, and it all clears on recovery.
+
+The node's plugin is played by republishing its slices exactly as the plugin builds them (withdraw
+or taint mode) and writing its GPUReady condition; the last test runs a real plugin on simulated
+NVML and injects an XID.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from controller.api_client import CORE_V1, RESOURCE_V1, KubeApi, claim_path, pod_path
+from controller.claim_health.device_conditions import CONDITION_TYPE, UNHEALTHY_REASON
+from controller.daemon import Controller, ControllerConfig
+from testbed import waiting
+from testbed.apiserver import LocalApiServer
+from testbed.controller_harness import install_device_classes, publish_node, republish_node, set_gpu_ready
+
+NS = "default"
+NODE = "node-b"
+XID = "XID 79: GPU has fallen off the bus"
+
+
+wait_for = functools.partial(waiting.wait_for, timeout=20.0)
+
+
+@pytest.fixture()
+def world() -> Iterator[dict[str, Any]]:
+    with LocalApiServer() as srv:
+        api = KubeApi(srv.api_client())
+        install_device_classes(api)
+        publish_node(api, NODE, "sim:8xh100")
+        api.request("POST", f"{RESOURCE_V1}/namespaces/{NS}/resourceclaimtemplates", body={
+            "metadata": {"name": "whole", "namespace": NS},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}})
+        ctrl = Controller(ControllerConfig(allocate=True, on_device_failure="evict", leader_elect=False, resync_s=2.0),
+                          srv.api_client()).start()
+        assert ctrl.wait_ready(20)
+        yield {"api": api, "ctrl": ctrl, "srv": srv}
+        ctrl.stop()
+
+
+def start_pod(api: KubeApi, name: str, owned: bool) -> tuple[str, str]:
+    """A pod with a template claim for a whole GPU; returns (claim name, device) once allocated."""
+    meta: dict[str, Any] = {"name": name, "namespace": NS}
+    if owned:
+        meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "trainer-7d9f",
+                                    "uid": "4f3c1a52-0000-4000-8000-000000000001", "controller": True}]
+    api.request("POST", f"{CORE_V1}/namespaces/{NS}/pods", body={
+        "metadata": meta, "spec": {"containers": [{"name": "c", "image": "x"}],
+                                   "resourceClaims": [{"name": "g", "resourceClaimTemplateName": "whole"}]}})
+    pod = wait_for(f"{name} bound", lambda: (p := api.get(pod_path(NS, name))) and p["spec"].get("nodeName") and p)
+    claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+    claim = api.get(claim_path(NS, claim_name))
+    assert claim is not None
+    return claim_name, claim["status"]["allocation"]["devices"]["results"][0]["device"]
+
+
+def device_condition(api: KubeApi, claim_name: str, device: str) -> dict[str, Any] | None:
+    claim = api.get(claim_path(NS, claim_name))
+    for entry in (claim or {}).get("status", {}).get("devices") or []:
+        if (entry["driver"], entry["pool"], entry["device"]) == ("gpu.nvidia.com", NODE, device):
+            for cond in entry.get("conditions") or []:
+                if cond["type"] == CONDITION_TYPE:
+                    return dict(cond)
+    return None
+
+
+def events(api: KubeApi, pod_name: str, reason: str) -> list[dict[str, Any]]:
+    items = api.request("GET", f"{CORE_V1}/namespaces/{NS}/events")["items"]
+    return [e for e in items if e["involvedObject"]["name"] == pod_name and e["reason"] == reason]
+
+
+def test_unhealthy_device_sets_condition_tells_pods_evicts_only_controlled_pods_and_clears(
+        world: dict[str, Any]) -> None:
+    api: KubeApi = world["api"]
+    ctrl: Controller = world["ctrl"]
+    owned_claim, owned_dev = start_pod(api, "owned", owned=True)
+    bare_claim, bare_dev = start_pod(api, "bare", owned=False)
+    assert owned_dev != bare_dev
+
+    bad = {owned_dev: XID, bare_dev: XID}
+    set_gpu_ready(api, NODE, bad)
+    republish_node(api, NODE, "sim:8xh100", bad, generation=2)
+
+    cond = wait_for("condition on the bare pod's claim", lambda: device_condition(api, bare_claim, bare_dev))
+    assert (cond["status"], cond["reason"]) == ("False", UNHEALTHY_REASON)
+    assert XID in cond["message"]  # the Node condition's words, naming the XID
+    [warning] = wait_for("DeviceUnhealthy on bare", lambda: events(api, "bare", "DeviceUnhealthy"))
+    assert warning["type"] == "Warning" and bare_dev in warning["message"] and XID in warning["message"]
+
+    # The pod with a controller is evicted (its ReplicaSet would recreate it on a healthy GPU) ...
+    wait_for("owned pod evicted", lambda: api.get(pod_path(NS, "owned")) is None)
+    assert events(api, "owned", "DeviceUnhealthy") and events(api, "owned", "Evicted")
+    # ... the bare pod is not: nothing would recreate it. It is told why.
+    [why] = wait_for("NotEvicted on bare", lambda: events(api, "bare", "NotEvicted"))
+    assert "no controller" in why["message"]
+    assert api.get(pod_path(NS, "bare")) is not None
+    # The evicted pod's claim is deallocated and collected: its (broken) GPU is not held any more.
+    wait_for("owned claim gone", lambda: api.get(claim_path(NS, owned_claim)) is None)
+    evicted = ctrl.metrics.registry.get_sample_value("gpuready_controller_reconciler_actions_total",
+                                                     {"action": "evict", "result": "success"})
+    assert evicted == 1
+
+    # Recovery: the device is published again and GPUReady is True: the condition goes, pods are told.
+    set_gpu_ready(api, NODE, {})
+    republish_node(api, NODE, "sim:8xh100", {}, generation=3)
+    wait_for("condition cleared", lambda: device_condition(api, bare_claim, bare_dev) is None)
+    [recovered] = wait_for("DeviceRecovered on bare", lambda: events(api, "bare", "DeviceRecovered"))
+    assert recovered["type"] == "Normal"
+    time.sleep(1.0)  # further passes repeat nothing
+    assert len(events(api, "bare", "DeviceUnhealthy")) == 1 and len(events(api, "bare", "DeviceRecovered")) == 1
+
+
+def test_taint_mode_and_a_vanished_pool(world: dict[str, Any]) -> None:
+    api: KubeApi = world["api"]
+    claim, dev = start_pod(api, "bare", owned=False)
+    # Taint mode: the device stays published with the driver's unhealthy taint; no Node condition yet.
+    republish_node(api, NODE, "sim:8xh100", {dev: XID}, generation=2, health_mode="taint")
+    cond = wait_for("condition from the taint", lambda: device_condition(api, claim, dev))
+    assert "gpu.nvidia.com/unhealthy" in cond["message"] and "XID-79" in cond["message"]
+
+    republish_node(api, NODE, "sim:8xh100", {}, generation=3, health_mode="taint")
+    wait_for("cleared", lambda: device_condition(api, claim, dev) is None)
+
+    # The plugin goes away (slices deleted) without a word on the Node: unknown, nothing is claimed.
+    for s in api.request("GET", f"{RESOURCE_V1}/resourceslices")["items"]:
+        api.request("DELETE", f"{RESOURCE_V1}/resourceslices/{s['metadata']['name']}")
+    time.sleep(1.5)
+    assert device_condition(api, claim, dev) is None
+
+
+def test_xid_on_a_real_plugin_reaches_the_claim_and_the_pod() -> None:
+    from testbed.plugin_harness import PluginHarness
+
+    with PluginHarness() as h:
+        api = KubeApi(h.api_client)
+        install_device_classes(api)
+        plugin = h.start_plugin("hn", "sim:h100-80gb", health_mode="withdraw", health_interval=0.5)
+        assert plugin.health_monitor.wait_validated(60)
+        api.request("POST", f"{RESOURCE_V1}/namespaces/{NS}/resourceclaimtemplates", body={
+            "metadata": {"name": "whole", "namespace": NS},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}})
+        ctrl = Controller(ControllerConfig(allocate=True, leader_elect=False, resync_s=2.0), h.api_client).start()
+        try:
+            assert ctrl.wait_ready(20)
+            api.request("POST", f"{CORE_V1}/namespaces/{NS}/pods", body={
+                "metadata": {"name": "job", "namespace": NS},
+                "spec": {"containers": [{"name": "c", "image": "x"}],
+                         "resourceClaims": [{"name": "g", "resourceClaimTemplateName": "whole"}]}})
+            pod = wait_for("job bound", lambda: (p := api.get(pod_path(NS, "job"))) and p["spec"].get("nodeName") and p)
+            claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+
+            plugin.nvml.faults.inject_xid(0, 79)
+
+            def unhealthy_entry() -> dict[str, Any] | None:
+                claim = api.get(claim_path(NS, claim_name)) or {}
+                for entry in (claim.get("status") or {}).get("devices") or []:
+                    if any("XID 79" in c.get("message", "") for c in entry.get("conditions") or []):
+                        return dict(entry)
+                return None
+            # The plugin withdraws gpu-0 and names the XID in its GPUReady condition; the claim says so.
+            entry = wait_for("claim condition naming the XID", unhealthy_entry, timeout=30)
+            assert (entry["driver"], entry["pool"], entry["device"]) == ("gpu.nvidia.com", "hn", "gpu-0")
+            [cond] = entry["conditions"]
+            assert (cond["type"], cond["status"], cond["reason"]) == ("Ready", "False", UNHEALTHY_REASON)
+            [event] = wait_for("pod event", lambda: events(api, "job", "DeviceUnhealthy"))
+            assert "gpu-0" in event["message"] and event["type"] == "Warning"
+        finally:
+            ctrl.stop()

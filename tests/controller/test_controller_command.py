@@ -1,0 +1,161 @@
+"""``gpuready controller`` as a process: flags and the chart's environment variables, /healthz and
+/readyz, /metrics, the webhook over HTTPS, and SIGTERM releasing the Lease."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+
+import pytest
+
+from controller.api_client import COORDINATION_V1, KubeApi, namespaced
+from controller.controller_command import config_from_args
+from dra_driver.cli import build_parser
+from testbed.apiserver import LocalApiServer
+from testbed.controller_harness import (
+    ReviewClient,
+    admission_review,
+    install_device_classes,
+    publish_node,
+    self_signed_cert,
+)
+from testbed.waiting import wait_for
+
+CHART_ENV = {  # what deploy/helm/gpuready/templates/controller-deployment.yaml sets
+    "POD_NAME": "gpuready-controller-7c9d-abcde", "POD_NAMESPACE": "gpuready", "DRIVER_NAME": "gpu.example.com",
+    "PLACEMENT_POLICY": "spread", "UNHEALTHY_CLAIM_POLICY": "evict", "LEADER_ELECT": "true",
+    "LEADER_ELECTION_NAMESPACE": "gpuready", "LEADER_ELECTION_LEASE_NAME": "gpuready-controller",
+    "LEASE_DURATION": "15", "RENEW_DEADLINE": "10", "RETRY_PERIOD": "2", "METRICS_PORT": "9090",
+    "WEBHOOK_PORT": "9443", "WEBHOOK_CERT_DIR": "/etc/gpuready/webhook-tls",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+
+
+def http_get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError:
+        return 0, ""
+
+
+def test_chart_environment_configures_the_controller(monkeypatch: pytest.MonkeyPatch) -> None:
+    for k, v in CHART_ENV.items():
+        monkeypatch.setenv(k, v)
+    args = build_parser().parse_args(["controller"])
+    cfg = config_from_args(args)
+    assert (cfg.driver_name, cfg.policy, cfg.on_device_failure) == ("gpu.example.com", "spread", "evict")
+    assert (cfg.lease_namespace, cfg.lease_name, cfg.identity_name) == ("gpuready", "gpuready-controller", CHART_ENV["POD_NAME"])
+    assert (cfg.lease_duration, cfg.renew_deadline, cfg.retry_period) == (15, 10, 2)
+    assert (cfg.metrics_port, cfg.webhook_port) == (9090, 9443)
+    assert (cfg.cert_file, cfg.key_file) == ("/etc/gpuready/webhook-tls/tls.crt", "/etc/gpuready/webhook-tls/tls.key")
+    assert cfg.memory_class_name == "vram.gpu.example.com" and cfg.leader_elect and not cfg.allocate
+    # Flags win over the environment.
+    cfg = config_from_args(build_parser().parse_args(["controller", "--policy", "binpack", "--no-leader-elect"]))
+    assert cfg.policy == "binpack" and not cfg.leader_elect
+    # The chart with its webhook disabled sets neither port nor certificate: no webhook, no error.
+    monkeypatch.delenv("WEBHOOK_PORT")
+    monkeypatch.delenv("WEBHOOK_CERT_DIR")
+    assert config_from_args(build_parser().parse_args(["controller"])).webhook_port is None
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--webhook-port", "8443"], "--webhook-cert"),
+    (["--webhook-port", "0", "--lease-duration", "5", "--renew-deadline", "10"], "lease duration (5.0) > renew deadline"),
+])
+def test_bad_configuration_exits_2_with_a_message_naming_the_flag(argv: list[str], message: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in CHART_ENV}
+    proc = subprocess.run([sys.executable, "-m", "dra_driver", "controller", *argv], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+
+
+def test_process_serves_webhook_health_and_metrics_and_releases_the_lease_on_sigterm() -> None:
+    tmp = tempfile.mkdtemp(prefix="gr-cmd-", dir="/tmp")
+    cert, _key = self_signed_cert(tmp)
+    with LocalApiServer() as srv:
+        api = KubeApi(srv.api_client())
+        install_device_classes(api)
+        publish_node(api, "node-c", "sim:h200-141gb")
+        kubeconfig = srv.write_kubeconfig(os.path.join(tmp, "kubeconfig"))
+        webhook, metrics, health = free_port(), free_port(), free_port()
+        env = {k: v for k, v in os.environ.items() if k not in CHART_ENV}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dra_driver", "controller", "--kubeconfig", kubeconfig, "--bind-address", "127.0.0.1",
+             "--webhook-port", str(webhook), "--webhook-cert-dir", tmp, "--metrics-port", str(metrics),
+             "--health-port", str(health), "--leader-election-id", "replica-1", "--leader-election-namespace", "default",
+             "--retry-period", "0.2", "--renew-deadline", "1", "--lease-duration", "2"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            wait_for("/readyz 200", lambda: http_get(f"http://127.0.0.1:{health}/readyz")[0] == 200)
+            assert http_get(f"http://127.0.0.1:{health}/healthz") == (200, "ok")
+            lease_path = namespaced(COORDINATION_V1, "leases", "default", "gpuready-controller")
+            wait_for("lease held", lambda: ((api.get(lease_path) or {}).get("spec") or {}).get("holderIdentity") == "replica-1")
+            wait_for("is_leader 1", lambda: "gpuready_controller_is_leader 1.0" in http_get(f"http://127.0.0.1:{metrics}/metrics")[1])
+
+            client = ReviewClient(f"https://127.0.0.1:{webhook}", cert)
+            claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                     "metadata": {"name": "c", "namespace": "default"},
+                     "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                         "deviceClassName": "vram.gpu.nvidia.com", "capacity": {"requests": {"memory": "100Gi"}}}}]}}}
+            answer = client.post("/mutate", admission_review(claim))["response"]
+            client.close()
+            assert answer["allowed"] is True and answer["patchType"] == "JSONPatch"
+            body = http_get(f"http://127.0.0.1:{metrics}/metrics")[1]
+            assert 'gpuready_controller_webhook_requests_total{kind="ResourceClaim",outcome="mutated",webhook="mutate"} 1.0' in body
+
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0
+            spec = (api.get(lease_path) or {}).get("spec") or {}
+            assert not spec.get("holderIdentity")  # released: a standby takes over at once
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            output = proc.communicate()[0]
+        assert "controller_started" in output and "lease_released" in output
+
+
+def test_an_ipv6_bind_address_serves_health_metrics_and_the_webhook() -> None:
+    """IPv6-only and dual-stack clusters set bindAddress "::": every server must listen there."""
+    tmp = tempfile.mkdtemp(prefix="gr-cmd6-", dir="/tmp")
+    cert, _key = self_signed_cert(tmp, hosts=("::1", "localhost"))
+    with LocalApiServer() as srv:
+        api = KubeApi(srv.api_client())
+        install_device_classes(api)
+        kubeconfig = srv.write_kubeconfig(os.path.join(tmp, "kubeconfig"))
+        webhook, metrics, health = free_port(), free_port(), free_port()
+        env = {k: v for k, v in os.environ.items() if k not in CHART_ENV}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dra_driver", "controller", "--kubeconfig", kubeconfig, "--bind-address", "::1",
+             "--webhook-port", str(webhook), "--webhook-cert-dir", tmp, "--metrics-port", str(metrics),
+             "--health-port", str(health), "--no-leader-elect"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            wait_for("/readyz 200 on [::1]", lambda: http_get(f"http://[::1]:{health}/readyz")[0] == 200)
+            assert "gpuready_controller" in http_get(f"http://[::1]:{metrics}/metrics")[1]
+            client = ReviewClient(f"https://[::1]:{webhook}", cert)
+            claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                     "metadata": {"name": "c", "namespace": "default"},
+                     "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}
+            assert client.post("/validate", admission_review(claim))["response"]["allowed"] is True
+            client.close()
+        finally:
+            proc.terminate()
+            output = proc.communicate(timeout=30)[0]
+        assert "controller_started" in output, output

@@ -1,0 +1,134 @@
+"""Informers against the local API server: resume after a dropped watch, relist after 410, resync,
+and one debounced inventory build for a burst of slice changes."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from controller.api_client import RESOURCE_V1, KubeApi
+from controller.informers import SLICES, ClusterCache, Informer
+from testbed import waiting
+from testbed.apiserver import LocalApiServer
+from testbed.controller_harness import install_device_classes, node_slices
+
+
+@pytest.fixture()
+def srv() -> Iterator[LocalApiServer]:
+    with LocalApiServer(bookmark_interval=0.2) as server:
+        yield server
+
+
+wait_for = functools.partial(waiting.wait_for, timeout=15.0)
+
+
+def make_slice(api: KubeApi, name: str, node: str = "n1") -> dict[str, Any]:
+    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
+            "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
+                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                     "devices": [{"name": "gpu-0"}]}}
+    created: dict[str, Any] = api.request("POST", f"{RESOURCE_V1}/resourceslices", body=body)
+    return created
+
+
+def names(inf: Informer) -> set[str]:
+    return {o["metadata"]["name"] for o in inf.items()}
+
+
+def test_dropped_watch_resumes_without_relisting_and_misses_nothing(srv: LocalApiServer) -> None:
+    api = KubeApi(srv.api_client())
+    make_slice(api, "s1")
+    inf = Informer(api, SLICES, resync_s=60).start()
+    try:
+        assert inf.wait_synced(10) and names(inf) == {"s1"}
+        wait_for("watch open", lambda: srv.open_watches >= 1)
+        srv.faults.drop_watches()
+        make_slice(api, "s2")  # while no watch is open
+        api.request("DELETE", f"{RESOURCE_V1}/resourceslices/s1")
+        wait_for("s2 seen and s1 gone", lambda: names(inf) == {"s2"})
+        assert inf.lists == 1 and inf.watches >= 2  # resumed from the last resourceVersion
+    finally:
+        inf.stop()
+
+
+def test_expired_resource_version_relists(srv: LocalApiServer) -> None:
+    api = KubeApi(srv.api_client())
+    make_slice(api, "s1")
+    seen: list[tuple[str, str]] = []
+    inf = Informer(api, SLICES, resync_s=60)
+    inf.add_handler(lambda event, key, _obj: seen.append((event, key)))
+    inf.start()
+    try:
+        assert inf.wait_synced(10)
+        wait_for("watch open", lambda: srv.open_watches >= 1)
+        # The informer falls behind (its next watch is slow to arrive), then history is compacted:
+        # resuming from its resourceVersion answers 410 Expired.
+        srv.faults.add_latency(1.0, verb="watch", resource="resourceslices")
+        srv.faults.drop_watches()
+        api.request("DELETE", f"{RESOURCE_V1}/resourceslices/s1")
+        make_slice(api, "s3")
+        srv.faults.expire_watches()
+        make_slice(api, "s4")
+        wait_for("relisted view", lambda: names(inf) == {"s3", "s4"})
+        srv.faults.clear()
+        assert inf.lists >= 2
+        assert ("DELETED", "s1") in seen  # the relist reports what disappeared
+    finally:
+        inf.stop()
+
+
+def test_resync_redelivers_cached_objects(srv: LocalApiServer) -> None:
+    api = KubeApi(srv.api_client())
+    make_slice(api, "s1")
+    resyncs = threading.Event()
+    inf = Informer(api, SLICES, resync_s=0.5)
+    inf.add_handler(lambda event, key, _obj: resyncs.set() if event == "RESYNC" and key == "s1" else None)
+    inf.start()
+    try:
+        assert resyncs.wait(10)
+    finally:
+        inf.stop()
+
+
+def test_inventory_follows_slices_and_a_burst_costs_few_builds(srv: LocalApiServer) -> None:
+    api = KubeApi(srv.api_client())
+    install_device_classes(api)
+    cache = ClusterCache(api, resync_s=60, debounce_s=0.2, with_pods=False).start()
+    try:
+        assert cache.wait_synced(10)
+        wait_for("first inventory", lambda: cache.inventory() is not None)
+        builds = cache.builds
+        nodes = [f"node-{i}" for i in range(8)]
+        for node in nodes:  # eight nodes' plugins publish at once
+            for s in node_slices(node, "sim:8xh100"):
+                api.request("POST", f"{RESOURCE_V1}/resourceslices", body=s)
+        wait_for("all devices in the inventory",
+                 lambda: (inv := cache.inventory()) is not None and len(inv.nodes) == 8 and len(inv.devices) == 8 * 17)
+        assert cache.builds - builds < 8, "every slice caused its own rebuild"
+    finally:
+        cache.stop()
+
+
+def test_empty_cluster_still_gets_an_inventory(srv: LocalApiServer) -> None:
+    cache = ClusterCache(KubeApi(srv.api_client()), resync_s=60, with_pods=False).start()
+    try:
+        inv = wait_for("inventory of an empty cluster", cache.inventory)
+        assert inv.devices == {}
+    finally:
+        cache.stop()
+
+
+def test_informer_rides_out_a_failing_api_server(srv: LocalApiServer) -> None:
+    api = KubeApi(srv.api_client())
+    make_slice(api, "s1")
+    srv.faults.fail_next(3, code=503, verb="list", resource="resourceslices")
+    inf = Informer(api, SLICES, resync_s=60).start()
+    try:
+        assert inf.wait_synced(20), "never listed after the server recovered"
+        assert names(inf) == {"s1"}
+    finally:
+        inf.stop()

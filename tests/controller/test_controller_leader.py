@@ -1,0 +1,122 @@
+"""Leader election through a Lease on the local API server: one leader, hand-over on release, take-over
+after a crash, stepping down when the Lease cannot be renewed, and only the leader allocating."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from controller.api_client import COORDINATION_V1, CORE_V1, RESOURCE_V1, KubeApi, namespaced, pod_path
+from controller.daemon import Controller, ControllerConfig
+from testbed import waiting
+from testbed.apiserver import LocalApiServer
+from testbed.controller_harness import install_device_classes, publish_node
+
+TIMINGS = {"lease_duration": 2.0, "renew_deadline": 1.5, "retry_period": 0.2}
+
+
+@pytest.fixture()
+def srv() -> Iterator[LocalApiServer]:
+    with LocalApiServer() as server:
+        yield server
+
+
+wait_for = functools.partial(waiting.wait_for, timeout=15.0)
+
+
+def replica(srv: LocalApiServer, identity: str, **extra: Any) -> Controller:
+    cfg = ControllerConfig(identity=identity, lease_namespace="default", lease_name="gpuready-controller",
+                           **TIMINGS, **extra)  # type: ignore[arg-type]
+    return Controller(cfg, srv.api_client()).start()
+
+
+def holder(srv: LocalApiServer) -> str | None:
+    lease = KubeApi(srv.api_client()).get(namespaced(COORDINATION_V1, "leases", "default", "gpuready-controller"))
+    return None if lease is None else lease["spec"].get("holderIdentity")
+
+
+def only_leader(a: Controller, b: Controller) -> Controller | None:
+    leaders = [c for c in (a, b) if c.is_leader]
+    return leaders[0] if len(leaders) == 1 else None
+
+
+def test_one_leader_and_release_hands_over_at_once(srv: LocalApiServer) -> None:
+    a, b = replica(srv, "a"), replica(srv, "b")
+    try:
+        leader = wait_for("one leader", lambda: only_leader(a, b))
+        standby = b if leader is a else a
+        assert holder(srv) == leader.config.identity
+        assert leader.metrics.registry.get_sample_value("gpuready_controller_is_leader") == 1
+        assert standby.metrics.registry.get_sample_value("gpuready_controller_is_leader") == 0
+        time.sleep(3 * TIMINGS["retry_period"])
+        assert only_leader(a, b) is leader  # renewals keep it; the standby never grabs it
+
+        start = time.monotonic()
+        leader.stop()  # releases the Lease
+        wait_for("standby leads", lambda: standby.is_leader)
+        # Released, not expired: the standby takes over before the lease duration runs out.
+        assert time.monotonic() - start < TIMINGS["lease_duration"]
+        assert holder(srv) == standby.config.identity
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_crashed_leader_is_replaced_after_the_lease_expires(srv: LocalApiServer) -> None:
+    a = replica(srv, "a")
+    wait_for("a leads", lambda: a.is_leader)
+    b = replica(srv, "b")
+    try:
+        time.sleep(0.5)
+        assert not b.is_leader
+        start = time.monotonic()
+        a.stop(release=False)  # a crash: no release
+        wait_for("b leads", lambda: b.is_leader, timeout=20)
+        # Not before the lease runs out (less the two retry periods by which the last renewal may have been seen late).
+        assert time.monotonic() - start >= TIMINGS["lease_duration"] - 2 * TIMINGS["retry_period"]
+        lease = KubeApi(srv.api_client()).get(namespaced(COORDINATION_V1, "leases", "default", "gpuready-controller"))
+        assert lease is not None and lease["spec"]["holderIdentity"] == "b" and lease["spec"]["leaseTransitions"] >= 1
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_leader_steps_down_when_it_cannot_renew(srv: LocalApiServer) -> None:
+    a = replica(srv, "a")
+    try:
+        wait_for("a leads", lambda: a.is_leader)
+        srv.faults.fail_next(1000, code=503, resource="leases")
+        wait_for("a steps down", lambda: not a.is_leader, timeout=TIMINGS["renew_deadline"] + 5)
+        srv.faults.clear()
+        wait_for("a leads again", lambda: a.is_leader)
+    finally:
+        a.stop()
+
+
+def test_only_the_leader_allocates(srv: LocalApiServer) -> None:
+    api = KubeApi(srv.api_client())
+    install_device_classes(api)
+    publish_node(api, "node-c", "sim:h200-141gb")
+    a, b = replica(srv, "a", allocate=True), replica(srv, "b", allocate=True)
+    try:
+        leader = wait_for("one leader", lambda: only_leader(a, b))
+        standby = b if leader is a else a
+        api.request("POST", namespaced(RESOURCE_V1, "resourceclaimtemplates", "default"), body={
+            "metadata": {"name": "whole", "namespace": "default"},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}})
+        api.request("POST", f"{CORE_V1}/namespaces/default/pods", body={
+            "metadata": {"name": "p", "namespace": "default"},
+            "spec": {"containers": [{"name": "c", "image": "x"}],
+                     "resourceClaims": [{"name": "g", "resourceClaimTemplateName": "whole"}]}})
+        wait_for("pod bound", lambda: (p := api.get(pod_path("default", "p"))) and p["spec"].get("nodeName"))
+        time.sleep(0.5)
+        claims = api.request("GET", f"{RESOURCE_V1}/resourceclaims")["items"]
+        assert len(claims) == 1  # one claim: the standby created none
+        assert standby.passes == 0 and leader.passes >= 1
+    finally:
+        a.stop()
+        b.stop()

@@ -1,0 +1,241 @@
+"""The admission webhooks over real HTTPS, against a controller watching the local API server.
+
+Cluster: node-a 4x H200 with dynamic MIG (1g.18gb .. 7g.141gb placements), node-b 8x H100 (static
+MIG on two GPUs: 1g.10gb, 2g.20gb, 3g.40gb), node-c one whole H200.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import shutil
+import tempfile
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from controller.api_client import RESOURCE_V1, KubeApi
+from controller.daemon import Controller, ControllerConfig
+from controller.planning.shaping import ORIGINAL_ANNOTATION
+from controller.webhooks import admission_decisions as admission
+from testbed.apiserver import LocalApiServer
+from testbed.controller_harness import (
+    ReviewClient,
+    admission_review,
+    apply_patch,
+    install_device_classes,
+    publish_node,
+    self_signed_cert,
+)
+
+VRAM = "vram.gpu.nvidia.com"
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[dict[str, Any]]:
+    tmp = tempfile.mkdtemp(prefix="gr-wh-", dir="/tmp")
+    cert, key = self_signed_cert(tmp)
+    with LocalApiServer() as srv:
+        api = KubeApi(srv.api_client())
+        install_device_classes(api)
+        publish_node(api, "node-a", "sim:4xh200", mig_mode="dynamic")
+        publish_node(api, "node-b", "sim:8xh100")
+        publish_node(api, "node-c", "sim:h200-141gb")
+        ctrl = Controller(ControllerConfig(webhook_port=0, webhook_host="127.0.0.1", cert_file=cert, key_file=key,
+                                           leader_elect=False), srv.api_client()).start()
+        assert ctrl.wait_ready(20), ctrl.ready()
+        assert ctrl.webhook is not None
+        client = ReviewClient(ctrl.webhook.url, cert)
+        yield {"api": api, "ctrl": ctrl, "client": client, "cert": cert}
+        client.close()
+        ctrl.stop()
+
+
+def vram_claim(memory: str, name: str = "train", config: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    devices: dict[str, Any] = {"requests": [{"name": "gpu", "exactly": {
+        "deviceClassName": VRAM, "capacity": {"requests": {"memory": memory}}}}]}
+    if config is not None:
+        devices["config"] = config
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "default"}, "spec": {"devices": devices}}
+
+
+def response(world: dict[str, Any], path: str, obj: dict[str, Any], operation: str = "CREATE") -> dict[str, Any]:
+    answer = world["client"].post(path, admission_review(obj, operation))
+    assert answer["kind"] == "AdmissionReview" and answer["apiVersion"] == "admission.k8s.io/v1"
+    result: dict[str, Any] = answer["response"]
+    return result
+
+
+def webhook_count(ctrl: Controller, webhook: str, outcome: str) -> float:
+    value = ctrl.metrics.registry.get_sample_value(
+        "gpuready_controller_webhook_requests_total",
+        {"webhook": webhook, "kind": "ResourceClaim", "outcome": outcome})
+    return value or 0.0
+
+
+def test_15gib_request_becomes_mig_first_best_fit_list_the_api_server_accepts(world: dict[str, Any]) -> None:
+    claim = vram_claim("15Gi")
+    resp = response(world, "/mutate", claim)
+    assert resp["allowed"] is True and resp["patchType"] == "JSONPatch"
+    shaped = apply_patch(claim, resp)
+    request = shaped["spec"]["devices"]["requests"][0]
+    entries = request["firstAvailable"]
+    assert request["name"] == "gpu" and "exactly" not in request
+    assert 1 <= len(entries) <= 8
+    # Best fit first: the 16 GiB H200 MIG slice, not a whole 80 or 141 GB GPU.
+    assert entries[0]["name"] == "mig-1g-18gb"
+    assert '"1g.18gb"' in entries[0]["selectors"][0]["cel"]["expression"]
+    assert all(e["deviceClassName"] == VRAM for e in entries)
+    assert all("mig" in e["name"] for e in entries[:3])
+    original = json.loads(shaped["metadata"]["annotations"][ORIGINAL_ANNOTATION])
+    assert original["gpu"]["exactly"]["capacity"]["requests"]["memory"] == "15Gi"
+    # The API server takes the shaped claim as is (firstAvailable limits, CEL, names).
+    created = world["api"].request("POST", f"{RESOURCE_V1}/namespaces/default/resourceclaims", body=shaped)
+    assert created["spec"]["devices"]["requests"][0]["firstAvailable"] == entries
+
+
+def test_request_no_device_can_hold_is_admitted_with_a_warning_naming_the_largest(world: dict[str, Any]) -> None:
+    before = webhook_count(world["ctrl"], "mutate", "warned")
+    resp = response(world, "/mutate", vram_claim("200Gi", name="huge"))
+    assert resp["allowed"] is True and "patch" not in resp
+    [warning] = resp["warnings"]
+    assert "200 GiB" in warning and "NVIDIA H200" in warning and "140.4 GiB" in warning
+    assert webhook_count(world["ctrl"], "mutate", "warned") == before + 1
+
+
+def test_template_is_shaped_and_its_generated_claims_carry_the_original(world: dict[str, Any]) -> None:
+    template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "t", "namespace": "default"},
+                "spec": {"spec": vram_claim("100Gi")["spec"]}}
+    resp = response(world, "/mutate", template)
+    shaped = apply_patch(template, resp)
+    entries = shaped["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"]
+    # 100 GiB fits only a whole H200 or its 7g MIG slice; the H100s (79.6 GiB) are never listed.
+    assert entries and all("h100" not in e["name"] for e in entries)
+    assert ORIGINAL_ANNOTATION in shaped["spec"]["metadata"]["annotations"]
+    assert ORIGINAL_ANNOTATION in shaped["metadata"]["annotations"]
+
+
+def test_other_classes_and_updates_pass_unchanged(world: dict[str, Any]) -> None:
+    plain = vram_claim("15Gi")
+    plain["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "gpu.nvidia.com"
+    resp = response(world, "/mutate", plain)
+    assert resp["allowed"] is True and "patch" not in resp and "warnings" not in resp
+    resp = response(world, "/mutate", vram_claim("15Gi"), operation="UPDATE")
+    assert resp["allowed"] is True and "patch" not in resp
+
+
+def test_bad_opaque_config_is_refused_naming_the_field(world: dict[str, Any]) -> None:
+    bad = [{"requests": ["gpu"], "opaque": {"driver": "gpu.nvidia.com", "parameters": {
+        "apiVersion": "gpu.nvidia.com/v1alpha1", "kind": "GpuConfig", "sharing": {"strategy": "Bogus"}}}}]
+    resp = response(world, "/validate", vram_claim("15Gi", config=bad))
+    assert resp["allowed"] is False
+    assert resp["status"]["code"] == 422
+    message = resp["status"]["message"]
+    assert "spec.devices.config[0].opaque.parameters.sharing.strategy" in message
+    assert "TimeSlicing, MPS" in message  # and the fix
+    # The same config in a DeviceClass, and in a template, is refused at its own path.
+    cls = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "x"},
+           "spec": {"config": [{"opaque": bad[0]["opaque"]}]}}
+    resp = response(world, "/validate", cls, operation="UPDATE")
+    assert resp["allowed"] is False and "spec.config[0].opaque.parameters.sharing.strategy" in resp["status"]["message"]
+    template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "t", "namespace": "default"}, "spec": {"spec": vram_claim("1Gi", config=bad)["spec"]}}
+    resp = response(world, "/validate", template)
+    assert resp["allowed"] is False and "spec.spec.devices.config[0]" in resp["status"]["message"]
+
+
+def test_good_and_foreign_opaque_configs_are_allowed(world: dict[str, Any]) -> None:
+    config = [
+        {"opaque": {"driver": "gpu.nvidia.com", "parameters": {
+            "apiVersion": "gpu.nvidia.com/v1alpha1", "kind": "GpuConfig",
+            "sharing": {"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 50}}}}},
+        {"opaque": {"driver": "nic.example.com", "parameters": {"anything": "goes"}}},
+    ]
+    assert response(world, "/validate", vram_claim("15Gi", config=config))["allowed"] is True
+
+
+def test_mutation_fails_open_on_an_internal_error(world: dict[str, Any]) -> None:
+    ctrl: Controller = world["ctrl"]
+    assert ctrl.webhook is not None
+    before = webhook_count(ctrl, "mutate", "error")
+    saved = ctrl.webhook.inventory
+
+    def broken() -> Any:
+        raise RuntimeError("inventory exploded")
+    ctrl.webhook.inventory = broken
+    try:
+        resp = response(world, "/mutate", vram_claim("15Gi"))
+    finally:
+        ctrl.webhook.inventory = saved
+    assert resp["allowed"] is True and "patch" not in resp
+    assert "inventory exploded" in resp["warnings"][0] and "admitted unchanged" in resp["warnings"][0]
+    assert webhook_count(ctrl, "mutate", "error") == before + 1
+
+
+def test_validation_fails_closed_on_an_internal_error(world: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_a: Any, **_k: Any) -> Any:
+        raise RuntimeError("validator exploded")
+    monkeypatch.setattr(admission, "parse_config", broken)
+    config = [{"opaque": {"driver": "gpu.nvidia.com", "parameters": {}}}]
+    resp = response(world, "/validate", vram_claim("15Gi", config=config))
+    assert resp["allowed"] is False and resp["status"]["code"] == 500
+    assert "validator exploded" in resp["status"]["message"]
+
+
+def test_not_an_admission_review_gets_400_and_tls_is_required(world: dict[str, Any]) -> None:
+    client: ReviewClient = world["client"]
+    with pytest.raises(RuntimeError, match=r"HTTP 400.*AdmissionReview"):
+        client.post("/mutate", {"kind": "Pod"})
+    url = world["ctrl"].webhook.url.replace("https://", "http://") + "/healthz"
+    with pytest.raises((OSError, http.client.HTTPException)):
+        urllib.request.urlopen(url, timeout=5)  # plain HTTP to a TLS port fails
+
+
+
+def test_rotated_certificate_is_served_without_a_restart(world: dict[str, Any]) -> None:
+    ctrl: Controller = world["ctrl"]
+    webhook = ctrl.webhook
+    assert webhook is not None
+    originals = {}
+    for path in (webhook.cert_file, webhook.key_file):
+        with open(path, "rb") as f:
+            originals[path] = f.read()
+    new_cert, new_key = self_signed_cert(tempfile.mkdtemp(prefix="gr-wh2-", dir="/tmp"))
+    webhook.cert_check_s = 0.0
+    try:
+        # cert-manager rewrites the mounted files in place.
+        shutil.copyfile(new_key, webhook.key_file)
+        shutil.copyfile(new_cert, webhook.cert_file)
+        client = ReviewClient(webhook.url, new_cert)  # trusts only the new certificate
+        answer = client.post("/validate", admission_review(vram_claim("1Gi")))
+        client.close()
+        assert answer["response"]["allowed"] is True
+    finally:
+        for path, data in originals.items():
+            with open(path, "wb") as f:
+                f.write(data)
+        restored = ReviewClient(webhook.url, world["cert"])  # the original is served again
+        restored.post("/validate", admission_review(vram_claim("1Gi")))
+        restored.close()
+        webhook.cert_check_s = 5.0
+
+
+def test_allocation_mode_all_with_memory_is_left_as_written(world: dict[str, Any]) -> None:
+    # "All matching devices with >= 15 GiB" must not become "all devices of one shape" (a best-fit list).
+    alone = vram_claim("15Gi", name="everything")
+    alone["spec"]["devices"]["requests"][0]["exactly"]["allocationMode"] = "All"
+    resp = response(world, "/mutate", alone)
+    assert resp["allowed"] is True and "patch" not in resp
+
+    mixed = vram_claim("15Gi", name="mixed")
+    all_request = {"name": "all", "exactly": {"deviceClassName": VRAM, "allocationMode": "All",
+                                              "capacity": {"requests": {"memory": "15Gi"}}}}
+    mixed["spec"]["devices"]["requests"].append(all_request)
+    shaped = apply_patch(mixed, response(world, "/mutate", mixed))
+    first, second = shaped["spec"]["devices"]["requests"]
+    assert first["firstAvailable"], "the ordinary request next to it is still shaped"
+    assert second == all_request

@@ -1,0 +1,42 @@
+"""The plugin publishes its node's devices, withdraws unhealthy ones at once, and counts what it does."""
+
+from __future__ import annotations
+
+import time
+
+from kubelet_plugin.metrics.plugin_metrics import sample_value
+from testbed.plugin_harness import PluginHarness
+
+NODE = "pub"
+
+
+def _published(h: PluginHarness) -> set[str]:
+    return set(h.published_devices(NODE))
+
+
+def test_slices_follow_health_and_metrics_count_prepares() -> None:
+    with PluginHarness() as h:
+        plugin = h.start_plugin(NODE, "sim:8xh100")
+        assert plugin.publisher.wait_until_synced(20)
+        assert _published(h) == set(plugin.device_index)  # 6 whole GPUs + 11 static MIG devices
+
+        start = time.monotonic()
+        plugin.set_unhealthy({"gpu-3": "XID 79"})
+        assert plugin.publisher.wait_until_synced(20)
+        assert time.monotonic() - start < 5
+        assert _published(h) == set(plugin.device_index) - {"gpu-3"}
+        plugin.set_unhealthy({})
+        assert plugin.publisher.wait_until_synced(20)
+        assert "gpu-3" in _published(h)
+
+        uid = h.create_claim("c1", [("gpu", NODE, "gpu-0")])
+        kubelet = h.kubelet(NODE)
+        assert kubelet.prepare([("default", "c1", uid)])[uid].ok
+        bad = h.create_claim("bad", [("gpu", "elsewhere", "gpu-0")])
+        assert kubelet.prepare([("default", "bad", bad)])[bad].error
+        registry = plugin.metrics.registry
+        labels = {"node": NODE}
+        assert sample_value(registry, "gpuready_prepare_duration_seconds_count", {**labels, "result": "success"}) == 1
+        assert sample_value(registry, "gpuready_prepare_errors_total", {**labels, "reason": "wrong_node"}) == 1
+        assert sample_value(registry, "gpuready_prepared_claims", labels) == 1
+        assert sample_value(registry, "gpuready_checkpoint_writes_total", {**labels, "result": "success"}) >= 2

@@ -1,0 +1,94 @@
+"""A cluster without a DRA feature gate the plugin's options need: the plugin falls back, says so once.
+
+The local API server runs with the gate off and, like kube-apiserver, silently drops that feature's
+fields from written ResourceSlices. In ``--health-mode taint`` without ``DRADeviceTaints`` an
+unhealthy GPU would then look schedulable (its taint gone), so the plugin switches to withdraw.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+
+import pytest
+
+from testbed.plugin_harness import PluginHarness
+
+
+def _wait(what: str, check: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _published(h: PluginHarness, node: str) -> dict[str, list[str]]:
+    """device -> its taint keys, as the node's ResourceSlices publish them."""
+    return {name: [t["key"] for t in d.get("taints") or []] for name, d in h.published_devices(node).items()}
+
+
+def _node_events(h: PluginHarness, node: str, reason: str) -> list[str]:
+    events = json.loads(h.core.list_namespaced_event("default", _preload_content=False).data)["items"]
+    return [e["message"] for e in events if e["reason"] == reason and e["involvedObject"]["name"] == node]
+
+
+def test_taint_mode_without_the_taint_gate_withdraws_unhealthy_gpus_and_says_so_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    node = "no-taints"
+    with PluginHarness(feature_gates={"DRADeviceTaints": False}) as h, \
+            caplog.at_level(logging.INFO, logger="kubelet_plugin"):
+        plugin = h.start_plugin(node, "sim:8xh100", health_mode="taint")
+        assert plugin.health_monitor.wait_validated(60)
+        assert plugin.publisher.wait_until_synced(20)
+        assert "gpu-0" in _published(h, node)
+        plugin.nvml.faults.inject_xid(0, 79)
+        # Without the fallback the server keeps gpu-0 without its taint: it would look schedulable.
+        _wait("gpu-0 withdrawn", lambda: "gpu-0" not in _published(h, node))
+        assert "gpu-1" in _published(h, node)
+        plugin.nvml.faults.inject_xid(1, 79)
+        _wait("gpu-1 withdrawn", lambda: "gpu-1" not in _published(h, node))
+        assert "gpu-2" in _published(h, node)
+
+        # Prepare follows withdraw semantics too: an allocation naming gpu-0 is stale.
+        uid = h.create_claim("stale", [("gpu", node, "gpu-0")])
+        error = h.kubelet(node).prepare([("default", "stale", uid)])[uid].error
+        assert "device gpu-0 is unhealthy" in error
+        assert plugin.publisher.gates_off() == {"DRADeviceTaints"}
+        events = _node_events(h, node, "HealthModeFallback")
+        assert len(events) == 1 and "DRADeviceTaints" in events[0] and "withdraw" in events[0]
+
+    fallbacks = [r for r in caplog.records if r.getMessage() == "taints_unsupported_falling_back_to_withdraw"]
+    assert len(fallbacks) == 1
+    fields = fallbacks[0].kv  # type: ignore[attr-defined]
+    assert fields["node"] == node and "enable the DRADeviceTaints feature gate" in fields["fix"]
+
+
+def test_taint_mode_with_the_gate_on_keeps_tainting() -> None:
+    node = "taints"
+    with PluginHarness() as h:
+        plugin = h.start_plugin(node, "sim:h100-80gb", health_mode="taint")
+        assert plugin.health_monitor.wait_validated(60)
+        plugin.nvml.faults.inject_xid(0, 79)
+        _wait("gpu-0 tainted", lambda: bool(_published(h, node).get("gpu-0")))
+        assert plugin.publisher.gates_off() == frozenset() and plugin.fallback.health_mode == "taint"
+
+
+def test_shared_gpus_without_consumable_capacity_publish_whole_gpus_and_say_so(
+        caplog: pytest.LogCaptureFixture) -> None:
+    node = "no-sharing"
+    with PluginHarness(feature_gates={"DRAConsumableCapacity": False}) as h, \
+            caplog.at_level(logging.INFO, logger="kubelet_plugin"):
+        plugin = h.start_plugin(node, "sim:8xh100", shared_gpus=True)
+        _wait("fallback to whole GPUs", lambda: plugin.fallback.shared_gpus is False)
+        assert plugin.publisher.wait_until_synced(20)
+        writes = plugin.publisher.stats().updates + plugin.publisher.stats().creates
+        plugin.publisher.resync()
+        time.sleep(0.5)
+        assert plugin.publisher.wait_until_synced(20)
+        # What it publishes now is what the server keeps: no rewrite on a resync.
+        assert plugin.publisher.stats().updates + plugin.publisher.stats().creates == writes
+        assert len(_node_events(h, node, "SharedGpusFallback")) == 1
+    events = [r for r in caplog.records if r.getMessage() == "shared_gpus_unsupported_publishing_whole_gpus"]
+    assert len(events) == 1

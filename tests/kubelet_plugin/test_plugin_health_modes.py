@@ -1,0 +1,69 @@
+"""Prepare of an unhealthy device: refused in withdraw mode, prepared with a warning in taint mode.
+
+In taint mode an unhealthy device stays published with a NoSchedule taint, and the scheduler gives it
+only to claims that tolerate the taint; an allocation naming it is that decision, so the plugin
+prepares it (and says so in its log). In withdraw mode the device left the slice: an allocation that
+still names it is stale, and the claim fails with the device and the health reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+
+from testbed.plugin_harness import PluginHarness
+
+
+def _wait_unhealthy(plugin: object, device: str) -> str:
+    deadline = time.monotonic() + 30
+    while True:
+        reason = plugin.health_monitor.snapshot().unhealthy().get(device)  # type: ignore[attr-defined]
+        if reason:
+            return str(reason)
+        assert time.monotonic() < deadline, f"{device} never became unhealthy"
+        time.sleep(0.05)
+
+
+def _published(h: PluginHarness, node: str) -> dict[str, list[str]]:
+    """device -> its taint keys, as the node's ResourceSlices publish them."""
+    return {name: [t["key"] for t in d.get("taints") or []] for name, d in h.published_devices(node).items()}
+
+
+def test_taint_mode_prepares_a_tainted_device_the_scheduler_allocated_and_warns(
+        caplog: pytest.LogCaptureFixture) -> None:
+    node = "taint"
+    with PluginHarness() as h:
+        plugin = h.start_plugin(node, "sim:h100-80gb", health_mode="taint")
+        assert plugin.health_monitor.wait_validated(60)
+        plugin.nvml.faults.inject_xid(0, 79)
+        reason = _wait_unhealthy(plugin, "gpu-0")
+        assert plugin.publisher.wait_until_synced(20)
+        taints = _published(h, node)["gpu-0"]  # still published, tainted
+        assert taints, "taint mode must keep publishing gpu-0 with a taint"
+        uid = h.create_claim("tolerant", [("gpu", node, "gpu-0")])
+        with caplog.at_level(logging.WARNING, logger="kubelet_plugin.prepare.preparer"):
+            result = h.kubelet(node).prepare([("default", "tolerant", uid)])[uid]
+        assert result.ok, result.error
+        warnings = [r for r in caplog.records if r.msg == "claim_prepared_on_tainted_device"]
+        assert len(warnings) == 1
+        fields = warnings[0].kv  # type: ignore[attr-defined]
+        assert fields["device"] == "gpu-0" and fields["claim_uid"] == uid and fields["reason"] == reason
+        assert h.kubelet(node).unprepare([("default", "tolerant", uid)]) == {uid: ""}
+
+
+def test_withdraw_mode_refuses_a_withdrawn_device_naming_it_and_why() -> None:
+    node = "withdraw"
+    with PluginHarness() as h:
+        plugin = h.start_plugin(node, "sim:h100-80gb", health_mode="withdraw")
+        assert plugin.health_monitor.wait_validated(60)
+        plugin.nvml.faults.inject_xid(0, 79)
+        reason = _wait_unhealthy(plugin, "gpu-0")
+        assert plugin.publisher.wait_until_synced(20)
+        assert "gpu-0" not in _published(h, node)
+        uid = h.create_claim("stale", [("gpu", node, "gpu-0")])
+        error = h.kubelet(node).prepare([("default", "stale", uid)])[uid].error
+        assert "ResourceClaim default/stale" in error and "device gpu-0 is unhealthy" in error
+        assert reason in error and "79" in error
+        assert plugin.checkpoint.get(uid) is None and h.cdi_files(node) == []
