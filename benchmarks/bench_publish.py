@@ -10,7 +10,7 @@ the real ``kubernetes`` client. The node is 8 x H200 in dynamic-MIG mode (MIG on
   the new generation in every slice (5 updates);
 - start to first complete pool: a new ``SlicePublisher`` (Node lookup, list, 5 creates) from
   ``start()`` until synced: what a plugin restart on a fresh node costs. Peers take about 1.1 s
-  (reference/peers.md).
+  (NVIDIA's DRA driver).
 - the publisher's own share: the same publish and republish passes against an in-memory stand-in
   for the server that only encodes and decodes the JSON, so the figure is gpuready's cost (build,
   serialise, compare, parse answers) without the API server's. The rest of the figures above is

@@ -11,7 +11,7 @@ Also reported: the monitor's own hot path (event -> ``on_change``), the part thi
 independently of the API server.
 
 Peers: NVIDIA's device plugin and DRA driver wait in 5 s event loops and never restore a device
-(reference/gpu-health.md sections 1-2).
+(NVIDIA's k8s-device-plugin and DRA driver).
 """
 
 from __future__ import annotations

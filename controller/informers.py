@@ -62,7 +62,7 @@ TEMPLATES = Kind("resourceclaimtemplates", f"{RESOURCE_V1}/resourceclaimtemplate
 NODES = Kind("nodes", f"{CORE_V1}/nodes")
 PODS = Kind("pods", f"{CORE_V1}/pods")
 LEASES = Kind("leases", f"{COORDINATION_V1}/leases")
-# DeviceTaintRule moved versions as it matured (reference dra-api.md section 2.1): v1 in 1.37, v1beta2
+# DeviceTaintRule moved versions as it matured (the versions of resource.k8s.io each Kubernetes release serves): v1 in 1.37, v1beta2
 # in 1.36 (off by default), v1alpha3 in 1.33-1.35. The newest one the cluster serves is watched.
 TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
 

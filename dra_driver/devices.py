@@ -4,7 +4,7 @@ Everything gpuready publishes, prepares and monitors starts from these records. 
 :mod:`kubelet_plugin.nvml` (from real or simulated NVML) and consumed as plain data by the pure logic
 (slice building, planning, CDI edits). No I/O here.
 
-Naming (DESIGN.md section 3): a whole GPU is ``gpu-<minor>`` (the minor number survives another GPU
+Naming (docs/architecture.md): a whole GPU is ``gpu-<minor>`` (the minor number survives another GPU
 dropping off the bus; the NVML index does not); a MIG device or placement is
 ``gpu-<minor>-mig-<profile>-<giProfileId>-<placementStart>`` with the profile made DNS-label safe.
 """

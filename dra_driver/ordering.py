@@ -46,9 +46,11 @@ def published_fit_key(memory: int | Fraction, attributes: Mapping[str, Any], cap
     """:func:`best_fit_key` from a published device's attributes and capacity (short names).
 
     Gives the key the plugin sorted the device by, so reading a slice back ranks devices as the
-    plugin listed them. A device of another driver (no ``type`` and engine counts) ranks by memory
-    and name.
+    plugin listed them. A device that is not gpuready's (no ``type`` attribute) ranks by memory
+    alone: the caller breaks its ties by the scheduler's walk, as the scheduler does.
     """
+    if attributes.get("type") not in ("gpu", "mig"):
+        return (Fraction(memory), 0, 0, 0, 0, 0, "")
     return best_fit_key(
         memory,
         whole_gpu=attributes.get("type") != "mig",

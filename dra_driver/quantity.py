@@ -53,17 +53,24 @@ def parse_quantity(value: str | int | float | Fraction) -> Fraction:
     return _parse_text(str(value))
 
 
+def quantity_parts(text: str) -> tuple[str, str]:
+    """``"1.5Gi"`` -> ``("1.5", "Gi")``: the number and the suffix as written (``""``, ``"Ki"``, ``"m"``,
+    ``"e3"``). The suffix decides how the API server prints the value back (BinarySI, DecimalSI or
+    DecimalExponent). Raises :class:`QuantityError` for text that is not a quantity."""
+    match = _QUANTITY.match(text)
+    if not match:
+        raise QuantityError(
+            f"{text!r} is not a Kubernetes quantity (expected e.g. '40Gi', '80G', '1500m' or '1e9')"
+        )
+    return match.group("num"), match.group("suffix") or ""
+
+
 @lru_cache(maxsize=8192)
 def _parse_text(value: str) -> Fraction:
     # Cached: a cluster repeats the same few quantities ("1", "7", one memory size per GPU model)
     # hundreds of thousands of times, and Fractions are immutable, so one object can be shared.
-    match = _QUANTITY.match(value)
-    if not match:
-        raise QuantityError(
-            f"{value!r} is not a Kubernetes quantity (expected e.g. '40Gi', '80G', '1500m' or '1e9')"
-        )
-    number = Fraction(match.group("num"))
-    suffix = match.group("suffix") or ""
+    num, suffix = quantity_parts(value)
+    number = Fraction(num)
     if suffix in _BINARY:
         return number * _BINARY[suffix]
     if suffix in _DECIMAL:

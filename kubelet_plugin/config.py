@@ -26,7 +26,7 @@ class PluginConfig:
     cdi_root: str = DEFAULT_CDI_ROOT
     driver_root: str = "/"  # where this process finds the NVIDIA driver files (a mount of the host's)
     host_driver_root: str = ""  # the same directory as the host sees it (CDI host paths); default driver_root
-    nvml: str = "real"  # "real" or "sim:<profile>"
+    nvml: str = "real"  # "real" or "<backend>:<argument>" (kubelet_plugin/nvml/backends.py)
     mig_mode: str = "static"  # "static" | "dynamic"
     shared_gpus: bool | frozenset[str] = False
     health_mode: str = "withdraw"  # "withdraw" | "taint" | "off" (publish everything, no monitor)
@@ -67,8 +67,9 @@ class PluginConfig:
             raise ValueError(f"--mig-mode {self.mig_mode!r}: use static or dynamic")
         if self.health_mode not in ("withdraw", "taint", "off"):
             raise ValueError(f"--health-mode {self.health_mode!r}: use withdraw, taint or off")
-        if not (self.nvml == "real" or self.nvml.startswith("sim:")):
-            raise ValueError(f"--nvml {self.nvml!r}: use real or sim:<profile> (for example sim:4xh200)")
+        if not (self.nvml == "real" or self.nvml.partition(":")[2]):
+            raise ValueError(f"--nvml {self.nvml!r}: use real, or <backend>:<argument> such as sim:4xh200 "
+                             "(the testbed's simulated NVML)")
         if self.recovery_passes < 1:
             raise ValueError(f"HEALTH_RECOVERY_PASSES={self.recovery_passes}: must be at least 1")
         if self.probe_timeout <= 0 or self.hold_down < 0 or self.revalidate_interval < 0:

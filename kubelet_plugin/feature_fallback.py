@@ -1,7 +1,7 @@
 """What to publish when the cluster turns out not to support a configured feature.
 
 An API server with a DRA feature gate off silently drops that feature's fields from the
-ResourceSlices the plugin writes (reference dra-api.md, feature gates). The publisher notices (it
+ResourceSlices the plugin writes (the DRA feature gates of kube-apiserver). The publisher notices (it
 compares what it sent with what was stored) and reports the gates; :class:`PublishFallback` then
 decides what the plugin publishes instead, once per gate:
 

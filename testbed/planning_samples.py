@@ -4,7 +4,7 @@ Builders of raw Kubernetes JSON (ResourceSlices, claims, classes), so a test or 
 against a cluster without running one.
 
 They write exactly what the API server would return (camelCase dicts), in gpuready's vocabulary
-(DESIGN.md section 3): whole GPUs ``gpu-<minor>`` and MIG devices
+(docs/architecture.md): whole GPUs ``gpu-<minor>`` and MIG devices
 ``gpu-<minor>-mig-<profile>-<giProfileId>-<start>`` with ``memory`` capacity in bytes.
 """
 

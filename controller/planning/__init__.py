@@ -27,8 +27,8 @@ and thread-safe.
 
 from controller.planning.cel import CelCompileError, CompiledSelector, SelectorResult, compile_selector
 from controller.planning.cluster_inventory import Inventory, Skipped, build_inventory
+from controller.planning.device_view import DeviceView
 from controller.planning.explain import Explanation, explain, unhealthy_from_node_conditions
-from controller.planning.model import DeviceView
 from controller.planning.planner import PlanResult, plan
 from controller.planning.reserve import ReserveResult, allocate_and_reserve
 from controller.planning.shaping import (

@@ -8,7 +8,7 @@ from fractions import Fraction
 from typing import Any
 
 from controller.planning.cluster_inventory import Inventory
-from controller.planning.model import DeviceView
+from controller.planning.device_view import DeviceView
 from controller.planning.parse import claim_ref
 from controller.planning.requests import Alternative, Request
 from dra_driver.quantity import format_quantity

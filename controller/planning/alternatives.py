@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from controller.planning.cel import CelCompileError, CompiledSelector, SelectorResult, compile_selector
 from controller.planning.cluster_inventory import Inventory, Shape
-from controller.planning.model import DeviceView, Taint, fit_key
+from controller.planning.device_view import DeviceView, Taint, fit_key
 from controller.planning.requests import Alternative, capacity_demand, untolerated
 
 

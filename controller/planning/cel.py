@@ -1,13 +1,13 @@
 """The Kubernetes DRA CEL environment on cel-python: compile selectors once, evaluate them cheaply.
 
-What a selector sees is what the kube-scheduler gives it (dra-api.md section 8): ``device.driver``,
+What a selector sees is what the kube-scheduler gives it (the kube-scheduler's DRA CEL environment): ``device.driver``,
 ``device.attributes[domain].name`` (unknown domain -> empty map, unknown name -> runtime error),
 ``device.capacity[domain].name`` as quantities, ``device.allowMultipleAllocations``, the Kubernetes
 ``quantity``/``semver`` libraries, extended strings, ``cel.bind`` and the standard macros.
 
 A runtime error is not "no match": the kube-scheduler aborts allocation of the whole claim
-(dra-api.md section 8). :meth:`CompiledSelector.evaluate` keeps the message; the planner turns it
-into a claim failure (:mod:`.parity`) and ``explain`` shows it per device.
+(the kube-scheduler's DRA CEL environment). :meth:`CompiledSelector.evaluate` keeps the message; the planner turns it
+into a claim failure (:mod:`.scheduler_parity`) and ``explain`` shows it per device.
 
 Speed: a parsed expression is cached by its text, and every compiled selector caches its results
 keyed by exactly the values it reads (found statically from the syntax tree). Two GPUs that differ
@@ -27,7 +27,7 @@ from celpy import celtypes
 from celpy.evaluation import CELEvalError, Evaluator, base_functions
 
 from controller.planning.cel_types import FUNCTIONS, CelQuantity
-from controller.planning.model import DeviceView
+from controller.planning.device_view import DeviceView
 
 MAX_EXPRESSION_LENGTH = 10 * 1024  # CELSelectorExpressionMaxLength
 _DEVICE_FIELDS = {"driver", "attributes", "capacity", "allowMultipleAllocations"}

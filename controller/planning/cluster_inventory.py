@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, cast
 
-from controller.planning.model import Amount, DeviceKey, DeviceView
+from controller.planning.device_view import Amount, DeviceKey, DeviceView
 from controller.planning.parse import SpecError, claim_ref, parse_counter_sets, parse_device, quantity_field
 from controller.planning.taint_rules import with_rule_taints
 

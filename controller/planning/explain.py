@@ -19,7 +19,7 @@ from typing import Any
 from controller.planning.alternatives import shape_safe
 from controller.planning.cel import CelCompileError, compile_selector
 from controller.planning.cluster_inventory import Inventory
-from controller.planning.model import DeviceView
+from controller.planning.device_view import DeviceView
 from controller.planning.parse import SpecError, claim_ref
 from controller.planning.planner import PlanResult, Policy, plan
 from controller.planning.requests import Alternative, Constraint, capacity_demand, parse_requests, untolerated

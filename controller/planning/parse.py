@@ -11,7 +11,7 @@ from fractions import Fraction
 from typing import Any
 
 from controller.planning.cel_types import CelSemver
-from controller.planning.model import Amount, AttrValue, CounterDemand, DeviceView, RequestPolicy, Taint
+from controller.planning.device_view import Amount, AttrValue, CounterDemand, DeviceView, RequestPolicy, Taint
 from dra_driver.quantity import QuantityError, parse_quantity
 
 

@@ -2,7 +2,7 @@
 
 Per alternative (an ``exactly`` request or a ``firstAvailable`` entry) the planner first finds the
 device *shapes* that pass the class and request selectors, tolerations and capacity requests (one
-CEL evaluation per shape, see :mod:`.inventory`). From the free devices of those shapes it computes
+CEL evaluation per shape, see :mod:`.cluster_inventory`). From the free devices of those shapes it computes
 for every node a lower bound on the score it could reach, then solves node by node in bound order
 (backtracking over devices, counters, shared capacity and constraints) and stops as soon as no
 remaining node can beat the best solution. All devices of a claim come from one node.
@@ -25,7 +25,7 @@ from typing import Any, Literal
 from controller.planning.allocation_writer import Chosen, write_allocation
 from controller.planning.alternatives import AltPlan, first_verdict, prepare_alternative
 from controller.planning.cluster_inventory import CounterSetKey, Inventory
-from controller.planning.model import Amount, DeviceKey, DeviceView, fit_key
+from controller.planning.device_view import Amount, DeviceKey, DeviceView, fit_key
 from controller.planning.parse import SpecError, claim_ref
 from controller.planning.requests import (
     Alternative,

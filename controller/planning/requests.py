@@ -2,7 +2,7 @@
 
 ``exactly`` becomes one alternative, ``firstAvailable`` one alternative per subrequest in the
 user's order. Taint toleration and consumable-capacity rounding follow the Kubernetes allocator
-(dra-api.md sections 3.4 and 5).
+(DeviceCapacity.requestPolicy and DeviceRequest of resource.k8s.io/v1).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from controller.planning.model import DeviceView, RequestPolicy, Taint
+from controller.planning.device_view import DeviceView, RequestPolicy, Taint
 from controller.planning.parse import SpecError, qualify, quantity_field
 
 BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")

@@ -1,7 +1,7 @@
 """Rules of the kube-scheduler's structured allocator that make a claim fail outright.
 
 Kept apart from the search in :mod:`.planner`: a CEL runtime error on a device the scheduler
-considers aborts allocation of the whole claim (dra-api.md section 8), a claim may get at most
+considers aborts allocation of the whole claim (the kube-scheduler's DRA CEL environment), a claim may get at most
 ``ALLOCATION_RESULTS_MAX`` devices (``AllocationResultsMaxSize``), and constraint values compare by
 type and value (a bool ``true`` is not the int ``1``; list attributes match by intersection).
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 from controller.planning.alternatives import AltPlan, first_verdict
 from controller.planning.cluster_inventory import Inventory
-from controller.planning.model import DeviceView
+from controller.planning.device_view import DeviceView
 from controller.planning.requests import Alternative
 
 ALLOCATION_RESULTS_MAX = 32  # resourceapi.AllocationResultsMaxSize: results[] of one claim

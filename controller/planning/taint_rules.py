@@ -1,10 +1,10 @@
-"""DeviceTaintRules applied to devices as if their slice carried the taint (dra-api.md section 7)."""
+"""DeviceTaintRules applied to devices as if their slice carried the taint (DeviceTaintRule, resource.k8s.io)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from controller.planning.model import DeviceView, Taint
+from controller.planning.device_view import DeviceView, Taint
 
 
 def with_rule_taints(dev: DeviceView, rules: list[dict[str, Any]]) -> DeviceView:

@@ -1,4 +1,4 @@
-"""Attributes and capacities of one published device (DESIGN.md section 3's vocabulary).
+"""Attributes and capacities of one published device (the published vocabulary in docs/architecture.md).
 
 Driver-domain attribute names carry no prefix (the API puts them under the driver's name); the
 standard ones carry ``resource.kubernetes.io/``. Values respect the API's limits: strings and

@@ -1,6 +1,6 @@
 """Build a node's ResourceSlice pool from its devices: pure, no I/O.
 
-What comes out (DESIGN.md section 3, reference/dra-api.md sections 3 and 10):
+What comes out (docs/architecture.md; the ResourceSlice type and validation limits of resource.k8s.io/v1):
 
 - one pool named after the node; the slices are named ``<node>-<driver with dots as dashes>-NNN``
   so that name order (the order the scheduler walks since 1.36) is the intended order;

@@ -1,7 +1,7 @@
 """Shared GPUs (consumable ``memory``, Kubernetes 1.36+): the request policy and the name check. Pure.
 
 Request policy. A request that does not name a consumable capacity consumes the policy's
-``default`` (reference dra-api.md section 3.4; the kube-scheduler and the planner both do this). The
+``default`` (the DeviceCapacity requestPolicy of resource.k8s.io/v1, consumable capacity; the kube-scheduler and the planner both do this). The
 ``gpu.nvidia.com`` DeviceClass matches shared GPUs too, so a plain "one GPU" claim must take the
 whole GPU there, not a sliver: the default is the GPU's full memory, rounded down to the step so
 the API server accepts it (upstream validation: ``min <= default``, ``default - min`` a multiple

@@ -1,6 +1,6 @@
 """CDI (Container Device Interface) specs for prepared claims: pure computation and validation.
 
-One spec per claim (reference/dra-api.md section 13): kind ``k8s.<driver>/claim`` (vendor
+One spec per claim (the CDI specification and the kubelet's CDI device IDs): kind ``k8s.<driver>/claim`` (vendor
 ``k8s.<driver name>``, class ``claim``), one CDI device per allocated device named
 ``<claim UID>-<device name>`` (unique per claim, because runtimes cache specs and only reload on a
 cache miss), file name ``k8s.<driver>-claim_<claim UID>.json`` (the CDI library's transient-spec
@@ -18,7 +18,7 @@ edits (applied whenever any device of the claim is injected): the control device
 (``/dev/nvidiactl``, ``/dev/nvidia-uvm``...) and read-only bind mounts of the NVIDIA driver files
 found under the configured driver root.
 
-No I/O here; writing files is :mod:`kubelet_plugin.cdi_files`.
+No I/O here; prepare writes the file (:meth:`kubelet_plugin.prepare.preparer.Preparer.write_spec`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What a claim UID may look like when it names files, locks and checkpoint records.
 
-The reference (``reference/dra-protos.md``: ``string uid = 2; // ResourceClaim metadata.uid``) gives
+The kubelet's DRA proto (``string uid = 2; // ResourceClaim metadata.uid``) gives
 no length or alphabet. Kubernetes generates RFC 4122 UUIDs (36 characters); we accept any string
 of ASCII letters, digits and ``-`` up to :data:`UID_MAX` characters, which covers every UID the API
 server mints and keeps a UID safe as a path component (no ``/``, ``..`` or NUL) and bounded in size.

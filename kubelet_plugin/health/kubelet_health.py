@@ -1,6 +1,6 @@
 """A health snapshot as the kubelet's DRA health stream wants it (NodeWatchResources). Pure.
 
-The plugin's DRAResourceHealth servicer (v1alpha1 and v1, reference/dra-protos.md section 4) turns
+The plugin's DRAResourceHealth servicer (v1alpha1 and v1, KEP-4680's DRAResourceHealth service) turns
 these entries into ``DeviceHealth`` messages and sends the full list on every change *and* at least
 once per ``health_check_timeout_seconds`` (the kubelet marks silent devices Unknown).
 """

@@ -1,7 +1,6 @@
 """XID policy: which NVIDIA XID errors withdraw a GPU, and the words a person reads about each.
 
-Classification follows the immediate action in NVIDIA's XID catalogue (reference/gpu-health.md section
-4) instead of the fixed six-item skip list NVIDIA's own components use (k8s-device-plugin #1974):
+Classification follows the immediate action in NVIDIA's XID catalogue (NVIDIA's XID catalogue) instead of the fixed six-item skip list NVIDIA's own components use (k8s-device-plugin #1974):
 
 * faults an *application* caused (a bad kernel, an illegal address, a channel reset after it) leave the
   GPU fit for new work: the catalogue says RESTART_APP or IGNORE, so the device stays published;
@@ -44,7 +43,7 @@ def _row(xid: int, mnemonic: str, meaning: str, action: str, application: bool =
     return XidInfo(xid, mnemonic, meaning, action, application)
 
 
-# Transcribed from reference/gpu-health.md section 4 (NVIDIA XID catalogue via NVSentinel, meanings
+# Transcribed from NVIDIA's XID catalogue (NVIDIA XID catalogue via NVSentinel, meanings
 # from dcgm-exporter). Only the application column is our decision; see the module docstring.
 XID_CATALOGUE: dict[int, XidInfo] = {
     r.xid: r

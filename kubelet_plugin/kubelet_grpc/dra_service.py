@@ -24,7 +24,7 @@ from kubelet_plugin.prepare.preparer import ClaimOutcome, Preparer
 log = get_logger(__name__)
 
 
-# What the kubelet sends in each field (NodePrepareResourcesRequest.claims[i], reference dra-protos.md).
+# What the kubelet sends in each field (NodePrepareResourcesRequest.claims[i], the kubelet's DRA v1 proto).
 _FIELD_MEANING = {
     "uid": "the ResourceClaim's metadata.uid",
     "namespace": "the ResourceClaim's namespace (the pod's namespace)",

@@ -1,4 +1,4 @@
-"""Socket paths of one plugin instance (reference/dra-api.md 11.1 and 11.2).
+"""Socket paths of one plugin instance (the kubelet's plugin registry and plugin directories, and its rolling-update socket names).
 
 Without a pod UID: ``<registry dir>/<driver>-reg.sock`` and ``<plugin dir>/dra.sock``. With a pod UID
 (rolling updates: the old and the new pod run side by side, each with its own sockets), the

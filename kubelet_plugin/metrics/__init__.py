@@ -1,4 +1,4 @@
-"""Prometheus metrics for gpuready: the plugin's and controller's own families, per-GPU readings under
+"""The node daemon's Prometheus metrics: the plugin's own families, per-GPU readings under
 dcgm-exporter's names, and VRAM accounting per claim (docs/metrics.md lists every family).
 
 Nothing here uses prometheus_client's global default registry: the demo runs several plugins in one

@@ -2,7 +2,7 @@
 
 A :class:`GpuCollector` is registered in a plugin's registry. On each scrape it asks the device
 provider for the node's GPUs, reads NVML (real ``pynvml`` or the simulated NVML: the same function
-surface) and exports the readings under the names dcgm-exporter uses (reference/gpu-health.md
+surface) and exports the readings under the names dcgm-exporter uses (dcgm-exporter's default counters
 section 6), with its label set (``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``,
 ``Hostname``, ``DCGM_FI_DRIVER_VERSION``, ``GPU_I_PROFILE``/``GPU_I_ID`` for MIG) plus the pod
 attribution labels dcgm-exporter adds in DRA mode (``namespace``, ``pod``, ``container``,

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from dra_driver import __version__
 
 HEALTH_STATES: tuple[str, ...] = ("Healthy", "Unhealthy", "Recovering", "Validating")
-"""The device health states exported (DESIGN.md section 4; ``Validating`` before the first pass)."""
+"""The device health states exported (the health state machine, docs/architecture.md; ``Validating`` before the first pass)."""
 
 # Prepare/unprepare of a whole GPU is a CDI file write plus a checkpoint fsync: 1-100 ms normally,
 # with a tail into seconds when the API server is slow (claim fetch). Buckets resolve both.

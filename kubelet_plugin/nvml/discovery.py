@@ -10,7 +10,7 @@ Discovery only reads; it never changes a GPU's settings. Every NVML error is han
 
 A GPU NVML no longer lists (fallen off the bus and gone from the PCI bus) is simply absent, and the
 NVML indices of the GPUs after it are one lower: ``Gpu.index`` is the index at this reading, while
-the device names come from the minor number, which does not shift (tests/test_gpu_off_bus.py).
+the device names come from the minor number, which does not shift (tests/kubelet_plugin/health/test_gpu_off_bus.py).
 """
 
 from __future__ import annotations

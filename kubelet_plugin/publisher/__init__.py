@@ -28,7 +28,7 @@ Threading model (the plugin daemon is thread-based, see the daemon's main module
   list is taken otherwise, after any error, and at every resync period (the safety net).
 
 Requests go through the ``kubernetes`` client's ``ApiClient`` (configuration, auth, connection
-pool) as raw JSON; see :mod:`.http`.
+pool) as raw JSON; see :mod:`.slice_requests`.
 """
 
 from __future__ import annotations

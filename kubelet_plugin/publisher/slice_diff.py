@@ -43,7 +43,7 @@ def pool_name_of(obj: dict[str, Any]) -> str:
     return str(((obj.get("spec") or {}).get("pool") or {}).get("name", ""))
 
 
-# Which feature gate a field that the server did not keep belongs to (reference/dra-api.md section 2).
+# Which feature gate a field that the server did not keep belongs to (the DRA feature gates of kube-apiserver).
 _FIELD_GATES: tuple[tuple[str, str], ...] = (
     ("taints", "DRADeviceTaints"),
     ("consumesCounters", "DRAPartitionableDevices"),

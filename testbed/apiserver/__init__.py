@@ -12,7 +12,7 @@ Served: resource.k8s.io/v1 ResourceSlice, DeviceClass, ResourceClaim (+status), 
 core/v1 Node (+status), Pod (+status, +eviction), Event, Namespace (+status); coordination.k8s.io/v1 Lease;
 events.k8s.io/v1 Event; admissionregistration.k8s.io/v1 Mutating/ValidatingWebhookConfiguration, whose
 webhooks it calls over HTTPS on matching writes like kube-apiserver (admission.py; register gpuready's
-with ``webhook_configs.gpuready_webhook_configurations``); discovery and /version. See DESIGN.md section 7.
+with ``webhook_configs.gpuready_webhook_configurations``); discovery and /version. See docs/architecture.md (the testbed).
 """
 
 from testbed.apiserver.errors import ApiError

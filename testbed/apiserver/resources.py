@@ -73,7 +73,7 @@ RESOURCES: tuple[ResourceType, ...] = (
                  "resourceclaimtemplate", storage_hash="TuzjC49aUfM="),
     ResourceType(RESOURCE_GROUP, "v1", "resourceslices", "ResourceSlice", False, "resourceslice",
                  field_labels=("spec.nodeName", "spec.driver", "spec.pool.name"), storage_hash="KsC072WgaEY="),
-    # Kubernetes 1.36 serves DeviceTaintRule at v1beta2 (reference dra-api.md section 2.1; v1 in 1.37).
+    # Kubernetes 1.36 serves DeviceTaintRule at v1beta2 (v1 in 1.37).
     ResourceType(RESOURCE_GROUP, "v1beta2", "devicetaintrules", "DeviceTaintRule", False, "devicetaintrule",
                  has_status=True),
     ResourceType("", "v1", "events", "Event", True, "event", short_names=("ev",),

@@ -1,7 +1,7 @@
 """How the kubelet validates a DRA plugin's GetInfo answer and picks the services it will call.
 
 Pure functions, no I/O, following the kubelet 1.34+ DRA plugin manager as described in
-reference/dra-protos.md section 1.2 and 4.3: the plugin's ``supported_versions`` are gRPC service
+the kubelet's plugin watcher and health stream: the plugin's ``supported_versions`` are gRPC service
 ids (``"<package short name>.<service>"``), walked **in the plugin's order**; the first DRA node
 service the kubelet also speaks wins. The health service is chosen separately, v1 before v1alpha1.
 """

@@ -1,6 +1,6 @@
 """Wire compatibility of the kubelet gRPC APIs with upstream Kubernetes.
 
-Every expectation here is written from reference/dra-protos.md (field numbers, types, packages,
+Every expectation here is written from the kubelet's proto files (proto/*.proto) (field numbers, types, packages,
 services), never from the generated code: the expected bytes are built by a tiny independent
 encoder below (tag = field_number << 3 | wire_type) or written out literally, so a wrong field
 number, type, package or service name in a .proto file fails a test. A kubelet that sent these

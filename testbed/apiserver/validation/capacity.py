@@ -1,4 +1,4 @@
-"""A device capacity and its ``requestPolicy`` (consumable capacity, reference dra-api.md section 3.4),
+"""A device capacity and its ``requestPolicy`` (consumable capacity, resource.k8s.io/v1 DeviceCapacity.requestPolicy),
 checked like the real server's validateRequestPolicy: ``validValues`` ascending, unique, at most 10, none
 above the capacity and containing ``default``; ``validRange`` with ``min`` ≤ ``default`` ≤ ``max`` ≤
 capacity, ``step`` > 0 and ``default``/``max`` whole steps above ``min``. Values in messages are printed

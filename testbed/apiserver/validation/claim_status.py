@@ -1,5 +1,5 @@
 """What a real kube-apiserver checks when a ResourceClaim's status changes (the ``/status`` subresource):
-upstream ``ValidateResourceClaimStatusUpdate`` in pkg/apis/resource/validation, reference dra-api.md
+upstream ``ValidateResourceClaimStatusUpdate`` in pkg/apis/resource/validation, upstream's
 sections 6 and 10.
 
 - ``reservedFor``: at most 256 entries, each with ``resource``, ``name`` and ``uid``, UIDs unique; only

@@ -1,4 +1,4 @@
-"""DeviceClass, ResourceClaim and ResourceClaimTemplate validation (reference/dra-api.md sections 4-6, 10)."""
+"""DeviceClass, ResourceClaim and ResourceClaimTemplate validation (upstream pkg/apis/resource/validation)."""
 
 from __future__ import annotations
 

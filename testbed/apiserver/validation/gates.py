@@ -1,5 +1,5 @@
 """Feature gates: a cluster with a DRA gate off silently drops that feature's fields on write (reference
-dra-api.md section 16.9), which a driver detects by comparing what was stored with what it sent."""
+upstream's dropDisabledFields in pkg/registry/resource), which a driver detects by comparing what was stored with what it sent."""
 
 from __future__ import annotations
 

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Any
 
+from dra_driver.quantity import QuantityError, quantity_parts
 from testbed.apiserver.errors import Cause
 from testbed.apiserver.validation.common import invalid, required
-
-_QUANTITY = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?\d+)?")
 
 
 def is_quantity(value: Any) -> bool:
@@ -21,13 +19,20 @@ def is_quantity(value: Any) -> bool:
         return False
     if isinstance(value, int | float):
         return True
-    return isinstance(value, str) and bool(_QUANTITY.fullmatch(value))
+    return isinstance(value, str) and quantity_string_ok(value)
 
 
 @functools.lru_cache(maxsize=4096)
 def quantity_string_ok(value: str) -> bool:
-    """``is_quantity`` for a string, remembered: a node sends the same few quantities on every device."""
-    return bool(_QUANTITY.fullmatch(value))
+    """``is_quantity`` for a string, remembered: a node sends the same few quantities on every device.
+
+    The grammar is gpuready's one quantity parser (:mod:`dra_driver.quantity`), the same rules the
+    real API server applies."""
+    try:
+        quantity_parts(value)
+    except QuantityError:
+        return False
+    return True
 
 
 def validate_quantity(field: str, value: Any, required_value: bool = False) -> list[Cause]:
@@ -68,11 +73,10 @@ def parse_quantity(value: Any) -> Quantity | None:
     than nano-units is rounded up."""
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         return None
-    m = _QUANTITY.fullmatch(str(value)) if isinstance(value, str) else _QUANTITY.fullmatch(repr(value))
-    if not m:
+    try:
+        number_text, suffix = quantity_parts(value if isinstance(value, str) else repr(value))
+    except QuantityError:
         return None
-    number_text = m.group(0)[: len(m.group(0)) - len(m.group(3) or "")]
-    suffix = m.group(3) or ""
     try:
         number = Decimal(number_text)
     except InvalidOperation:

@@ -1,5 +1,5 @@
 """ResourceSlice validation with the real server's limits, field paths and reasons
-(reference/dra-api.md sections 3 and 10; fixtures create-slice-*.json)."""
+(upstream pkg/apis/resource/validation; tests/fixtures/kube-apiserver-1.36/create-slice-*.json)."""
 
 from __future__ import annotations
 

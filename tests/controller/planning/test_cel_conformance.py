@@ -13,7 +13,7 @@ import pytest
 
 from controller.planning.cel import compile_selector
 from controller.planning.cel_types import CelSemver
-from controller.planning.model import DeviceView
+from controller.planning.device_view import DeviceView
 
 GIB = 1024**3
 
@@ -46,7 +46,7 @@ NVIDIA = _device(
 LISTS = _device("driver.example.com", {"resource.kubernetes.io/numaNode": (0, 1)}, {})
 
 DOCUMENTED = [
-    # dra-api.md section 8 / Kubernetes DRA docs
+    # the kube-scheduler's DRA CEL environment (Kubernetes DRA docs)
     (EXAMPLE, 'device.driver == "driver.example.com"', True),
     (EXAMPLE, 'device.driver == "gpu.example.com"', False),
     (EXAMPLE, 'device.attributes["driver.example.com"].model == "A100"', True),

@@ -7,7 +7,7 @@ from fractions import Fraction
 import pytest
 
 from controller.planning.cel import CelCompileError, CompiledSelector, compile_selector
-from controller.planning.model import DeviceView
+from controller.planning.device_view import DeviceView
 
 
 def _gpu(index: int, product: str = "NVIDIA H100 80GB HBM3", memory_gib: int = 80) -> DeviceView:

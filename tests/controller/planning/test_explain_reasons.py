@@ -75,7 +75,7 @@ def test_selector_false_and_cel_errors_are_told_apart() -> None:
     # Whole GPUs have no "profile" attribute: a CEL runtime error, shown with its text.
     assert "gpu-0 on node-a" in _line(text, "excluded, request selector error: no such key: 'profile'")
     assert "gpu-0-mig-1g20gb-15-0 on node-b" in _line(text, "excluded, request selector is false")
-    # The kube-scheduler aborts the claim on such an error (dra-api.md section 8), MIG devices or not.
+    # The kube-scheduler aborts the claim on such an error (the kube-scheduler's DRA CEL environment), MIG devices or not.
     assert "Best allocation now" not in text
     summary = _line(text, "No allocation is possible: the kube-scheduler would abort this claim")
     assert "CEL selector fails at runtime" in summary and "has(...)" in summary

@@ -1,7 +1,7 @@
 """The planner answers as the kube-scheduler's structured allocator does where they used to differ.
 
 Each case is one an audit found: a claim that "fit" in the planner but fails on a real cluster (or
-the other way round). The reference is dra-api.md sections 5 and 8 and the allocator's rules.
+the other way round). The reference is the kube-scheduler's structured allocator and its CEL environment.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A GPU that really falls off the bus: NVML stops listing it and the NVML indices after it shift down.
 
-This is the case gpuready's device names exist for (DESIGN.md section 3): a whole GPU is published as
+This is the case gpuready's device names exist for (docs/architecture.md): a whole GPU is published as
 ``gpu-<minor>`` because the minor number stays when another GPU drops off the bus and the NVML index
 does not. Checked at three levels: the simulated NVML itself (what each call answers, as real NVML
 would), discovery before and after, and the whole plugin (health monitor, ResourceSlices, prepare and

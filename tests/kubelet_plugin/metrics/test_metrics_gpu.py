@@ -1,6 +1,6 @@
 """On a real GPU (the lent H200): the GPU collector's readings are plausible and match nvidia-smi's NVML.
 
-Run there with ``python -m pytest -m gpu tests/test_metrics_gpu.py``. Read-only: changes no GPU setting.
+Run there with ``python -m pytest -m gpu tests/kubelet_plugin/metrics/test_metrics_gpu.py``. Read-only: changes no GPU setting.
 """
 
 from __future__ import annotations

@@ -11,15 +11,10 @@ import pytest
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from controller.controller_metrics import ControllerMetrics
 from dra_driver.devices import GIB, MIB
-from kubelet_plugin.metrics import (
-    ControllerMetrics,
-    DeviceAllocation,
-    GpuCollector,
-    PluginMetrics,
-    metrics_url,
-    serve_metrics,
-)
+from dra_driver.metrics_server import metrics_url, serve_metrics
+from kubelet_plugin.metrics import DeviceAllocation, GpuCollector, PluginMetrics
 from kubelet_plugin.nvml import discover, open_nvml
 
 NODE = "gpu-node-a"

@@ -1,6 +1,6 @@
 """On a real GPU: a CUDA process's memory shows up in VRAM accounting with its PID, and goes away.
 
-Run on the GPU machine with ``python -m pytest -m gpu tests/test_vram_gpu.py -s``. Allocates 1 GiB in a
+Run on the GPU machine with ``python -m pytest -m gpu tests/kubelet_plugin/metrics/test_vram_gpu.py -s``. Allocates 1 GiB in a
 child process for a few seconds; changes no GPU setting.
 """
 

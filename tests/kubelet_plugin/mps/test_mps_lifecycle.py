@@ -4,7 +4,7 @@ unprepare stops it, a restarted plugin finds it, and a node that cannot run it f
 The daemon is a small stand-in ``nvidia-cuda-mps-control`` (below) written into a temp directory: what is
 under test is gpuready's process lifecycle and files (which process runs, with which environment and
 commands, and what is left on disk), which the stand-in exercises for real (fork, PID file, Unix socket,
-/dev/shm). The real tool on a real GPU is in tests/test_mps_gpu.py.
+/dev/shm). The real tool on a real GPU is in tests/kubelet_plugin/mps/test_mps_gpu.py.
 """
 
 from __future__ import annotations

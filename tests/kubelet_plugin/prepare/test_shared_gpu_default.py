@@ -1,7 +1,7 @@
 """A "whole GPU" claim never becomes a sliver of a shared GPU; claims that size by VRAM still pack.
 
 The ``gpu.nvidia.com`` DeviceClass matches shared GPUs too, and a request that names no capacity
-consumes the request policy's ``default`` (reference dra-api.md section 3.4), so the default of a
+consumes the request policy's ``default`` (resource.k8s.io/v1 DeviceCapacity.requestPolicy), so the default of a
 shared GPU's ``memory`` must be the whole GPU. Checked on the pure builder, and on the local API
 server with the planner as the allocator (slices and claims written and read back over HTTP with
 the real ``kubernetes`` client, allocations written through ``/status`` as a scheduler does).

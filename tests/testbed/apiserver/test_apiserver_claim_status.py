@@ -1,5 +1,5 @@
 """ResourceClaim status writes (the /status subresource) are refused exactly where a real kube-apiserver
-1.36 refuses them (upstream ValidateResourceClaimStatusUpdate; reference/dra-api.md sections 6 and 10),
+1.36 refuses them (upstream ValidateResourceClaimStatusUpdate),
 so the allocator, reconciler and kubelet plugin status writers are held to the real rules in tests."""
 
 from __future__ import annotations

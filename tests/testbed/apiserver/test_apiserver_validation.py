@@ -1,5 +1,5 @@
 """Invalid objects are refused with 422 Invalid naming the field, through the real kubernetes client;
-the limits are those of reference/dra-api.md section 10."""
+the limits are those of upstream pkg/apis/resource/validation."""
 
 from __future__ import annotations
 

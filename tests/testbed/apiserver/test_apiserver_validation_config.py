@@ -1,5 +1,5 @@
 """Claim, claim-template and DeviceClass ``config`` / ``constraints`` are refused with 422 Invalid where a
-real kube-apiserver 1.36 refuses them (reference dra-api.md sections 4, 5 and 10; upstream
+real kube-apiserver 1.36 refuses them (upstream
 pkg/apis/resource/validation), each cause naming the field as the real server does; a valid neighbour of
 each bad object is accepted. All through the official kubernetes client over a real socket."""
 

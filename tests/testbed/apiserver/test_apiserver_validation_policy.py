@@ -1,6 +1,6 @@
 """ResourceSlice device fields a real kube-apiserver 1.36 checks beyond the counts: a consumable capacity's
 ``requestPolicy`` (validValues / validRange), ``bindingConditions`` / ``bindingFailureConditions`` and a
-taint's ``value`` (reference dra-api.md sections 3.2, 3.4 and 10; upstream pkg/apis/resource/validation).
+taint's ``value`` (upstream pkg/apis/resource/validation).
 Each bad slice gets 422 naming the field, with values printed as the real server prints quantities; a
 valid neighbour is accepted. All through the official kubernetes client over a real socket."""
 
