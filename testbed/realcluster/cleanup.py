@@ -97,3 +97,47 @@ def kill_processes(pids: list[int], grace: float = 3.0) -> None:
     for pid in alive:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
+
+
+def remove_links_into(link_dir: str, root: str) -> None:
+    """Remove symlinks in ``link_dir`` that point below ``root``.
+
+    The kubelet links every container's log into /var/log/containers (a fixed path, not under its
+    root dir); the links it did not get to remove would dangle once the cluster's directory is gone.
+    """
+    root = os.path.realpath(root).rstrip("/") + "/"
+    with contextlib.suppress(FileNotFoundError):
+        for name in os.listdir(link_dir):
+            path = os.path.join(link_dir, name)
+            with contextlib.suppress(OSError):
+                if os.path.islink(path) and os.readlink(path).startswith(root):
+                    os.unlink(path)
+
+
+class DeviceNodes:
+    """Character device nodes made for simulated GPUs, removed again by :meth:`remove`.
+
+    A CDI spec names host device nodes (``/dev/nvidia0``, ``/dev/nvidia-uvm``...) and the runtime
+    stats each one that has no major number in the spec; on a machine without NVIDIA's driver they
+    do not exist, so container creation fails. Nodes that already exist (a real GPU host) are left
+    alone; only the ones made here are removed.
+    """
+
+    def __init__(self) -> None:
+        """Nothing made yet."""
+        self.made: list[str] = []
+
+    def ensure(self, path: str, major: int, minor: int) -> None:
+        """Make ``path`` as a character device ``major:minor`` unless something is already there."""
+        if os.path.lexists(path):
+            return
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.mknod(path, 0o666 | 0o020000, os.makedev(major, minor))  # 0o020000 = S_IFCHR
+        self.made.append(path)
+
+    def remove(self) -> None:
+        """Remove the nodes this object made."""
+        for path in reversed(self.made):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        self.made.clear()

@@ -43,6 +43,7 @@ from testbed.realcluster.procs import Component, ComponentError, free_port, run,
 
 _SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 _NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+_CORE = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "containerd", "kubelet")
 
 
 @dataclass
@@ -92,6 +93,8 @@ class Cluster:
         self._started = time.monotonic()
         self._stopped = False
         self._lock = threading.Lock()
+        # Host device nodes a test made for simulated GPUs (see cleanup.DeviceNodes); removed at stop.
+        self.device_nodes = cleanup.DeviceNodes()
 
     # --- public -----------------------------------------------------------------------------------
     @property
@@ -144,6 +147,9 @@ class Cluster:
                 return
             self._stopped = True
         t0 = time.monotonic()
+        # Processes tests added (the DRA plugin...) go first, newest first, while the API still answers.
+        for name in reversed([n for n in self.components if n not in _CORE]):
+            self.components[name].stop()
         for name in ("kubelet", "kube-scheduler", "kube-controller-manager"):
             if name in self.components:
                 self.components[name].stop()
@@ -156,6 +162,8 @@ class Cluster:
             if name in self.components:
                 self.components[name].stop()
         stuck = cleanup.unmount_all(self.dir)
+        cleanup.remove_links_into("/var/log/containers", self.dir)
+        self.device_nodes.remove()
         hostnet.teardown(self.bins.ip, [self.config.node_bridge, self.config.pod_bridge])
         self.timings["stop"] = time.monotonic() - t0
         if stuck:
