@@ -128,9 +128,10 @@ class E2E:
         """The CDI spec files on the node now."""
         return sorted(glob.glob(os.path.join(self.cdi_dir, "*.json")) + glob.glob(os.path.join(self.cdi_dir, "*.yaml")))
 
-    def slice_devices(self) -> dict[str, dict[str, Any]]:
-        """This node's published devices of our driver, by name, as plain dicts."""
-        slices = self.resource.list_resource_slice(field_selector=f"spec.nodeName={self.node},spec.driver={DRIVER}")
+    def slice_devices(self, node: str | None = None) -> dict[str, dict[str, Any]]:
+        """A node's (default: the kubelet's) published devices of our driver, by name, as plain dicts."""
+        slices = self.resource.list_resource_slice(
+            field_selector=f"spec.nodeName={node or self.node},spec.driver={DRIVER}")
         return {d.name: self.api.sanitize_for_serialization(d) for s in slices.items for d in (s.spec.devices or [])}
 
     def kubelet_grpc_operations(self) -> dict[str, Operation]:
@@ -154,20 +155,28 @@ def sim_device_nodes(profile: str) -> list[tuple[str, int, int]]:
     return nodes
 
 
-def start_plugin(cluster: Cluster) -> Component:
-    root = cluster.kubelet_root
-    argv = [sys.executable, "-m", "dra_driver", "kubelet-plugin", "--node-name", NODE,
-            "--nvml", f"sim:{PROFILE}@{NODE}", "--kubeconfig", cluster.kubeconfig,
+def start_plugin(cluster: Cluster, node: str = NODE, profile: str = PROFILE) -> Component:
+    """Run ``python -m dra_driver kubelet-plugin`` for ``node`` as a real process; return it.
+
+    For the kubelet's node its sockets go where that kubelet looks (``<root>/plugins_registry``,
+    ``<root>/plugins/<driver>``). For a fake node (no kubelet) they go to a directory of its own:
+    the plugin publishes that node's slices and waits for a registration that never comes.
+    """
+    root = cluster.kubelet_root if node == cluster.node_name else os.path.join(cluster.dir, "fake", node)
+    name = "gpuready-kubelet-plugin" + ("" if node == cluster.node_name else f"-{node}")
+    argv = [sys.executable, "-m", "dra_driver", "kubelet-plugin", "--node-name", node,
+            "--nvml", f"sim:{profile}@{node}", "--kubeconfig", cluster.kubeconfig,
             "--registrar-dir", os.path.join(root, "plugins_registry"),
-            "--plugin-dir", os.path.join(root, "plugins", DRIVER), "--cdi-root", cluster.cdi_dir,
+            "--plugin-dir", os.path.join(root, "plugins", DRIVER),
+            "--cdi-root", cluster.cdi_dir if node == cluster.node_name else os.path.join(root, "cdi"),
             "--metrics-port", "0"]
     env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "NODE_NAME", "NVML")}
-    plugin = Component("gpuready-kubelet-plugin", argv, cluster.log_path("gpuready-kubelet-plugin"),
-                       env=env, cwd=REPO).start()
+    plugin = Component(name, argv, cluster.log_path(name), env=env, cwd=REPO).start()
     cluster.components[plugin.name] = plugin  # stopped with the cluster, its log in the failure report
     return plugin
 
 
 def log_has(path: str, text: str) -> bool:
+    """Whether the log file at ``path`` contains ``text`` yet."""
     with open(path, errors="replace") as f:
         return text in f.read()
