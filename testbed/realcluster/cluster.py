@@ -133,10 +133,13 @@ class Cluster:
         self.stop()
 
     def start(self) -> None:
-        """Bring the whole cluster up, or raise :class:`ComponentError` (after tearing down)."""
+        """Bring the whole cluster up, or raise :class:`ComponentError` after tearing down (the
+        directory with the logs is kept then)."""
         try:
             self._start()
         except BaseException:
+            # The error names log files in the directory: keep it (processes, mounts and bridges still go).
+            self.config.keep_dir = True
             self.stop()
             raise
 
@@ -234,16 +237,17 @@ class Cluster:
                 self.gates.settable.update({g: "EXTRA" for g, on in cfg.extra_gates.items() if on})
             etcd.wait_ready(lambda: json.loads(urllib.request.urlopen(
                 f"http://127.0.0.1:{self._etcd_port}/health", timeout=2).read()).get("health") == "true",
-                cfg.start_timeout, "healthy")
+                cfg.start_timeout, "healthy", watch=self._running())
             self._phase("etcd")
             apiserver = self._start_apiserver()
             imported = None
             if containerd is not None:
                 containerd.wait_ready(lambda: os.path.exists(self.containerd_socket), cfg.start_timeout,
-                                      "serving its socket")
+                                      "serving its socket", watch=self._running())
                 self._phase("containerd")
                 imported = pool.submit(self._import_images, [a.result() for a in archives])
-            apiserver.wait_ready(lambda: self._healthy(f"{self.api_url}/readyz"), cfg.start_timeout, "ready (/readyz)")
+            apiserver.wait_ready(lambda: self._healthy(f"{self.api_url}/readyz"), cfg.start_timeout, "ready (/readyz)",
+                                watch=self._running())
             self._phase("kube-apiserver")
             scheduler = self._start_scheduler()
             cm = self._start_controller_manager()
@@ -253,22 +257,26 @@ class Cluster:
                 self._phase("images")
                 kubelet = self._start_kubelet()
             scheduler.wait_ready(lambda: self._healthy(f"https://127.0.0.1:{self._scheduler_port}/healthz",
-                                                       client=False), cfg.start_timeout, "healthy")
+                                                       client=False), cfg.start_timeout, "healthy", watch=self._running())
             cm.wait_ready(lambda: self._healthy(f"https://127.0.0.1:{self._cm_port}/healthz", client=False),
-                          cfg.start_timeout, "healthy")
+                          cfg.start_timeout, "healthy", watch=self._running())
             self._phase("scheduler+controller-manager")
             api = self.api_client()
             from kubernetes import client as k
 
             core = k.CoreV1Api(api)
             cm.wait_ready(lambda: bool(core.read_namespaced_service_account("default", "default")),
-                          cfg.start_timeout, "done creating the default ServiceAccount")
+                          cfg.start_timeout, "done creating the default ServiceAccount", watch=self._running())
             if kubelet is not None:
                 kubelet.wait_ready(lambda: self._node_ready(core), cfg.start_timeout,
-                                   f"registered with Node {cfg.node_name} Ready and untainted")
+                                   f"registered with Node {cfg.node_name} Ready and untainted",
+                                   watch=self._running())
                 self._phase("node-ready")
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+
+    def _running(self) -> list[Component]:
+        return list(self.components.values())
 
     def _certificates(self) -> None:
         cfg = self.config

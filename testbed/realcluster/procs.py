@@ -12,7 +12,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 
 class ComponentError(RuntimeError):
@@ -87,13 +87,18 @@ class Component:
         return ComponentError(self.name, problem, self.log_path)
 
     def wait_ready(self, check: Callable[[], bool], timeout: float, what: str = "ready",
-                   interval: float = 0.1) -> None:
-        """Poll ``check`` until it is true; fail at once if the process exits, or after ``timeout``."""
+                   interval: float = 0.1, watch: Iterable[Component] = ()) -> None:
+        """Poll ``check`` until it is true; fail after ``timeout``, or at once if this process (or one
+        in ``watch``: the components started before it, which it may be waiting on) exits."""
         deadline = time.monotonic() + timeout
         last_error = ""
         while True:
             if self.proc is not None and self.proc.poll() is not None:
                 raise self.fail(f"exited with code {self.proc.returncode} before it was {what}")
+            for other in watch:
+                if other is not self and other.proc is not None and other.proc.poll() is not None:
+                    raise other.fail(f"exited with code {other.proc.returncode} while {self.name} was "
+                                     f"becoming {what}")
             try:
                 if check():
                     return

@@ -17,7 +17,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import pytest
 from e2e_support import E2E, NODE, PROFILE, REPO, log_has, sim_device_nodes, start_plugin, wait_for
@@ -84,11 +84,12 @@ def namespace(e2e: E2E) -> Iterator[str]:
         e2e.core.delete_namespace(name)
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item,
+                              call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """On a failed e2e test, attach the tail of every component's log to the report."""
-    outcome = yield
-    report = outcome.get_result()
+    report = yield
     cluster = _started.get("cluster")
     if report.failed and cluster is not None and "e2e" in item.keywords:
         report.sections.append(("real cluster logs", cluster.failure_report()))
+    return report

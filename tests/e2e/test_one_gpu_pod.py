@@ -55,7 +55,7 @@ def _env_of(log: str) -> dict[str, str]:
 
 
 def test_pod_with_one_gpu_claim_runs_with_that_gpu_and_unprepares_when_deleted(
-        e2e: E2E, namespace: str, record_property: pytest.RecordProperty) -> None:
+        e2e: E2E, namespace: str) -> None:
     before = e2e.kubelet_grpc_operations()
     e2e.apply(MANIFEST, namespace)
     pod = e2e.wait_pod_phase(namespace, "one-gpu", "Running", timeout=60)
@@ -96,4 +96,4 @@ def test_pod_with_one_gpu_claim_runs_with_that_gpu_and_unprepares_when_deleted(
     for method in ("NodePrepareResources", "NodeUnprepareResources"):
         delta = after.get(method, Operation()) - before.get(method, Operation())
         assert delta.count >= 1 and delta.sum > 0, (method, before, after)
-        record_property(f"kubelet_{method}_mean_ms", round(delta.mean * 1000, 2))
+        print(f"kubelet-measured {method}: {delta.count:.0f} call(s), mean {delta.mean * 1000:.1f} ms")
