@@ -58,7 +58,7 @@ class ClusterConfig:
     service_cidr: str = "10.96.0.0/24"
     # v1 is what the driver uses; the beta versions are served too so that clients still on them work.
     runtime_config: str = "resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true"
-    extra_gates: dict[str, bool] = field(default_factory=dict)
+    extra_gates: dict[str, bool] = field(default_factory=dict)  # on top of the driver's gates, on or off
     kubelet: bool = True  # False: control plane only (fake Nodes for scheduling checks)
     kubelet_verbosity: int = 2
     image_cache: str = ""  # default: ~/.cache/gpuready/k8s/images
@@ -234,7 +234,7 @@ class Cluster:
             containerd = self._start_containerd() if cfg.kubelet else None
             self.gates = gates_future.result()
             if cfg.extra_gates:
-                self.gates.settable.update({g: "EXTRA" for g, on in cfg.extra_gates.items() if on})
+                self.gates = self.gates.with_overrides(cfg.extra_gates)
             etcd.wait_ready(lambda: json.loads(urllib.request.urlopen(
                 f"http://127.0.0.1:{self._etcd_port}/health", timeout=2).read()).get("health") == "true",
                 cfg.start_timeout, "healthy", watch=self._running())
@@ -345,7 +345,7 @@ class Cluster:
             "--kubelet-preferred-address-types=InternalIP",
             f"--runtime-config={self.config.runtime_config}",
         ]
-        if self.gates.settable:
+        if self.gates.values():
             argv.append(f"--feature-gates={self.gates.flag()}")
         return self._add("kube-apiserver", argv)
 
@@ -356,7 +356,7 @@ class Cluster:
                  f"--authorization-kubeconfig={kubeconfig}", "--leader-elect=false",
                  "--bind-address=127.0.0.1", f"--secure-port={port}",
                  f"--tls-cert-file={self._local_serving.cert}", f"--tls-private-key-file={self._local_serving.key}"]
-        if self.gates.settable:
+        if self.gates.values():
             flags.append(f"--feature-gates={self.gates.flag()}")
         return flags
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Every gate a feature of gpuready depends on (reference/dra-api.md section 2).
 DRIVER_GATES = (
@@ -40,14 +40,23 @@ class Gates:
 
     settable: dict[str, str]  # gate -> stage ("BETA", "ALPHA", ...) as the binary lists it
     ga: tuple[str, ...]  # DRIVER_GATES not listed: GA (on) in this version, or unknown to it
+    overrides: dict[str, bool] = field(default_factory=dict)  # set by the caller, on or off
+
+    def values(self) -> dict[str, bool]:
+        """Every gate passed, with its value: the settable driver gates on, then the overrides."""
+        return {**{g: True for g in self.settable}, **self.overrides}
+
+    def with_overrides(self, overrides: dict[str, bool]) -> Gates:
+        """The same gates with ``overrides`` set on top (e.g. an alpha gate a test needs)."""
+        return Gates(self.settable, self.ga, {**self.overrides, **overrides})
 
     def flag(self) -> str:
-        """The ``--feature-gates`` value: every settable driver gate on."""
-        return ",".join(f"{g}=true" for g in sorted(self.settable))
+        """The ``--feature-gates`` value."""
+        return ",".join(f"{g}={str(v).lower()}" for g, v in sorted(self.values().items()))
 
     def mapping(self) -> dict[str, bool]:
         """The same gates as a KubeletConfiguration ``featureGates`` map."""
-        return {g: True for g in sorted(self.settable)}
+        return dict(sorted(self.values().items()))
 
 
 def listed_gates(apiserver: str) -> dict[str, str]:
