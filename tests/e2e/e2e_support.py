@@ -169,7 +169,10 @@ def start_plugin(cluster: Cluster, node: str = NODE, profile: str = PROFILE) -> 
             "--registrar-dir", os.path.join(root, "plugins_registry"),
             "--plugin-dir", os.path.join(root, "plugins", DRIVER),
             "--cdi-root", cluster.cdi_dir if node == cluster.node_name else os.path.join(root, "cdi"),
-            "--metrics-port", "0"]
+            "--metrics-port", "0",
+            # The plugin's default assumes /var/lib/kubelet; this kubelet's root dir is elsewhere.
+            "--pod-resources-socket",
+            os.path.join(root, "pod-resources", "kubelet.sock") if node == cluster.node_name else ""]
     env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "NODE_NAME", "NVML")}
     plugin = Component(name, argv, cluster.log_path(name), env=env, cwd=REPO).start()
     cluster.components[plugin.name] = plugin  # stopped with the cluster, its log in the failure report
