@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import datetime
 import json
 import os
 import shutil
@@ -29,13 +28,12 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
-from testbed.realcluster import cleanup, hostnet, images
+from testbed.realcluster import cleanup, containerd_config, fake_nodes, hostnet, images
 from testbed.realcluster.binaries import Binaries
 from testbed.realcluster.gates import Gates, driver_gates
 from testbed.realcluster.pki import CertFiles, Pki
@@ -384,7 +382,7 @@ class Cluster:
         hostnet.node_bridge(self.bins.ip, cfg.node_bridge, cfg.node_ip)
         config_path = os.path.join(base, "config.toml")
         with open(config_path, "w") as f:
-            f.write(_containerd_config(
+            f.write(containerd_config.render(
                 root=os.path.join(base, "root"), state=os.path.join(base, "state"), socket=self.containerd_socket,
                 runc=self.bins.runc, runc_root=self.runc_root, cdi_dir=self.cdi_dir, cni_bin=self.bins.cni_dir,
                 cni_conf=cni_conf, sandbox_image=images.PAUSE_IMAGE, opt_dir=os.path.join(base, "opt")))
@@ -444,109 +442,7 @@ class Cluster:
         return ready and not tainted
 
     # --- fake nodes -------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def fake_nodes(self, names: list[str], labels: dict[str, str] | None = None) -> Iterator[list[str]]:
-        """Nodes with no kubelet, kept Ready by a heartbeat, for checks that end at scheduling.
-
-        The node lifecycle controller would mark them unreachable after its grace period (and
-        taint them), so a thread renews their Leases; they are deleted again on exit.
-        """
-        from kubernetes import client as k
-
-        api = self.api_client()
-        core, coord = k.CoreV1Api(api), k.CoordinationV1Api(api)
-        for name in names:
-            core.create_node({"apiVersion": "v1", "kind": "Node",
-                              "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name,
-                                                                    "gpuready.e2e/fake": "true", **(labels or {})}}})
-        stop = threading.Event()
-
-        def beat() -> None:
-            now = datetime.datetime.now(datetime.UTC)
-            stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
-            for name in names:
-                with contextlib.suppress(Exception):
-                    core.patch_node_status(name, {"status": {
-                        "conditions": [{"type": "Ready", "status": "True", "reason": "FakeNode",
-                                        "message": "e2e fake node", "lastHeartbeatTime": stamp,
-                                        "lastTransitionTime": stamp}],
-                        "capacity": {"cpu": "64", "memory": "512Gi", "pods": "110"},
-                        "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"}}})
-                    body = {"metadata": {"name": name}, "spec": {
-                        "holderIdentity": name, "leaseDurationSeconds": 40,
-                        "renewTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}}
-                    try:
-                        coord.patch_namespaced_lease(name, "kube-node-lease", body)
-                    except k.ApiException:
-                        coord.create_namespaced_lease("kube-node-lease", body)
-
-        beat()
-
-        def loop() -> None:
-            while not stop.wait(5):
-                beat()
-
-        thread = threading.Thread(target=loop, name="fake-node-heartbeat", daemon=True)
-        thread.start()
-        try:
-            yield names
-        finally:
-            stop.set()
-            thread.join(10)
-            for name in names:
-                with contextlib.suppress(Exception):
-                    core.delete_node(name)
-                with contextlib.suppress(Exception):
-                    coord.delete_namespaced_lease(name, "kube-node-lease")
-
-
-def _containerd_config(*, root: str, state: str, socket: str, runc: str, runc_root: str, cdi_dir: str,
-                       cni_bin: str, cni_conf: str, sandbox_image: str, opt_dir: str) -> str:
-    """containerd 2.x configuration (version 3 schema), everything under the cluster's directory."""
-    def q(s: str) -> str:
-        return json.dumps(s)  # a TOML basic string is a JSON string for the paths used here
-
-    return f"""version = 3
-root = {q(root)}
-state = {q(state)}
-imports = []
-disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor.v1.otlp",
-                    "io.containerd.internal.v1.tracing"]
-
-[grpc]
-  address = {q(socket)}
-
-[ttrpc]
-  address = {q(socket + ".ttrpc")}
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = {q(opt_dir)}
-
-[plugins."io.containerd.cri.v1.images"]
-  snapshotter = "overlayfs"
-  [plugins."io.containerd.cri.v1.images".pinned_images]
-    sandbox = {q(sandbox_image)}
-
-[plugins."io.containerd.cri.v1.runtime"]
-  # The VM refuses lowering oom_score_adj; the kubelet asks -997/-998 for guaranteed pods and sandboxes.
-  restrict_oom_score_adj = true
-  netns_mounts_under_state_dir = true
-  enable_cdi = true
-  cdi_spec_dirs = [{q(cdi_dir)}]
-  [plugins."io.containerd.cri.v1.runtime".cni]
-    bin_dirs = [{q(cni_bin)}]
-    conf_dir = {q(cni_conf)}
-    max_conf_num = 1
-  [plugins."io.containerd.cri.v1.runtime".containerd]
-    default_runtime_name = "runc"
-    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
-        BinaryName = {q(runc)}
-        Root = {q(runc_root)}
-        SystemdCgroup = false
-
-[plugins."io.containerd.grpc.v1.cri"]
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-"""
+    def fake_nodes(self, names: list[str], labels: dict[str, str] | None = None) -> contextlib.AbstractContextManager[list[str]]:
+        """Nodes with no kubelet, kept Ready by a heartbeat, for checks that end at scheduling
+        (see :func:`testbed.realcluster.fake_nodes.fake_nodes`)."""
+        return fake_nodes.fake_nodes(self.api_client(), names, labels)
