@@ -1,0 +1,58 @@
+"""The node's network: a routable node IP and a CNI pod network, both on bridges made here.
+
+The kubelet refuses a loopback node IP, and these VMs have no ``dummy`` link type, so the node IP
+is a /32 on an empty bridge of its own. Pods get a second bridge through the CNI ``bridge`` plugin
+(host-local IPAM, state under the cluster's directory, no masquerade: test pods need no way out).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+
+from testbed.realcluster.procs import run
+
+
+def _ip(ip: str, *args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([ip, *args], capture_output=True, check=False)
+
+
+def delete_bridge(ip: str, name: str) -> None:
+    """Remove bridge ``name`` if it exists (a crashed earlier run may have left it)."""
+    _ip(ip, "link", "del", name)
+
+
+def node_bridge(ip: str, name: str, address: str) -> None:
+    """Create bridge ``name`` carrying ``address``/32, replacing one left over from an earlier run."""
+    delete_bridge(ip, name)
+    run([ip, "link", "add", name, "type", "bridge"], f"bridge {name}")
+    run([ip, "addr", "add", f"{address}/32", "dev", name], f"bridge {name}")
+    run([ip, "link", "set", name, "up"], f"bridge {name}")
+
+
+def write_cni_config(conf_dir: str, state_dir: str, bridge: str, subnet: str) -> str:
+    """Write a CNI conflist for pods on ``bridge`` with addresses from ``subnet``; return its path."""
+    os.makedirs(conf_dir, exist_ok=True)
+    conf = {
+        "cniVersion": "1.0.0",
+        "name": "gpuready-e2e",
+        "plugins": [
+            {"type": "bridge", "bridge": bridge, "isGateway": True, "ipMasq": False, "hairpinMode": True,
+             "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet}]],
+                      "routes": [{"dst": "0.0.0.0/0"}], "dataDir": os.path.join(state_dir, "ipam")}},
+            {"type": "loopback"},
+        ],
+    }
+    path = os.path.join(conf_dir, "10-gpuready-e2e.conflist")
+    with open(path, "w") as f:
+        json.dump(conf, f, indent=2)
+    return path
+
+
+def teardown(ip: str, bridges: list[str]) -> None:
+    """Remove the bridges (pods' veths went with their network namespaces)."""
+    for b in bridges:
+        with contextlib.suppress(Exception):
+            delete_bridge(ip, b)

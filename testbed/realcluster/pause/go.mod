@@ -1,0 +1,3 @@
+module gpuready.local/pause
+
+go 1.26.0

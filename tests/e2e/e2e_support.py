@@ -1,0 +1,185 @@
+"""What the e2e tests share besides fixtures: the cluster handle with its helpers, and waiting.
+
+Kept out of conftest.py so tests can import it by a name no other conftest shadows.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if REPO not in sys.path:  # testbed/ is not an installed package; the suite runs from a checkout
+    sys.path.insert(0, REPO)
+
+from testbed.realcluster import Cluster, ComponentError  # noqa: E402
+from testbed.realcluster.kubelet_metrics import Operation, grpc_operations  # noqa: E402
+from testbed.realcluster.procs import Component  # noqa: E402
+
+NODE = "node-a"
+# Six whole H100s with MIG off plus two MIG-partitioned ones: whole GPUs are published in the default
+# static MIG mode. (4xh200 has MIG on everywhere with no instances, so static mode publishes nothing.)
+PROFILE = "8xh100"
+DRIVER = "gpu.nvidia.com"
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0, interval: float = 0.2) -> Any:
+    """Call ``check`` until it returns something truthy and return that; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while True:
+        try:
+            value = check()
+            if value:
+                return value
+        except Exception as e:  # the API may say 404 until the object exists
+            last_error = e
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}"
+                                 + (f" (last error: {last_error})" if last_error else ""))
+        time.sleep(interval)
+
+
+@dataclass
+class E2E:
+    """The running cluster and plugin, with the helpers tests need."""
+
+    cluster: Cluster
+    plugin: Component
+    api: Any  # kubernetes.client.ApiClient (admin)
+    core: Any  # CoreV1Api
+    resource: Any  # ResourceV1Api
+    node: str = NODE
+
+    @property
+    def kubeconfig(self) -> str:
+        """The admin kubeconfig."""
+        return self.cluster.kubeconfig
+
+    @property
+    def cdi_dir(self) -> str:
+        """Where the plugin writes CDI specs and containerd reads them."""
+        return self.cluster.cdi_dir
+
+    def apply(self, manifest: str, namespace: str | None = None) -> str:
+        """``kubectl apply`` a YAML document (or several); return kubectl's output."""
+        args = ["apply", "-f", "-"] + (["--namespace", namespace] if namespace else [])
+        return self.cluster.kubectl(*args, input_text=manifest)
+
+    def pod(self, namespace: str, name: str) -> Any:
+        """The Pod object as the API has it now."""
+        return self.core.read_namespaced_pod(name, namespace)
+
+    def wait_pod_phase(self, namespace: str, name: str, phase: str | tuple[str, ...], timeout: float = 60.0) -> Any:
+        """Wait until the pod is in ``phase`` (one of several); fail early when it ends otherwise."""
+        phases = (phase,) if isinstance(phase, str) else phase
+
+        def check() -> Any:
+            pod = self.pod(namespace, name)
+            if pod.status.phase in phases:
+                return pod
+            if pod.status.phase in ("Succeeded", "Failed"):
+                raise AssertionError(f"pod {namespace}/{name} ended {pod.status.phase}, wanted {phases}: "
+                                     f"{self.describe_pod(namespace, name)}")
+            return None
+
+        try:
+            return wait_for(f"pod {namespace}/{name} to be {'/'.join(phases)}", check, timeout)
+        except AssertionError as e:
+            if "ended" in str(e):
+                raise
+            raise AssertionError(f"{e}\n{self.describe_pod(namespace, name)}") from None
+
+    def describe_pod(self, namespace: str, name: str) -> str:
+        """``kubectl describe pod`` (status, conditions and events): what a user looks at first."""
+        try:
+            return self.cluster.kubectl("describe", "pod", "--namespace", namespace, name)
+        except ComponentError as e:
+            return str(e)
+
+    def pod_logs(self, namespace: str, name: str, container: str | None = None) -> str:
+        """The container's log through the API server (which asks the kubelet), like ``kubectl logs``."""
+        kwargs = {"container": container} if container else {}
+        return str(self.core.read_namespaced_pod_log(name, namespace, **kwargs))
+
+    def delete_pod(self, namespace: str, name: str, timeout: float = 60.0) -> None:
+        """Delete the pod and wait until the API no longer has it (the kubelet finished with it)."""
+        from kubernetes.client import ApiException
+
+        self.core.delete_namespaced_pod(name, namespace)
+
+        def gone() -> bool:
+            try:
+                self.pod(namespace, name)
+            except ApiException as e:
+                return e.status == 404
+            return False
+
+        wait_for(f"pod {namespace}/{name} to be deleted", gone, timeout)
+
+    def cdi_spec_files(self) -> list[str]:
+        """The CDI spec files on the node now."""
+        return sorted(glob.glob(os.path.join(self.cdi_dir, "*.json")) + glob.glob(os.path.join(self.cdi_dir, "*.yaml")))
+
+    def slice_devices(self, node: str | None = None) -> dict[str, dict[str, Any]]:
+        """A node's (default: the kubelet's) published devices of our driver, by name, as plain dicts."""
+        slices = self.resource.list_resource_slice(
+            field_selector=f"spec.nodeName={node or self.node},spec.driver={DRIVER}")
+        return {d.name: self.api.sanitize_for_serialization(d) for s in slices.items for d in (s.spec.devices or [])}
+
+    def kubelet_grpc_operations(self) -> dict[str, Operation]:
+        """The kubelet's ``dra_grpc_operations_duration_seconds`` for our driver, per method (OK calls)."""
+        text = self.cluster.https_get(self.cluster.kubelet_url("/metrics")).decode()
+        return grpc_operations(text, DRIVER)
+
+
+def sim_device_nodes(profile: str) -> list[tuple[str, int, int]]:
+    """The host device nodes the simulated node's CDI specs name: (path, major, minor).
+
+    Read from the driver's own discovery, so the list follows the profile. The majors of the
+    dynamic nodes (nvidia-uvm...) are made up: nothing opens them, containerd only stats them.
+    """
+    out = subprocess.run([sys.executable, "-m", "dra_driver", "devices", "--nvml", f"sim:{profile}@{NODE}",
+                          "-o", "json"], capture_output=True, check=True, cwd=REPO)
+    data = json.loads(out.stdout)
+    nodes = [(f"/dev/nvidia{g['minor']}", 195, int(g["minor"])) for g in data["gpus"]]
+    for i, path in enumerate(data["control_device_nodes"]):
+        nodes.append((path, 195, 255) if path == "/dev/nvidiactl" else (path, 511, i))
+    return nodes
+
+
+def start_plugin(cluster: Cluster, node: str = NODE, profile: str = PROFILE) -> Component:
+    """Run ``python -m dra_driver kubelet-plugin`` for ``node`` as a real process; return it.
+
+    For the kubelet's node its sockets go where that kubelet looks (``<root>/plugins_registry``,
+    ``<root>/plugins/<driver>``). For a fake node (no kubelet) they go to a directory of its own:
+    the plugin publishes that node's slices and waits for a registration that never comes.
+    """
+    root = cluster.kubelet_root if node == cluster.node_name else os.path.join(cluster.dir, "fake", node)
+    name = "gpuready-kubelet-plugin" + ("" if node == cluster.node_name else f"-{node}")
+    argv = [sys.executable, "-m", "dra_driver", "kubelet-plugin", "--node-name", node,
+            "--nvml", f"sim:{profile}@{node}", "--kubeconfig", cluster.kubeconfig,
+            "--registrar-dir", os.path.join(root, "plugins_registry"),
+            "--plugin-dir", os.path.join(root, "plugins", DRIVER),
+            "--cdi-root", cluster.cdi_dir if node == cluster.node_name else os.path.join(root, "cdi"),
+            "--metrics-port", "0",
+            # The plugin's default assumes /var/lib/kubelet; this kubelet's root dir is elsewhere.
+            "--pod-resources-socket",
+            os.path.join(root, "pod-resources", "kubelet.sock") if node == cluster.node_name else ""]
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "NODE_NAME", "NVML")}
+    plugin = Component(name, argv, cluster.log_path(name), env=env, cwd=REPO).start()
+    cluster.components[plugin.name] = plugin  # stopped with the cluster, its log in the failure report
+    return plugin
+
+
+def log_has(path: str, text: str) -> bool:
+    """Whether the log file at ``path`` contains ``text`` yet."""
+    with open(path, errors="replace") as f:
+        return text in f.read()
