@@ -10,7 +10,7 @@ version) and ``install-host-deps.sh`` (runc, CNI plugins, busybox-static from De
 """
 
 from testbed.realcluster.binaries import Binaries, MissingBinary
-from testbed.realcluster.cluster import Cluster, ClusterConfig
+from testbed.realcluster.kube_cluster import Cluster, ClusterConfig
 from testbed.realcluster.procs import ComponentError
 
 __all__ = ["Binaries", "Cluster", "ClusterConfig", "ComponentError", "MissingBinary"]

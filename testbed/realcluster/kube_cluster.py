@@ -35,7 +35,7 @@ import yaml
 
 from testbed.realcluster import cleanup, containerd_config, fake_nodes, hostnet, images
 from testbed.realcluster.binaries import Binaries
-from testbed.realcluster.gates import Gates, driver_gates
+from testbed.realcluster.feature_gates import Gates, driver_gates
 from testbed.realcluster.pki import CertFiles, Pki
 from testbed.realcluster.procs import Component, ComponentError, free_port, run, tail
 
