@@ -35,6 +35,7 @@ from controller.informers import ClusterCache
 from controller.planning import Explanation, Inventory, allocate_and_reserve, explain
 from controller.planning.explain import unhealthy_from_node_conditions
 from controller.planning.planner import Policy
+from dra_driver.kube_api import describe_error
 from dra_driver.logs import get_logger
 
 log = get_logger(__name__)
@@ -161,7 +162,7 @@ class LocalAllocator:
                 self._pod(pod, stats)
             except ApiError as exc:
                 log.warning("allocator_pod_failed", pod=f"{meta.get('namespace')}/{meta.get('name')}",
-                            node=spec.get("nodeName"), error=str(exc)[:300])
+                            node=spec.get("nodeName"), error=describe_error(exc))
         self._deallocate(stats)
         if self.metrics is not None:
             counts: dict[str, int] = {}
@@ -391,7 +392,7 @@ class LocalAllocator:
                 if exc.status != 404:
                     log.warning("claim_deallocate_failed", claim=f"{ns}/{name}", claim_uid=meta.get("uid"),
                                 node=allocated_node(status.get("allocation")),
-                                device=_devices_text(status.get("allocation")), error=str(exc)[:300])
+                                device=_devices_text(status.get("allocation")), error=describe_error(exc))
 
 
 def _devices_text(allocation: dict[str, Any] | None) -> str | None:

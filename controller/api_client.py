@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import Any
 
-from dra_driver.kube_api import JSON_PATCH, MERGE_PATCH, ApiError, JsonApi
+from dra_driver.kube_api import JSON_PATCH, MERGE_PATCH, ApiError, JsonApi, describe_error
 from dra_driver.logs import get_logger
 
 log = get_logger(__name__)
@@ -101,4 +101,4 @@ class KubeApi(JsonApi):
                 "Pod": {"pod": f"{namespace}/{name}"}, "Node": {"node": name},
                 "ResourceClaim": {"claim": f"{namespace}/{name}", "claim_uid": meta.get("uid")}}
             log.warning("event_emit_failed", kind=kind, **where.get(kind, {"object": name}), reason=reason,
-                        error=str(exc))
+                        error=describe_error(exc))

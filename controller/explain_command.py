@@ -16,6 +16,7 @@ from typing import Any
 from controller.plan_command import api_client, read_cluster
 from controller.planning import explain
 from controller.planning.explain import unhealthy_from_node_conditions
+from dra_driver.kube_api import describe_error
 
 HELP = "explain why a claim (or a pod's claims) fits where it does, or does not fit"
 DESCRIPTION = """\
@@ -111,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         inventory = read_cluster(client)
         nodes = json.loads(core.list_node(_preload_content=False).data).get("items", [])
     except Exception as exc:  # any client or connection failure: one clear line, exit 2
-        print(f"gpuready explain: cannot read the cluster: {exc}", file=sys.stderr)
+        print(f"gpuready explain: cannot read the cluster: {describe_error(exc)}", file=sys.stderr)
         return 2
     unhealthy = unhealthy_from_node_conditions(nodes)
     status = 0

@@ -36,6 +36,7 @@ from controller.api_client import (
 )
 from controller.planning import Inventory, Skipped, build_inventory
 from controller.planning.cluster_inventory import SliceCache
+from dra_driver.kube_api import describe_error
 from dra_driver.logs import get_logger
 
 log = get_logger(__name__)
@@ -209,7 +210,7 @@ class Informer:
                 if failures >= 3:
                     need_list = True  # the server may have lost our place: start over from a list
                 wait = min(BACKOFF_MAX, BACKOFF_BASE * 2 ** failures) * random.uniform(0.5, 1.0)
-                log.warning("informer_watch_failed", kind=self.kind.name, error=str(exc)[:300],
+                log.warning("informer_watch_failed", kind=self.kind.name, error=describe_error(exc),
                             retry_in_s=round(wait, 2))
                 self._stop.wait(wait)
             if time.monotonic() >= self._next_resync and not self._stop.is_set():

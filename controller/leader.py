@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.api_client import COORDINATION_V1, ApiError, KubeApi, namespaced
+from dra_driver.kube_api import describe_error
 from dra_driver.logs import get_logger
 
 log = get_logger(__name__)
@@ -107,7 +108,7 @@ class LeaderElector:
             try:
                 ok = self._try_acquire_or_renew()
             except Exception as exc:  # API errors: keep trying, lose leadership past the deadline
-                log.warning("lease_update_failed", identity=self.config.identity, error=str(exc)[:300])
+                log.warning("lease_update_failed", identity=self.config.identity, error=describe_error(exc))
                 ok = False
             now = self._clock()
             if ok:
@@ -181,4 +182,4 @@ class LeaderElector:
             self.api.request("PUT", self._path, body={**lease, "spec": spec})
             log.info("lease_released", identity=self.config.identity)
         except Exception as exc:
-            log.warning("lease_release_failed", identity=self.config.identity, error=str(exc)[:300])
+            log.warning("lease_release_failed", identity=self.config.identity, error=describe_error(exc))

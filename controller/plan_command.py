@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from controller.planning import Inventory, build_inventory, plan, shape_vram_request
+from dra_driver.kube_api import describe_error
 from dra_driver.logs import get_logger
 from dra_driver.quantity import human_bytes
 
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         inventory = read_cluster(api_client(args.kubeconfig))
     except Exception as exc:  # any client or connection failure: one clear line, exit 2
-        print(f"gpuready plan: cannot read the cluster: {exc}", file=sys.stderr)
+        print(f"gpuready plan: cannot read the cluster: {describe_error(exc)}", file=sys.stderr)
         return 2
     if args.shape:
         requests = (claim.get("spec") or {}).get("devices", {}).get("requests") or []

@@ -84,6 +84,36 @@ class JsonApi:
         return response
 
 
+def describe_error(exc: BaseException) -> str:
+    """A failed API request in a few words for a log line or a message.
+
+    ``HTTP 409 Conflict: <the server's message>`` for an answer; for no answer, where the API server
+    is and why it could not be reached (``cannot reach the API server at 127.0.0.1:6443: connection
+    refused``) instead of urllib3's nested ``Max retries exceeded ... Caused by ...`` text.
+    """
+    status = getattr(exc, "status", None)
+    if isinstance(exc, ApiException) and status:
+        body = getattr(exc, "body", None)
+        message = body.get("message", "") if isinstance(body, dict) else ""
+        text = f"HTTP {status} {exc.reason or ''}".strip()
+        return f"{text}: {message}" if message else text
+    if isinstance(exc, urllib3.exceptions.MaxRetryError | urllib3.exceptions.NewConnectionError
+                  | urllib3.exceptions.ProtocolError | urllib3.exceptions.TimeoutError):
+        pool = getattr(exc, "pool", None)
+        where = f" at {pool.host}:{pool.port}" if pool is not None and getattr(pool, "host", None) else ""
+        cause: BaseException = getattr(exc, "reason", None) or exc
+        detail = str(cause)
+        for marker, words in (("Connection refused", "connection refused"), ("timed out", "timed out"),
+                              ("Name or service not known", "host name not found"),
+                              ("No route to host", "no route to host"), ("CERTIFICATE_VERIFY_FAILED",
+                              "its TLS certificate is not trusted (check the kubeconfig's certificate-authority)")):
+            if marker in detail:
+                detail = words
+                break
+        return f"cannot reach the API server{where}: {detail}"
+    return f"{type(exc).__name__}: {exc}" if not str(exc).startswith(type(exc).__name__) else str(exc)
+
+
 def make_api_client(kubeconfig: str = "", flag: str = "--kubeconfig") -> Any:
     """The ``kubernetes`` ApiClient every command uses: from ``kubeconfig`` when given; in-cluster
     (the pod's service account) inside a pod; else the default kubeconfig (``$KUBECONFIG``,

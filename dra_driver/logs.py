@@ -130,6 +130,10 @@ def configure(level: str = "info", stream: Any = None) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # urllib3 logs every internal retry of a request as a multi-field warning (three per refused
+    # connection); the code that made the request logs one structured line per failure, with its
+    # backoff (dra_driver.kube_api.describe_error words it).
+    logging.getLogger("urllib3").setLevel(logging.ERROR)
 
 
 class LoggedErrorsMixin:

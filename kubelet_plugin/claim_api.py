@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from dra_driver.kube_api import ApiError, JsonApi
+from dra_driver.kube_api import ApiError, JsonApi, describe_error
 from dra_driver.logs import get_logger
 
 if TYPE_CHECKING:
@@ -157,7 +157,7 @@ def emit_node_event(api_client: Any, node_name: str, reason: str, message: str,
     try:
         NodeStatusApi(api_client).create_namespaced_event("default", body)
     except Exception as exc:
-        log.warning("event_emit_failed", node=node_name, reason=reason, error=str(exc))
+        log.warning("event_emit_failed", node=node_name, reason=reason, error=describe_error(exc))
 
 
 class PreparedClaims:
@@ -204,7 +204,7 @@ class PreparedClaims:
         try:
             claim = self._claims.get(namespace, name)
         except Exception as exc:  # API server down: skip this round, try again next time
-            log.debug("claim_read_failed", claim_uid=uid, node=self._pool, error=str(exc))
+            log.debug("claim_read_failed", claim_uid=uid, node=self._pool, error=describe_error(exc))
             return None
         if claim is None or (claim.get("metadata") or {}).get("uid") != uid:
             return None

@@ -67,6 +67,12 @@ from kubelet_plugin.metrics import (
     serve_metrics,
 )
 from kubelet_plugin.metrics.pod_resources_client import single_pod_users
+from kubelet_plugin.node_prerequisites import (
+    NodePrerequisiteError,
+    ensure_directories,
+    first_problem,
+    node_directories,
+)
 from kubelet_plugin.prepare.claim_plan import NodeDevice, index_devices
 from kubelet_plugin.prepare.mig_ops import NvmlMigOps
 from kubelet_plugin.prepare.preparer import Preparer, PrepareSettings
@@ -134,6 +140,10 @@ class KubeletPlugin:
         self.vram: VramAccountant | None = None
         self._mps_stop = threading.Event()
         self._started = False
+        self._directories = node_directories(config)
+        self._prerequisite: tuple[str, str] | None = None  # (reason, message) while the node cannot prepare
+        self._apply_lock = threading.Lock()  # health snapshots applied one at a time, newest last
+        self._last_snapshot: Any = None
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -141,6 +151,12 @@ class KubeletPlugin:
         from kubelet_plugin.nvml import discover
 
         cfg = self.config
+        # Before anything that writes: a directory the plugin cannot use is named with its flag. The
+        # sockets' and checkpoint's directories stop the start (retried); an unusable CDI root
+        # leaves the plugin up with every device withdrawn and GPUReady=False until it is fixed.
+        self._prerequisite = ensure_directories(self._directories)
+        if self._prerequisite is not None and self._prerequisite[0] != "CDIRootUnusable":
+            raise NodePrerequisiteError(self._prerequisite[1])
         self.devices = discover(self.nvml)
         self.device_index = index_devices(self.devices, cfg.dynamic_mig)
         log.info("devices_discovered", node=cfg.node_name, gpus=len(self.devices.gpus),
@@ -181,6 +197,7 @@ class KubeletPlugin:
         if cfg.vram_interval > 0:
             self.vram.start(cfg.vram_interval)
         threading.Thread(target=self._watch_mps, name="mps-watch", daemon=True).start()
+        threading.Thread(target=self._watch_prerequisites, name="node-prerequisites", daemon=True).start()
         if self._own_metrics:
             # Per-GPU readings under dcgm-exporter's names, read at scrape time only. Not when the
             # registry is shared by several plugins (the demo): the families would collide.
@@ -196,6 +213,31 @@ class KubeletPlugin:
                  registration_socket=self.paths.registration)
 
     mps_watch_interval_s = 30.0  # how often dead MPS daemons of prepared claims are looked for
+    prerequisite_interval_s = 10.0  # how often the node's directories are checked again
+
+    def _watch_prerequisites(self) -> None:
+        """Check the node's directories again and again: a CDI root unmounted at run time withdraws
+        every device within one interval, and its return publishes them again."""
+        if self._prerequisite is not None:
+            self._report_prerequisite(None, self._prerequisite)
+        while not self._mps_stop.wait(self.prerequisite_interval_s):
+            problem = first_problem(self._directories)
+            if problem != self._prerequisite:
+                previous, self._prerequisite = self._prerequisite, problem
+                self._report_prerequisite(previous, problem)
+
+    def _report_prerequisite(self, previous: tuple[str, str] | None, problem: tuple[str, str] | None) -> None:
+        if problem is not None:
+            log.error("node_prerequisite_failed", node=self.config.node_name, reason=problem[0],
+                      error=problem[1], action="every device withdrawn until it is fixed")
+        else:
+            log.info("node_prerequisite_met", node=self.config.node_name,
+                     reason=previous[0] if previous else None, action="devices published again")
+        if self.health_monitor is not None:
+            self.apply_health(self.health_monitor.snapshot())
+        else:
+            self.set_unhealthy({})
+
 
     def _watch_mps(self) -> None:
         """Restart MPS control daemons of prepared claims that died: during a rolling update the old
@@ -291,6 +333,10 @@ class KubeletPlugin:
 
     def apply_health(self, snapshot: Any) -> None:
         """Health monitor callback: republish slices and the kubelet health stream."""
+        with self._apply_lock:
+            self._apply_health_locked(replace(snapshot, prerequisite=self._prerequisite))
+
+    def _apply_health_locked(self, snapshot: Any) -> None:
         devices = self.devices
         unhealthy = snapshot.unhealthy()
         assert devices is not None
@@ -359,6 +405,8 @@ class KubeletPlugin:
 
     def set_unhealthy(self, unhealthy: Mapping[str, str]) -> None:
         """Set device health directly (``--health-mode off``, tests, the demo)."""
+        if self._prerequisite is not None:
+            unhealthy = {**dict.fromkeys(self.device_index, self._prerequisite[1]), **unhealthy}
         self._publish(unhealthy)
         self.broadcaster.publish(entries_from_map(self.config.node_name, self.device_index, unhealthy))
 

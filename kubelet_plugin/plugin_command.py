@@ -79,6 +79,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--plugin-dir", default=_env("PLUGIN_DIR", ""),
       help=f"plugin data directory: DRA socket and checkpoint (env PLUGIN_DIR; default "
            f"{DEFAULT_PLUGINS_ROOT}/<driver name>)")
+    # The names the upstream kubelet-plugin helper's drivers use, so their manifests work unchanged.
+    a("--kubelet-registrar-directory-path", dest="upstream_registrar_dir",
+      default=_env("KUBELET_REGISTRAR_DIRECTORY_PATH", ""),
+      help="the same as --registrar-dir, under the upstream helper's name (env KUBELET_REGISTRAR_DIRECTORY_PATH)")
+    a("--kubelet-plugins-directory-path", dest="upstream_plugins_dir",
+      default=_env("KUBELET_PLUGINS_DIRECTORY_PATH", ""),
+      help="the kubelet's plugins directory, as the upstream helper names it: the plugin data directory is "
+           "<this>/<driver name> (env KUBELET_PLUGINS_DIRECTORY_PATH)")
     a("--cdi-root", default=_env("CDI_ROOT", DEFAULT_CDI_ROOT), help="CDI spec directory (env CDI_ROOT)")
     a("--driver-root", default=_env("NVIDIA_DRIVER_ROOT", "/"),
       help="where the NVIDIA driver files are: / or /run/nvidia/driver (env NVIDIA_DRIVER_ROOT)")
@@ -167,11 +175,35 @@ def _xids(flag: str, value: str) -> frozenset[int]:
         raise ValueError(f"{flag} {value!r}: write XID numbers separated by commas, e.g. 13,43") from None
 
 
+def _directories(args: argparse.Namespace) -> tuple[str, str]:
+    """--registrar-dir and --plugin-dir, taking the upstream helper's flag names where they are given.
+
+    Both spellings may be given only when they agree: two different answers to "where" would leave
+    the kubelet watching one directory and the plugin serving in another.
+    """
+    registrar, plugin_dir = args.registrar_dir, args.plugin_dir
+    upstream_registrar = getattr(args, "upstream_registrar_dir", "")
+    if upstream_registrar:
+        if registrar not in (DEFAULT_REGISTRAR_DIR, upstream_registrar):
+            raise ValueError(f"--registrar-dir {registrar} and --kubelet-registrar-directory-path "
+                             f"{upstream_registrar} disagree: set one of them")
+        registrar = upstream_registrar
+    upstream_plugins = getattr(args, "upstream_plugins_dir", "")
+    if upstream_plugins:
+        derived = os.path.join(upstream_plugins, args.driver_name)
+        if plugin_dir not in ("", derived):
+            raise ValueError(f"--plugin-dir {plugin_dir} and --kubelet-plugins-directory-path {upstream_plugins} "
+                             f"(which means --plugin-dir {derived}) disagree: set one of them")
+        plugin_dir = derived
+    return registrar, plugin_dir
+
+
 def config_from_args(args: argparse.Namespace) -> PluginConfig:
     """Build and validate the config (ValueError names the flag to fix)."""
+    registrar_dir, plugin_dir = _directories(args)
     return PluginConfig(
-        node_name=args.node_name, driver_name=args.driver_name, registrar_dir=args.registrar_dir,
-        plugin_dir=args.plugin_dir, cdi_root=args.cdi_root, driver_root=args.driver_root,
+        node_name=args.node_name, driver_name=args.driver_name, registrar_dir=registrar_dir,
+        plugin_dir=plugin_dir, cdi_root=args.cdi_root, driver_root=args.driver_root,
         host_driver_root=args.host_driver_root, nvml=args.nvml, mig_mode=args.mig_mode,
         shared_gpus=_shared(args.shared_gpus), health_mode=args.health_mode, pod_uid=args.pod_uid,
         health_interval=_number(args, "--health-interval"), metrics_port=_port(_number(args, "--metrics-port")),
@@ -226,6 +258,7 @@ def _start(config: PluginConfig, kubeconfig: str, stop: threading.Event, delay: 
 
     from dra_driver.kube_api import make_api_client
     from kubelet_plugin.daemon import KubeletPlugin
+    from kubelet_plugin.node_prerequisites import NodePrerequisiteError
     from kubelet_plugin.nvml import open_nvml
 
     while not stop.is_set():
@@ -240,8 +273,9 @@ def _start(config: PluginConfig, kubeconfig: str, stop: threading.Event, delay: 
             # A setting that can never work (an unknown simulated profile, no kubeconfig): no retry.
             raise ValueError(str(exc)) from exc
         except Exception as exc:
-            log.error("plugin_start_failed", exc_info=True, node=config.node_name, error=str(exc),
-                      retry_in_s=delay)
+            # A named node problem (a directory) is said in words; anything else keeps its traceback.
+            log.error("plugin_start_failed", exc_info=not isinstance(exc, NodePrerequisiteError),
+                      node=config.node_name, error=str(exc), retry_in_s=delay)
             if plugin is not None:
                 plugin.stop()
         stop.wait(delay)

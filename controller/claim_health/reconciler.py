@@ -33,6 +33,7 @@ from controller.claim_health.device_conditions import (
 from controller.controller_metrics import ControllerMetrics
 from controller.informers import ClusterCache
 from controller.planning.explain import unhealthy_from_node_conditions
+from dra_driver.kube_api import describe_error
 from dra_driver.logs import get_logger
 
 log = get_logger(__name__)
@@ -120,7 +121,7 @@ class HealthReconciler:
                 if exc.status == 404:
                     return None
                 log.warning("claim_condition_failed", claim=f"{ns}/{name}", claim_uid=uid, device=ref.id,
-                            node=ref.pool, error=str(exc)[:300])
+                            node=ref.pool, error=describe_error(exc))
                 self._count(action, False)
                 return None
             self.cache.claims.apply_local(updated)
@@ -183,7 +184,7 @@ class HealthReconciler:
                 # 429: a PodDisruptionBudget forbids it now; retried on the next pass.
                 log.warning("pod_eviction_failed", pod=f"{ns}/{name}", claim=_ref(claim),
                             claim_uid=(claim.get("metadata") or {}).get("uid"), device=ref.id, node=ref.pool,
-                            status=exc.status, error=str(exc)[:300])
+                            status=exc.status, error=describe_error(exc))
                 self._count("evict", False)
                 continue
             self._evicted.add(uid)

@@ -47,6 +47,7 @@ from controller.planning import Inventory, build_inventory, explain
 from controller.planning.explain import unhealthy_from_node_conditions
 from controller.planning.parse import claim_ref
 from controller.planning.planner import Policy
+from dra_driver.kube_api import describe_error
 from dra_driver.logs import get_logger
 
 log = get_logger(__name__)
@@ -115,7 +116,7 @@ class PlacementController:
                 self._pod(pod, stats)
             except ApiError as exc:  # a 409 or a failed write: the gate stays, the next pass retries
                 log.warning("placement_pod_failed", pod=f"{meta.get('namespace')}/{meta.get('name')}",
-                            status=exc.status, error=str(exc)[:300], retry="next pass")
+                            status=exc.status, error=describe_error(exc), retry="next pass")
         self._pass = None
         return stats
 

@@ -116,7 +116,7 @@ def _remove_temp_files(cdi_root: str, driver: str) -> int:
     removed = 0
     try:
         names = os.listdir(cdi_root)
-    except FileNotFoundError:
+    except OSError:  # missing or unusable: nothing to clean (the plugin reports the directory)
         return 0
     for name in names:
         if name.startswith(prefix) and ".tmp-" in name:

@@ -44,7 +44,7 @@ def spec_uids(cdi_root: str, driver: str) -> list[str]:
     prefix, suffix = f"{cdi_vendor(driver)}-{CDI_CLASS}_", ".json"
     try:
         names = os.listdir(cdi_root)
-    except FileNotFoundError:
+    except OSError:  # missing or unusable: no spec can be there (the plugin reports the directory)
         return []
     uids = [n[len(prefix):-len(suffix)] for n in names if n.startswith(prefix) and n.endswith(suffix)]
     return sorted(u for u in uids if uid_problem(u) is None)

@@ -48,8 +48,11 @@ def health_stream_entries(snapshot: HealthSnapshot, pool_name: str,
     now = int(now_unix if now_unix is not None else time.time())
     out = []
     for name, dev in sorted(snapshot.devices.items()):
-        message = dev.reason if dev.state is not HealthState.HEALTHY else ""
+        health, message = _STREAM_HEALTH[dev.state], dev.reason if dev.state is not HealthState.HEALTHY else ""
         if snapshot.node_problem and dev.state is HealthState.UNKNOWN:
             message = snapshot.node_problem
-        out.append(HealthStreamEntry(pool_name, name, _STREAM_HEALTH[dev.state], truncate_message(message), now))
+        if snapshot.prerequisite is not None and dev.state is HealthState.HEALTHY:
+            # The GPU computes, but this node cannot hand it to a container (no CDI spec can be written).
+            health, message = "UNHEALTHY", snapshot.prerequisite[1]
+        out.append(HealthStreamEntry(pool_name, name, health, truncate_message(message), now))
     return out

@@ -19,6 +19,7 @@ from typing import Any
 
 import kubernetes
 
+from dra_driver.kube_api import describe_error
 from dra_driver.logs import get_logger
 from kubelet_plugin.health.snapshot import HealthSnapshot
 from kubelet_plugin.health.state import NOT_PROBED_CODE, HealthState
@@ -69,7 +70,10 @@ def _grouped(items: list[tuple[str, str]]) -> list[tuple[list[str], str]]:
 
 
 def gpu_ready_condition(snapshot: HealthSnapshot) -> NodeCondition:
-    """GPUReady: True only when NVML answers and every GPU device is Healthy; else why not."""
+    """GPUReady: True only when NVML answers, the node can prepare, and every GPU device is Healthy."""
+    if snapshot.prerequisite is not None:
+        reason, message = snapshot.prerequisite
+        return NodeCondition("False", reason, _cap(f"no GPU can be prepared on this node: {message}"))
     if snapshot.node_problem:
         return NodeCondition("False", "NVMLUnavailable", _cap(snapshot.node_problem))
     if not snapshot.devices:
@@ -107,7 +111,8 @@ _EVENT_KIND = {
 }
 
 
-def transition_events(snapshot: HealthSnapshot, previous_problem: str | None) -> list[NodeEvent]:
+def transition_events(snapshot: HealthSnapshot, previous_problem: str | None,
+                      previous_prerequisite: tuple[str, str] | None = None) -> list[NodeEvent]:
     """The Events a snapshot's transitions call for (devices sharing a cause share one Event)."""
     items: list[tuple[str, tuple[str, str, str]]] = []
     for t in snapshot.transitions:
@@ -134,6 +139,12 @@ def transition_events(snapshot: HealthSnapshot, previous_problem: str | None) ->
         events.insert(0, NodeEvent("NVMLUnavailable", "Warning", _cap(snapshot.node_problem)))
     elif previous_problem and not snapshot.node_problem:
         events.insert(0, NodeEvent("NVMLAvailable", "Normal", "NVML answers again; re-validating GPUs"))
+    if snapshot.prerequisite is not None and snapshot.prerequisite != previous_prerequisite:
+        reason, message = snapshot.prerequisite
+        events.insert(0, NodeEvent(reason, "Warning", _cap(f"every GPU withdrawn: {message}")))
+    elif previous_prerequisite is not None and snapshot.prerequisite is None:
+        events.insert(0, NodeEvent("NodePrerequisitesMet", "Normal",
+                                   f"{previous_prerequisite[0]} cleared; GPUs are published again"))
     return events
 
 
@@ -165,6 +176,7 @@ class NodeStatusReporter:
         self._transition_time: float | None = None
         self._events: deque[NodeEvent] = deque(maxlen=MAX_PENDING_EVENTS)
         self._last_problem: str | None = None
+        self._last_prerequisite: tuple[str, str] | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -183,8 +195,9 @@ class NodeStatusReporter:
         """Record a snapshot: never blocks on the API server (safe from the monitor's hot path)."""
         condition = gpu_ready_condition(snapshot)
         with self._lock:
-            self._events.extend(transition_events(snapshot, self._last_problem))
+            self._events.extend(transition_events(snapshot, self._last_problem, self._last_prerequisite))
             self._last_problem = snapshot.node_problem
+            self._last_prerequisite = snapshot.prerequisite
             if self._desired is None or condition.status != self._desired.status:
                 self._transition_time = self._clock()
             self._desired = condition
@@ -263,8 +276,4 @@ class NodeStatusReporter:
 
 
 def _describe(exc: BaseException) -> str:
-    status = getattr(exc, "status", None)
-    reason = getattr(exc, "reason", None)
-    if status is not None:
-        return f"HTTP {status} {reason or ''}".strip()
-    return f"{type(exc).__name__}: {exc}"
+    return describe_error(exc)

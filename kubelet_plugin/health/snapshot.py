@@ -36,17 +36,27 @@ class HealthSnapshot:
     validated: bool = False  # the first validation round has finished
     # GPUs NVML lists but discovery could not read (NVML index, reason): not published, not ready.
     unreadable: tuple[tuple[int, str], ...] = ()
+    # The node cannot prepare any claim (kubelet_plugin/node_prerequisites.py): (reason, message),
+    # e.g. ("CDIRootUnusable", "--cdi-root /proc/cdi ..."). Every device is withdrawn meanwhile.
+    prerequisite: tuple[str, str] | None = None
+
+    def withheld(self, name: str) -> bool:
+        """Whether ``name`` must not be used now (its own health, or the node's prerequisites)."""
+        return self.prerequisite is not None or not self.devices[name].healthy
 
     def unhealthy(self) -> dict[str, str]:
         """Device name -> reason for every device that must not be published (for build_pool)."""
+        if self.prerequisite is not None:
+            return {n: self.prerequisite[1] for n in self.devices}
         return {n: d.reason for n, d in self.devices.items() if not d.healthy}
 
     def healthy_names(self) -> list[str]:
         """Names of the devices that may be published."""
-        return sorted(n for n, d in self.devices.items() if d.healthy)
+        return sorted(n for n in self.devices if not self.withheld(n))
 
     @property
     def all_healthy(self) -> bool:
-        """True when NVML answers, reads every GPU, and every tracked device is Healthy (GPUReady)."""
-        return (self.node_problem is None and not self.unreadable
+        """True when NVML answers, reads every GPU, the node can prepare, and every tracked device is
+        Healthy (GPUReady)."""
+        return (self.node_problem is None and not self.unreadable and self.prerequisite is None
                 and all(d.healthy for d in self.devices.values()))

@@ -17,7 +17,6 @@ The same functions back ``gpuready validate`` and the monitor's start-up validat
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -29,6 +28,7 @@ from kubelet_plugin.health.nvml_checks import NvmlUnavailable, check_driver, che
 from kubelet_plugin.health.probe_runner import COVERED, Prober
 from kubelet_plugin.health.state import Fault
 from kubelet_plugin.health.topology import node_topology
+from kubelet_plugin.node_prerequisites import NodeDirectory, problem_with
 
 
 class CheckStatus(StrEnum):
@@ -181,14 +181,14 @@ def check_container_stage(devices: NodeDevices, config: ValidationConfig) -> lis
     else:
         results.append(CheckResult("node", "container", CheckStatus.SKIP, "device nodes not checked"))
     if config.cdi_dir is not None:
-        try:
-            os.makedirs(config.cdi_dir, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=config.cdi_dir, prefix=".gpuready-validate-"):
-                pass
+        # Checked without writing anything: a check must not change what it checks.
+        problem = problem_with(NodeDirectory("--cdi-dir", "CDI_ROOT", config.cdi_dir,
+                                             "one CDI spec per prepared claim", "CDIRootUnusable"))
+        if problem is None:
             results.append(CheckResult("node", "cdi", CheckStatus.PASS, f"{config.cdi_dir} is writable"))
-        except OSError as exc:
+        else:
             results.append(CheckResult("node", "cdi", CheckStatus.FAIL,
-                                       f"CDI directory {config.cdi_dir} is not writable: {exc.strerror or exc}"))
+                                       f"CDI directory {config.cdi_dir} is not writable: {problem}"))
     missing = [f for f in config.toolkit_files if not os.path.exists(f)]
     if config.toolkit_files:
         status = CheckStatus.FAIL if missing else CheckStatus.PASS

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from dra_driver.devices import MigDevice
+from dra_driver.kube_api import describe_error
 from dra_driver.logs import get_logger
 from kubelet_plugin.checkpoint.schema import ClaimRecord, MigRecord
 from kubelet_plugin.checkpoint.store import CheckpointStore
@@ -135,7 +136,7 @@ class MigSteps:
         try:
             self.claims.write_device_status(plan.namespace, plan.name, plan.uid, entries)
         except Exception as exc:  # status is informational: older servers or RBAC may refuse it
-            log.warning("claim_status_write_failed", claim_uid=plan.uid, node=self.settings.pool, error=str(exc))
+            log.warning("claim_status_write_failed", claim_uid=plan.uid, node=self.settings.pool, error=describe_error(exc))
 
     def _remove_mig_status(self, record: ClaimRecord) -> None:
         """Drop the ``status.devices`` entries prepare wrote for the MIG devices just destroyed.
@@ -150,4 +151,4 @@ class MigSteps:
                                              [m.device for m in record.mig])
         except Exception as exc:
             log.warning("claim_status_cleanup_failed", claim_uid=record.uid, node=self.settings.pool,
-                        error=str(exc))
+                        error=describe_error(exc))

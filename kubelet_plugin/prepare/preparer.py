@@ -39,6 +39,7 @@ from kubelet_plugin.mps.claim_daemons import revive_claim, start_for_claim
 from kubelet_plugin.mps.control_daemon import MpsControl, MpsControlSettings, private_shm_default
 from kubelet_plugin.mps.mps_dirs import plan_record
 from kubelet_plugin.mps.mps_plan import MpsOps, check_claim, claim_mps_devices
+from kubelet_plugin.node_prerequisites import NodeDirectory, describe_os_error
 from kubelet_plugin.prepare.claim_plan import ClaimPlan, NodeDevice, PrepareError, answer_for, plan_claim
 from kubelet_plugin.prepare.mig_instances import MigSteps, planned_mig
 from kubelet_plugin.prepare.prepare_errors import api_failure
@@ -316,7 +317,15 @@ class Preparer(MigSteps, UnprepareSteps):
         return ClaimOutcome(devices=tuple(answer))
 
     def write_spec(self, path: str, spec: Mapping[str, Any]) -> None:
-        """Write a CDI spec atomically (the runtime never sees a partial file)."""
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        atomic_write(path, json.dumps(spec, indent=1).encode())
+        """Write a CDI spec atomically (the runtime never sees a partial file).
+
+        An OS error is a :class:`PrepareError` that names ``--cdi-root`` and the fix, not a bare errno.
+        """
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            atomic_write(path, json.dumps(spec, indent=1).encode())
+        except OSError as exc:
+            where = NodeDirectory("--cdi-root", "CDI_ROOT", self.settings.cdi_root, "one CDI spec per prepared claim",
+                                  "CDIRootUnusable")
+            raise PrepareError("cdi_root_unusable", describe_os_error(where, exc)) from exc
 

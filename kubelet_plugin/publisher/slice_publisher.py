@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from dra_driver.kube_api import describe_error
 from dra_driver.logs import get_logger
 from dra_driver.slices import SliceSpec
 
@@ -253,7 +254,7 @@ class SlicePublisher:
         return kind in ("ADDED", "MODIFIED") and self._own_rv.get(name) == rv
 
     def _note_error(self, err: Exception, retry_in: float) -> None:
-        text = str(err)
+        text = describe_error(err)
         log.warning("slice_publish_failed", node=self.node_name, error=text, retry_in_s=round(retry_in, 3))
         with self._lock:
             s = self._stats

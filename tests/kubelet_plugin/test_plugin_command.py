@@ -36,12 +36,32 @@ def test_environment_variables_fill_every_setting(monkeypatch: pytest.MonkeyPatc
     assert policy.extra_ignored_xids == {13, 43}
 
 
+def test_the_upstream_helpers_directory_flags_work_as_ours(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A DaemonSet written for another DRA driver passes these names (flags or environment).
+    cfg = command.config_from_args(_args(["--node-name", "n", "--kubelet-registrar-directory-path", "/k/registry",
+                                          "--kubelet-plugins-directory-path", "/k/plugins"]))
+    assert cfg.registrar_dir == "/k/registry"
+    assert cfg.plugin_data_dir == "/k/plugins/gpu.nvidia.com" and cfg.checkpoint_path.startswith("/k/plugins/")
+    monkeypatch.setenv("KUBELET_PLUGINS_DIRECTORY_PATH", "/env/plugins")
+    monkeypatch.setenv("KUBELET_REGISTRAR_DIRECTORY_PATH", "/env/registry")
+    cfg = command.config_from_args(_args(["--node-name", "n", "--driver-name", "gpu.example.com"]))
+    assert (cfg.registrar_dir, cfg.plugin_data_dir) == ("/env/registry", "/env/plugins/gpu.example.com")
+    # Both spellings agreeing is fine; disagreeing is an error that names both.
+    cfg = command.config_from_args(_args(["--node-name", "n", "--driver-name", "gpu.example.com",
+                                          "--registrar-dir", "/env/registry"]))
+    assert cfg.registrar_dir == "/env/registry"
+    with pytest.raises(ValueError, match="--registrar-dir /other and --kubelet-registrar-directory-path"):
+        command.config_from_args(_args(["--node-name", "n", "--registrar-dir", "/other"]))
+    with pytest.raises(ValueError, match="--plugin-dir /p and --kubelet-plugins-directory-path /env/plugins"):
+        command.config_from_args(_args(["--node-name", "n", "--plugin-dir", "/p"]))
+
+
 @pytest.mark.parametrize(
     ("argv", "fragment"),
     [
         ([], "NODE_NAME"),
         (["--node-name", "n", "--driver-name", "Not_A_Domain"], "--driver-name"),
-        (["--node-name", "n", "--nvml", "fake"], "sim:<profile>"),
+        (["--node-name", "n", "--nvml", "fake"], "<backend>:<argument> such as sim:4xh200"),
         (["--node-name", "n", "--xid-ignore", "13,x"], "--xid-ignore"),
         (["--node-name", "n", "--xid-ignore", "79", "--xid-fatal", "79"], "79"),
         (["--node-name", "n", "--nvml", "sim:no-such-profile", "--kubeconfig", "/nonexistent"], "no-such-profile"),

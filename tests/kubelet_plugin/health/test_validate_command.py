@@ -20,7 +20,7 @@ def line(lines: list[str], subject: str, check: str) -> str:
 
 
 def test_healthy_simulated_node_passes(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    rc, lines = run(capsys, "--nvml", "sim:8xh100", "--cdi-dir", str(tmp_path / "cdi"))
+    rc, lines = run(capsys, "--nvml", "sim:8xh100", "--cdi-dir", str(tmp_path))
     assert rc == 0
     assert lines[-1] == "RESULT: all 8 GPU(s) ready"
     assert line(lines, "node", "driver").startswith("PASS")
@@ -31,7 +31,7 @@ def test_healthy_simulated_node_passes(capsys: pytest.CaptureFixture[str], tmp_p
 
 
 def test_each_failure_is_named_with_its_reason(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    rc, lines = run(capsys, "--nvml", "sim:8xh100", "--cdi-dir", str(tmp_path / "cdi"), "--probe-timeout", "2",
+    rc, lines = run(capsys, "--nvml", "sim:8xh100", "--cdi-dir", str(tmp_path), "--probe-timeout", "2",
                     "--sim-fault", "1:hang", "--sim-fault", "2:wrong", "--sim-fault", "3:row-remap",
                     "--sim-fault", "4:lost", "--sim-fault", "5:unknown")
     assert rc == 1
@@ -69,6 +69,10 @@ def test_device_nodes_cdi_and_plugin_checks(capsys: pytest.CaptureFixture[str], 
     rc, lines = run(capsys, "--nvml", "sim:h100-80gb", "--dev-root", str(dev), "--cdi-dir", str(tmp_path / "c2"))
     assert rc == 1
     assert f"{dev}/dev/nvidia0 is missing" in line(lines, "node", "container")
+    # A missing CDI directory is reported with the flag, and validate does not create it.
+    cdi_line = line(lines, "node", "cdi")
+    assert cdi_line.startswith("FAIL") and f"--cdi-dir {tmp_path / 'c2'} (env CDI_ROOT): No such file" in cdi_line
+    assert not (tmp_path / "c2").exists()
 
 
 def test_bad_arguments_are_explained(capsys: pytest.CaptureFixture[str]) -> None:
@@ -87,7 +91,7 @@ def test_missing_optional_uvm_tools_node_is_not_a_failure(capsys: pytest.Capture
     (dev / "dev").mkdir(parents=True)
     for name in ("nvidiactl", "nvidia-uvm", "nvidia0"):
         (dev / "dev" / name).write_text("")
-    rc, lines = run(capsys, "--nvml", "sim:h100-80gb", "--dev-root", str(dev), "--cdi-dir", str(tmp_path / "c"))
+    rc, lines = run(capsys, "--nvml", "sim:h100-80gb", "--dev-root", str(dev), "--cdi-dir", str(tmp_path))
     assert rc == 0, lines
     assert line(lines, "node", "container").startswith("PASS")
 
@@ -97,7 +101,7 @@ def test_hung_gpu_with_mig_enabled_fails_through_a_temporary_instance(capsys: py
     # Four H200 with MIG on and no instance (dynamic MIG): CUDA reaches each only through a MIG
     # instance, so validate makes a temporary full-size one per GPU, probes it, and destroys it.
     rc, lines = run(capsys, "--nvml", "sim:4xh200", "--sim-fault", "1:hang", "--probe-timeout", "2",
-                    "--cdi-dir", str(tmp_path / "cdi"))
+                    "--cdi-dir", str(tmp_path))
     assert rc == 1
     assert line(lines, "gpu-1", "cuda").startswith("FAIL")
     assert "probe timed out after 2s (on a temporary 7g.141gb MIG instance" in line(lines, "gpu-1", "cuda")
