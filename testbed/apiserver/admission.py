@@ -4,7 +4,8 @@ The store calls :meth:`Webhooks.mutate` before its own defaulting and validation
 :meth:`Webhooks.validate` after it; what the validating webhooks saw is exactly what is stored. On
 create both run outside the store lock (a webhook may read from this server while it reviews); on
 update and delete they run under it, so those writes wait for a slow webhook. For each registered webhook whose rules (operations, apiGroups,
-apiVersions, resources with subresources, scope), namespaceSelector and objectSelector match, an
+apiVersions, resources with subresources, scope), namespaceSelector, objectSelector and
+``matchConditions`` (CEL, :mod:`testbed.apiserver.match_conditions`) match, an
 ``admission.k8s.io/v1`` AdmissionReview is POSTed over HTTPS to ``clientConfig.url`` (or the URL the
 ``service_resolver`` gives for ``clientConfig.service``), the certificate checked against
 ``caBundle``, within ``timeoutSeconds``:
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from dra_driver.logs import get_logger
-from testbed.apiserver import errors
+from testbed.apiserver import errors, match_conditions
 from testbed.apiserver.patches import json_patch
 from testbed.apiserver.resources import ADMISSION_GROUP, ResourceType
 from testbed.apiserver.validation import webhooks as config
@@ -249,6 +250,12 @@ class Webhooks:
         Raises the denial, or the 500 of a failed call under failurePolicy Fail."""
         review = self.review(rt, sub, operation, obj, old, dry_run)
         uid = review["request"]["uid"]
+        if hook.get("matchConditions"):
+            call, error = match_conditions.evaluate(hook["matchConditions"], review["request"])
+            if error is not None:
+                self._failed(hook, error)  # raises under failurePolicy Fail
+            if not call:
+                return None
         try:
             answer = self._post(hook, review)
             response = answer.get("response") if isinstance(answer, dict) else None

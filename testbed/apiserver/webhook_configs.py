@@ -7,6 +7,30 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+
+def _claim_devices_field(field: str) -> str:
+    """CEL: the ``devices.<field>`` list of a ResourceClaim or ResourceClaimTemplate (``[]`` if absent)."""
+    return (f"(has(object.spec.devices) && has(object.spec.devices.{field}) ? object.spec.devices.{field} : "
+            f"has(object.spec.spec) && has(object.spec.spec.devices) && has(object.spec.spec.devices.{field}) ? "
+            f"object.spec.spec.devices.{field} : [])")
+
+
+def match_conditions(driver: str, vram_class: str) -> dict[str, list[dict[str, str]]]:
+    """The chart's matchConditions per webhook name: each webhook is called only for what it acts on."""
+    label = driver.replace(".", "-")
+    opaque = f"c.opaque.driver == '{driver}'"
+    return {
+        f"mutate.{driver}": [{"name": f"requests-{vram_class.replace('.', '-')}", "expression":
+                              _claim_devices_field("requests") + " .exists(r, has(r.exactly) && "
+                              f"r.exactly.deviceClassName == '{vram_class}')"}],
+        f"validate.{driver}": [{"name": f"opaque-config-for-{label}", "expression":
+                                _claim_devices_field("config") + f" .exists(c, has(c.opaque) && {opaque})"}],
+        f"validate-deviceclass.{driver}": [{"name": f"opaque-config-for-{label}", "expression":
+                                            f"has(object.spec.config) && object.spec.config.exists(c, "
+                                            f"has(c.opaque) && {opaque})"}],
+    }
+
+
 KUBE_SYSTEM_SKIPPED = {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn",
                                              "values": ["kube-system"]}]}
 
@@ -20,11 +44,14 @@ def gpuready_webhook_configurations(url: str, ca_pem: bytes, driver: str = "gpu.
     ca = base64.b64encode(ca_pem).decode()
     base = url.rstrip("/")
 
+    conditions = match_conditions(driver, f"vram.{driver}")
+
     def hook(hook_name: str, path: str, policy: str, operations: list[str], resources: list[str], scope: str,
              **extra: Any) -> dict[str, Any]:
         return {"name": hook_name, "admissionReviewVersions": ["v1"], "sideEffects": "None",
                 "failurePolicy": policy, "timeoutSeconds": timeout_seconds, "matchPolicy": "Equivalent",
-                **extra, "clientConfig": {"url": base + path, "caBundle": ca},
+                **extra, "matchConditions": conditions[hook_name],
+                "clientConfig": {"url": base + path, "caBundle": ca},
                 "rules": [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": operations,
                            "resources": resources, "scope": scope}]}
 

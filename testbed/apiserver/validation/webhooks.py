@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from testbed.apiserver.errors import Cause
+from testbed.apiserver.match_conditions import MAX_CONDITIONS, compile_error
 from testbed.apiserver.validation.common import (
     dns_label,
     dns_subdomain,
@@ -18,7 +19,9 @@ from testbed.apiserver.validation.common import (
     forbidden,
     invalid,
     not_supported,
+    qualified_name,
     required,
+    too_many,
 )
 
 WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
@@ -180,4 +183,34 @@ def validate(kind: str, obj: dict[str, Any], can_resolve: bool) -> list[Cause]:
                                      ["IfNeeded", "Never"]))
         out += _selector(f"{p}.namespaceSelector", hook.get("namespaceSelector"))
         out += _selector(f"{p}.objectSelector", hook.get("objectSelector"))
+        out += _match_conditions(f"{p}.matchConditions", hook.get("matchConditions"))
+    return out
+
+
+def _match_conditions(path: str, conditions: Any) -> list[Cause]:
+    if conditions is None:
+        return []
+    if not isinstance(conditions, list):
+        return [invalid(path, conditions, "must be a list")]
+    out: list[Cause] = []
+    if len(conditions) > MAX_CONDITIONS:
+        out.append(too_many(path, len(conditions), MAX_CONDITIONS))
+    seen: set[str] = set()
+    for i, condition in enumerate(conditions):
+        p = f"{path}[{i}]"
+        name = (condition or {}).get("name") if isinstance(condition, dict) else None
+        expression = (condition or {}).get("expression") if isinstance(condition, dict) else None
+        if not name:
+            out.append(required(f"{p}.name"))
+        else:
+            out += qualified_name(f"{p}.name", str(name))
+            if name in seen:
+                out.append(duplicate(f"{p}.name", name))
+            seen.add(str(name))
+        if not expression:
+            out.append(required(f"{p}.expression"))
+        else:
+            problem = compile_error(str(expression))
+            if problem:
+                out.append(invalid(f"{p}.expression", expression, f"compilation failed: {problem}"))
     return out
