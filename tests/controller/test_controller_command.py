@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ from testbed.controller_harness import (
     publish_node,
     self_signed_cert,
 )
+from testbed.ports import free_port
 from testbed.waiting import wait_for
 
 CHART_ENV = {  # what deploy/helm/gpuready/templates/controller-deployment.yaml sets
@@ -34,14 +34,6 @@ CHART_ENV = {  # what deploy/helm/gpuready/templates/controller-deployment.yaml 
     "LEASE_DURATION": "15", "RENEW_DEADLINE": "10", "RETRY_PERIOD": "2", "METRICS_PORT": "9090",
     "WEBHOOK_PORT": "9443", "WEBHOOK_CERT_DIR": "/etc/gpuready/webhook-tls",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 
 
 def http_get(url: str) -> tuple[int, str]:
