@@ -8,8 +8,6 @@ what the "kubelet" told it and which service versions it was called on.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -210,12 +208,11 @@ class FakePlugin:
 
 
 @pytest.fixture
-def dirs() -> Iterator[tuple[Path, Path]]:
-    root = Path(tempfile.mkdtemp(dir="/tmp", prefix="ke"))
-    (root / "reg").mkdir()
-    (root / "p").mkdir()
-    yield root / "reg", root / "p"
-    shutil.rmtree(root, ignore_errors=True)
+def dirs(sock_dir: Path) -> tuple[Path, Path]:
+    """The kubelet's plugin registry directory and the plugins' own socket directory."""
+    (sock_dir / "reg").mkdir()
+    (sock_dir / "p").mkdir()
+    return sock_dir / "reg", sock_dir / "p"
 
 
 @pytest.fixture
