@@ -8,6 +8,7 @@ Cluster: node-a 4x H200 with dynamic MIG (1g.18gb .. 7g.141gb placements), node-
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import shutil
 import ssl
@@ -196,17 +197,26 @@ class _Slow(BaseHTTPRequestHandler):
         self.end_headers()
 
 
-@pytest.fixture()
-def slow_webhook(world: dict[str, Any]) -> Iterator[str]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Slow)
+@contextlib.contextmanager
+def _https_webhook(world: dict[str, Any], handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """``handler`` served over HTTPS on 127.0.0.1 (the controller's certificate) for the block: its URL."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     httpd.daemon_threads = True
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(world["cert"], world["key"])
     httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"https://127.0.0.1:{httpd.server_address[1]}/validate"
-    httpd.shutdown()
-    httpd.server_close()
+    try:
+        yield f"https://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.fixture()
+def slow_webhook(world: dict[str, Any]) -> Iterator[str]:
+    with _https_webhook(world, _Slow) as url:
+        yield url + "/validate"
 
 
 def test_a_slow_webhook_is_cut_off_after_timeout_seconds(world: dict[str, Any], slow_webhook: str) -> None:
@@ -282,15 +292,8 @@ class _Recorder(BaseHTTPRequestHandler):
 def recorder(world: dict[str, Any]) -> Iterator[tuple[str, list[tuple[str, dict[str, Any]]]]]:
     _Recorder.seen = []
     _Recorder.api_url = world["srv"].url
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
-    httpd.daemon_threads = True
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(world["cert"], world["key"])
-    httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"https://127.0.0.1:{httpd.server_address[1]}", _Recorder.seen
-    httpd.shutdown()
-    httpd.server_close()
+    with _https_webhook(world, _Recorder) as url:
+        yield url, _Recorder.seen
 
 
 def _pods_hook(world: dict[str, Any], name: str, url: str, operations: list[str], resources: list[str]
