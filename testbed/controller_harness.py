@@ -1,11 +1,17 @@
 """Helpers for tests, benchmarks and the demo: a cluster of simulated nodes on the local API server,
-a self-signed webhook certificate, and an AdmissionReview client over real HTTPS.
+a self-signed webhook certificate, a running controller, and an AdmissionReview client over real HTTPS.
 
     with LocalApiServer() as srv:
         api = KubeApi(srv.api_client())
         install_device_classes(api)
         publish_node(api, "node-a", "sim:4xh200", mig_mode="dynamic")
         cert, key = self_signed_cert(tmpdir)
+
+or, the same in one go, with a controller serving its webhooks:
+
+    with webhook_certificate() as cert, simulated_cluster({"node-a": "sim:4xh200"}, dynamic_mig={"node-a"}) as (
+            srv, api), running_controller(srv.api_client(), cert) as ctrl:
+        ...
 """
 
 from __future__ import annotations
@@ -15,16 +21,24 @@ import datetime
 import http.client
 import json
 import os
+import shutil
 import ssl
 import subprocess
+import tempfile
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from controller.api_client import CORE_V1, RESOURCE_V1, ApiError, KubeApi
+from controller.api_client import CORE_V1, RESOURCE_V1, ApiError, KubeApi, pod_path
+from testbed.waiting import wait_for
+
+if TYPE_CHECKING:
+    from controller.daemon import Controller
+    from testbed.apiserver import LocalApiServer
 
 DEVICECLASS_DIR = Path(__file__).resolve().parent.parent / "deploy" / "deviceclasses"
 
@@ -79,6 +93,17 @@ def self_signed_cert(directory: str, hosts: tuple[str, ...] = ("127.0.0.1", "loc
     return cert_path, key_path
 
 
+@contextmanager
+def webhook_certificate(hosts: tuple[str, ...] = ("127.0.0.1", "localhost")) -> Iterator[tuple[str, str]]:
+    """A fresh self-signed certificate (``self_signed_cert``) in a temporary directory for the block:
+    (cert file, key file); the directory goes at the end."""
+    directory = tempfile.mkdtemp(prefix="gr-cert-", dir="/tmp")
+    try:
+        yield self_signed_cert(directory, hosts)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def install_device_classes(api: KubeApi) -> list[str]:
     """Create the DeviceClasses in ``deploy/deviceclasses`` (existing ones are left alone)."""
     names = []
@@ -121,6 +146,74 @@ def publish_node(api: KubeApi, node: str, nvml: str, mig_mode: str = "static",
     for s in node_slices(node, nvml, mig_mode, driver, node_uid=node_uid):
         out.append(api.request("POST", f"{RESOURCE_V1}/resourceslices", body=s))
     return out
+
+
+@contextmanager
+def simulated_cluster(nodes: Mapping[str, str], dynamic_mig: Collection[str] = ()
+                      ) -> Iterator[tuple[LocalApiServer, KubeApi]]:
+    """A local API server with gpuready's DeviceClasses and ``nodes`` ({node: "sim:<profile>"}) published
+    as their plugins would (``dynamic_mig``: the nodes in dynamic MIG mode, the others static).
+    Yields the server and a ``KubeApi`` on it."""
+    from testbed.apiserver import LocalApiServer
+
+    with LocalApiServer() as srv:
+        api = KubeApi(srv.api_client())
+        install_device_classes(api)
+        for node, nvml in nodes.items():
+            publish_node(api, node, nvml, mig_mode="dynamic" if node in dynamic_mig else "static")
+        yield srv, api
+
+
+@contextmanager
+def running_controller(api_client: Any, cert: tuple[str, str] | None = None, **config: Any
+                       ) -> Iterator[Controller]:
+    """A started controller on ``api_client``, ready (caches synced) when the block starts and stopped
+    at its end. ``cert`` (cert file, key file): it serves its webhooks over HTTPS on 127.0.0.1 (a free
+    port). ``config``: other ControllerConfig fields; leader election is off unless asked for."""
+    from controller.daemon import Controller, ControllerConfig
+
+    settings: dict[str, Any] = {"leader_elect": False}
+    if cert is not None:
+        settings.update(webhook_port=0, webhook_host="127.0.0.1", cert_file=cert[0], key_file=cert[1])
+    ctrl = Controller(ControllerConfig(**{**settings, **config}), api_client).start()
+    try:
+        assert ctrl.wait_ready(20), ctrl.ready()
+        yield ctrl
+    finally:
+        ctrl.stop()
+
+
+def create_whole_gpu_template(api: KubeApi, name: str = "whole", namespace: str = "default") -> None:
+    """A ResourceClaimTemplate ``name`` whose claims ask for one whole GPU (DeviceClass gpu.nvidia.com)."""
+    api.request("POST", f"{RESOURCE_V1}/namespaces/{namespace}/resourceclaimtemplates", body={
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}})
+
+
+def start_template_pod(api: KubeApi, name: str, template: str = "whole", namespace: str = "default",
+                       owner: str = "", timeout: float = 30.0) -> dict[str, Any]:
+    """Create pod ``name`` with one claim from ``template`` (``owner``: the ReplicaSet controlling it,
+    none when empty) and return it once a scheduler (or the local allocator) has bound it."""
+    meta: dict[str, Any] = {"name": name, "namespace": namespace}
+    if owner:
+        meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": owner,
+                                    "uid": "4f3c1a52-0000-4000-8000-000000000001", "controller": True}]
+    api.request("POST", f"{CORE_V1}/namespaces/{namespace}/pods", body={
+        "metadata": meta, "spec": {"containers": [{"name": "c", "image": "x"}],
+                                   "resourceClaims": [{"name": "g", "resourceClaimTemplateName": template}]}})
+
+    def bound() -> dict[str, Any] | None:
+        pod = api.get(pod_path(namespace, name))
+        return pod if pod and pod["spec"].get("nodeName") else None
+
+    pod: dict[str, Any] = wait_for(f"{name} bound", bound, timeout=timeout)
+    return pod
+
+
+def pod_events(api: KubeApi, pod_name: str, reason: str, namespace: str = "default") -> list[dict[str, Any]]:
+    """The Events with ``reason`` about pod ``pod_name``."""
+    items = api.request("GET", f"{CORE_V1}/namespaces/{namespace}/events")["items"]
+    return [e for e in items if e["involvedObject"]["name"] == pod_name and e["reason"] == reason]
 
 
 def republish_node(api: KubeApi, node: str, nvml: str, unhealthy: Mapping[str, str], generation: int,

@@ -223,6 +223,10 @@ class PluginHarness:
             time.sleep(0.05)
         return devices
 
+    def published_taints(self, node: str) -> dict[str, list[str]]:
+        """device name -> the keys of its taints, as the node's complete pool publishes them."""
+        return {name: [t["key"] for t in d.get("taints") or []] for name, d in self.published_devices(node).items()}
+
     def cdi_files(self, node: str) -> list[str]:
         """Spec files in a node's CDI directory (names only, sorted)."""
         return sorted(f for f in os.listdir(self.node_dirs(node).cdi) if f.endswith(".json"))

@@ -7,6 +7,10 @@ skipped elsewhere (CI has no GPU; the lent H200 machine runs them with ``pytest 
 from __future__ import annotations
 
 import functools
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -29,3 +33,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords and not real_nvml_available():
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    """A fresh directory for Unix sockets, removed afterwards: short, directly under /tmp, because a
+    socket path has at most 107 bytes and pytest's ``tmp_path`` can be longer."""
+    path = Path(tempfile.mkdtemp(dir="/tmp", prefix="sock-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

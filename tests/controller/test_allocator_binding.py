@@ -14,10 +14,8 @@ from typing import Any
 
 import pytest
 
-from controller.api_client import CORE_V1, RESOURCE_V1, KubeApi, pod_path
-from controller.daemon import Controller, ControllerConfig
-from testbed.apiserver import LocalApiServer
-from testbed.controller_harness import install_device_classes, publish_node
+from controller.api_client import CORE_V1, KubeApi, pod_path
+from testbed.controller_harness import create_whole_gpu_template, running_controller, simulated_cluster
 from testbed.waiting import wait_for
 
 NS = "default"
@@ -57,26 +55,17 @@ class ApiClientRefusal:
 
 @pytest.fixture()
 def world() -> Iterator[tuple[KubeApi, StrictPods]]:
-    with LocalApiServer() as srv:
-        api = KubeApi(srv.api_client())
-        install_device_classes(api)
-        publish_node(api, "node-b", "sim:8xh100")
+    with simulated_cluster({"node-b": "sim:8xh100"}) as (srv, api):
         client = srv.api_client()
         strict = StrictPods(client)
-        ctrl = Controller(ControllerConfig(allocate=True, leader_elect=False, resync_s=1.0), client).start()
-        assert ctrl.wait_ready(20), ctrl.ready()
-        try:
+        with running_controller(client, allocate=True, resync_s=1.0):
             yield api, strict
-        finally:
-            ctrl.stop()
 
 
 def test_pods_are_bound_through_the_binding_subresource_never_by_patching_node_name(
         world: tuple[KubeApi, StrictPods]) -> None:
     api, strict = world
-    api.request("POST", f"{RESOURCE_V1}/namespaces/{NS}/resourceclaimtemplates", body={
-        "metadata": {"name": "whole", "namespace": NS},
-        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}})
+    create_whole_gpu_template(api, namespace=NS)
     created = api.request("POST", f"{CORE_V1}/namespaces/{NS}/pods", body={
         "metadata": {"name": "trainer", "namespace": NS},
         "spec": {"containers": [{"name": "c", "image": "x", "resources": {"claims": [{"name": "g"}]}}],

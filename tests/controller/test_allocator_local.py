@@ -7,7 +7,6 @@ Cluster on the local API server: node-b 8x H100 80GB (two GPUs in static MIG: 1g
 from __future__ import annotations
 
 import functools
-import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -16,16 +15,16 @@ import pytest
 
 from controller.allocator import FINALIZER, POD_CLAIM_ANNOTATION
 from controller.api_client import CORE_V1, RESOURCE_V1, KubeApi, claim_path, pod_path
-from controller.daemon import Controller, ControllerConfig
+from controller.daemon import Controller
 from testbed import waiting
-from testbed.apiserver import LocalApiServer
 from testbed.controller_harness import (
     ReviewClient,
     admission_review,
     apply_patch,
-    install_device_classes,
-    publish_node,
-    self_signed_cert,
+    pod_events,
+    running_controller,
+    simulated_cluster,
+    webhook_certificate,
 )
 
 NS = "default"
@@ -35,19 +34,10 @@ GIB = 1024**3
 
 @pytest.fixture()
 def world() -> Iterator[dict[str, Any]]:
-    tmp = tempfile.mkdtemp(prefix="gr-al-", dir="/tmp")
-    cert, key = self_signed_cert(tmp)
-    with LocalApiServer() as srv:
-        api = KubeApi(srv.api_client())
-        install_device_classes(api)
-        publish_node(api, "node-b", "sim:8xh100")
-        publish_node(api, "node-c", "sim:h200-141gb")
-        ctrl = Controller(ControllerConfig(allocate=True, leader_elect=False, resync_s=2.0, webhook_port=0,
-                                           webhook_host="127.0.0.1", cert_file=cert, key_file=key),
-                          srv.api_client()).start()
-        assert ctrl.wait_ready(20), ctrl.ready()
-        yield {"api": api, "ctrl": ctrl, "cert": cert}
-        ctrl.stop()
+    with (webhook_certificate() as cert,
+          simulated_cluster({"node-b": "sim:8xh100", "node-c": "sim:h200-141gb"}) as (srv, api),
+          running_controller(srv.api_client(), cert, allocate=True, resync_s=2.0) as ctrl):
+        yield {"api": api, "ctrl": ctrl, "cert": cert[0]}
 
 
 wait_for = functools.partial(waiting.wait_for, timeout=20.0)
@@ -86,11 +76,6 @@ def claim_of(api: KubeApi, p: dict[str, Any]) -> dict[str, Any]:
     claim = api.get(claim_path(NS, status["resourceClaimName"]))
     assert claim is not None
     return claim
-
-
-def events(api: KubeApi, pod_name: str, reason: str) -> list[dict[str, Any]]:
-    items = api.request("GET", f"{CORE_V1}/namespaces/{NS}/events")["items"]
-    return [e for e in items if e["involvedObject"]["name"] == pod_name and e["reason"] == reason]
 
 
 def test_template_claims_are_created_allocated_best_fit_and_pods_bound_as_a_scheduler_would(
@@ -144,7 +129,7 @@ def test_unfit_claim_gets_an_event_and_runs_once_the_device_is_returned(world: d
     first_claim = claim_of(api, first)["metadata"]["name"]
     pod(api, "second", [{"name": "g", "resourceClaimTemplateName": "large"}])
 
-    [event] = wait_for("FailedScheduling on second", lambda: events(api, "second", "FailedScheduling"))
+    [event] = wait_for("FailedScheduling on second", lambda: pod_events(api, "second", "FailedScheduling", NS))
     assert event["type"] == "Warning"
     assert "cannot be allocated" in event["message"] and "in use" in event["message"]
     assert bound(api, "second") is None
@@ -158,7 +143,7 @@ def test_unfit_claim_gets_an_event_and_runs_once_the_device_is_returned(world: d
     second = wait_for("second bound", lambda: bound(api, "second"))
     result = claim_of(api, second)["status"]["allocation"]["devices"]["results"][0]
     assert (result["pool"], result["device"]) == ("node-c", "gpu-0")
-    assert len(events(api, "second", "FailedScheduling")) == 1  # said once, not on every pass
+    assert len(pod_events(api, "second", "FailedScheduling", NS)) == 1  # said once, not on every pass
 
 
 def test_shared_claim_keeps_its_allocation_until_its_last_pod_is_gone(world: dict[str, Any]) -> None:

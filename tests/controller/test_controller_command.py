@@ -5,26 +5,21 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import urllib.error
 import urllib.request
+from typing import NamedTuple
 
 import pytest
 
-from controller.api_client import COORDINATION_V1, KubeApi, namespaced
+from controller.api_client import COORDINATION_V1, namespaced
 from controller.controller_command import config_from_args
 from dra_driver.cli import build_parser
 from testbed.apiserver import LocalApiServer
-from testbed.controller_harness import (
-    ReviewClient,
-    admission_review,
-    install_device_classes,
-    publish_node,
-    self_signed_cert,
-)
+from testbed.controller_harness import ReviewClient, admission_review, self_signed_cert, simulated_cluster
+from testbed.ports import free_port
 from testbed.waiting import wait_for
 
 CHART_ENV = {  # what deploy/helm/gpuready/templates/controller-deployment.yaml sets
@@ -36,12 +31,29 @@ CHART_ENV = {  # what deploy/helm/gpuready/templates/controller-deployment.yaml 
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _env_without_chart() -> dict[str, str]:
+    """This process's environment minus what the chart sets (the controller must not pick it up here)."""
+    return {k: v for k, v in os.environ.items() if k not in CHART_ENV}
 
 
+class Ports(NamedTuple):
+    webhook: int
+    metrics: int
+    health: int
+
+
+def _start_controller(srv: LocalApiServer, cert_dir: str, bind: str, *flags: str
+                      ) -> tuple[subprocess.Popen[str], Ports]:
+    """``gpuready controller`` as a process on ``srv`` (its kubeconfig and webhook certificate in
+    ``cert_dir``), serving on ``bind`` at free ports; ``flags``: the rest of its command line."""
+    kubeconfig = srv.write_kubeconfig(os.path.join(cert_dir, "kubeconfig"))
+    ports = Ports(free_port(), free_port(), free_port())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dra_driver", "controller", "--kubeconfig", kubeconfig, "--bind-address", bind,
+         "--webhook-port", str(ports.webhook), "--webhook-cert-dir", cert_dir, "--metrics-port", str(ports.metrics),
+         "--health-port", str(ports.health), *flags],
+        env=_env_without_chart(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, ports
 
 
 def http_get(url: str) -> tuple[int, str]:
@@ -79,9 +91,8 @@ def test_chart_environment_configures_the_controller(monkeypatch: pytest.MonkeyP
     (["--webhook-port", "0", "--lease-duration", "5", "--renew-deadline", "10"], "lease duration (5.0) > renew deadline"),
 ])
 def test_bad_configuration_exits_2_with_a_message_naming_the_flag(argv: list[str], message: str) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in CHART_ENV}
     proc = subprocess.run([sys.executable, "-m", "dra_driver", "controller", *argv], capture_output=True, text=True,
-                          timeout=60, env=env)
+                          timeout=60, env=_env_without_chart())
     assert proc.returncode == 2
     assert message in proc.stderr
 
@@ -89,19 +100,10 @@ def test_bad_configuration_exits_2_with_a_message_naming_the_flag(argv: list[str
 def test_process_serves_webhook_health_and_metrics_and_releases_the_lease_on_sigterm() -> None:
     tmp = tempfile.mkdtemp(prefix="gr-cmd-", dir="/tmp")
     cert, _key = self_signed_cert(tmp)
-    with LocalApiServer() as srv:
-        api = KubeApi(srv.api_client())
-        install_device_classes(api)
-        publish_node(api, "node-c", "sim:h200-141gb")
-        kubeconfig = srv.write_kubeconfig(os.path.join(tmp, "kubeconfig"))
-        webhook, metrics, health = free_port(), free_port(), free_port()
-        env = {k: v for k, v in os.environ.items() if k not in CHART_ENV}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "dra_driver", "controller", "--kubeconfig", kubeconfig, "--bind-address", "127.0.0.1",
-             "--webhook-port", str(webhook), "--webhook-cert-dir", tmp, "--metrics-port", str(metrics),
-             "--health-port", str(health), "--leader-election-id", "replica-1", "--leader-election-namespace", "default",
-             "--retry-period", "0.2", "--renew-deadline", "1", "--lease-duration", "2"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    with simulated_cluster({"node-c": "sim:h200-141gb"}) as (srv, api):
+        proc, (webhook, metrics, health) = _start_controller(
+            srv, tmp, "127.0.0.1", "--leader-election-id", "replica-1", "--leader-election-namespace", "default",
+            "--retry-period", "0.2", "--renew-deadline", "1", "--lease-duration", "2")
         try:
             wait_for("/readyz 200", lambda: http_get(f"http://127.0.0.1:{health}/readyz")[0] == 200)
             assert http_get(f"http://127.0.0.1:{health}/healthz") == (200, "ok")
@@ -135,17 +137,8 @@ def test_an_ipv6_bind_address_serves_health_metrics_and_the_webhook() -> None:
     """IPv6-only and dual-stack clusters set bindAddress "::": every server must listen there."""
     tmp = tempfile.mkdtemp(prefix="gr-cmd6-", dir="/tmp")
     cert, _key = self_signed_cert(tmp, hosts=("::1", "localhost"))
-    with LocalApiServer() as srv:
-        api = KubeApi(srv.api_client())
-        install_device_classes(api)
-        kubeconfig = srv.write_kubeconfig(os.path.join(tmp, "kubeconfig"))
-        webhook, metrics, health = free_port(), free_port(), free_port()
-        env = {k: v for k, v in os.environ.items() if k not in CHART_ENV}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "dra_driver", "controller", "--kubeconfig", kubeconfig, "--bind-address", "::1",
-             "--webhook-port", str(webhook), "--webhook-cert-dir", tmp, "--metrics-port", str(metrics),
-             "--health-port", str(health), "--no-leader-elect"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    with simulated_cluster({}) as (srv, _api):
+        proc, (webhook, metrics, health) = _start_controller(srv, tmp, "::1", "--no-leader-elect")
         try:
             wait_for("/readyz 200 on [::1]", lambda: http_get(f"http://[::1]:{health}/readyz")[0] == 200)
             assert "gpuready_controller" in http_get(f"http://[::1]:{metrics}/metrics")[1]

@@ -19,7 +19,7 @@ from controller.daemon import Controller, ControllerConfig
 from controller.informers import TaintRuleInformer
 from controller.webhooks import admission_decisions as admission
 from testbed.apiserver import LocalApiServer
-from testbed.controller_harness import admission_review, install_device_classes, publish_node
+from testbed.controller_harness import admission_review, simulated_cluster
 from testbed.waiting import wait_for
 
 NS = "default"
@@ -31,12 +31,8 @@ RULES = "/apis/resource.k8s.io/v1beta2/devicetaintrules"
 @pytest.fixture()
 def cluster() -> Iterator[tuple[LocalApiServer, KubeApi]]:
     """node-b: 8x H100 80GB (with MIG); node-c: one H200 141GB, the only device a 100 GiB claim fits."""
-    with LocalApiServer() as srv:
-        api = KubeApi(srv.api_client())
-        install_device_classes(api)
-        publish_node(api, "node-b", "sim:8xh100")
-        publish_node(api, "node-c", "sim:h200-141gb")
-        yield srv, api
+    with simulated_cluster({"node-b": "sim:8xh100", "node-c": "sim:h200-141gb"}) as cluster:
+        yield cluster
 
 
 

@@ -187,10 +187,16 @@ XID = "XID 79: GPU has fallen off the bus"
 @pytest.fixture(scope="module")
 def controller_run() -> Iterator[set[Attrs]]:
     """The requests of a controller configured by the chart through a device failure and recovery."""
-    from controller.api_client import CORE_V1, RESOURCE_V1, KubeApi, claim_path, pod_path
-    from controller.daemon import Controller, ControllerConfig
-    from testbed.apiserver import LocalApiServer
-    from testbed.controller_harness import install_device_classes, publish_node, republish_node, set_gpu_ready
+    from controller.api_client import claim_path, pod_path
+    from controller.daemon import Controller
+    from testbed.controller_harness import (
+        create_whole_gpu_template,
+        republish_node,
+        running_controller,
+        set_gpu_ready,
+        simulated_cluster,
+        start_template_pod,
+    )
 
     mp = pytest.MonkeyPatch()
     command = pytest.importorskip("controller.controller_command")
@@ -205,30 +211,14 @@ def controller_run() -> Iterator[set[Attrs]]:
                                  resync_s=1.0)
     assert (config.on_device_failure, config.leader_elect, config.lease_namespace) == ("evict", True, NAMESPACE)
 
-    with LocalApiServer() as srv:
-        api = KubeApi(srv.api_client())
-        install_device_classes(api)
-        publish_node(api, NODE, "sim:8xh100")
-        api.request("POST", f"{RESOURCE_V1}/namespaces/default/resourceclaimtemplates", body={
-            "metadata": {"name": "whole", "namespace": "default"},
-            "spec": {"spec": {"devices": {"requests": [
-                {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}})
+    with simulated_cluster({NODE: "sim:8xh100"}) as (srv, api):
+        create_whole_gpu_template(api)
         # Allocation and binding are the scheduler's job: a throw-away local allocator plays it.
-        scheduler = Controller(ControllerConfig(allocate=True, leader_elect=False, resync_s=1.0),
-                               srv.api_client()).start()
         claims = {}
-        for name, owned in (("owned", True), ("bare", False)):
-            meta: dict[str, Any] = {"name": name, "namespace": "default"}
-            if owned:
-                meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs",
-                                            "uid": "4f3c1a52-0000-4000-8000-000000000001", "controller": True}]
-            api.request("POST", f"{CORE_V1}/namespaces/default/pods", body={
-                "metadata": meta, "spec": {"containers": [{"name": "c", "image": "x"}],
-                                           "resourceClaims": [{"name": "g", "resourceClaimTemplateName": "whole"}]}})
-            pod = wait_for(f"{name} bound", lambda n=name: (p := api.get(pod_path("default", n)))  # type: ignore[misc]
-                           and p["spec"].get("nodeName") and p)
-            claims[name] = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
-        scheduler.stop()
+        with running_controller(srv.api_client(), allocate=True, resync_s=1.0):
+            for name, owner in (("owned", "rs"), ("bare", "")):
+                pod = start_template_pod(api, name, owner=owner)
+                claims[name] = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
         devices = {n: api.get(claim_path("default", c))["status"]["allocation"]["devices"]["results"][0]["device"]  # type: ignore[index]
                    for n, c in claims.items()}
 

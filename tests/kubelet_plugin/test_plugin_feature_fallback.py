@@ -10,23 +10,11 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
 
 import pytest
 
 from testbed.plugin_harness import PluginHarness
-
-
-def _wait(what: str, check: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
-def _published(h: PluginHarness, node: str) -> dict[str, list[str]]:
-    """device -> its taint keys, as the node's ResourceSlices publish them."""
-    return {name: [t["key"] for t in d.get("taints") or []] for name, d in h.published_devices(node).items()}
+from testbed.waiting import wait_for
 
 
 def _node_events(h: PluginHarness, node: str, reason: str) -> list[str]:
@@ -42,14 +30,14 @@ def test_taint_mode_without_the_taint_gate_withdraws_unhealthy_gpus_and_says_so_
         plugin = h.start_plugin(node, "sim:8xh100", health_mode="taint")
         assert plugin.health_monitor.wait_validated(60)
         assert plugin.publisher.wait_until_synced(20)
-        assert "gpu-0" in _published(h, node)
+        assert "gpu-0" in h.published_taints(node)
         plugin.nvml.faults.inject_xid(0, 79)
         # Without the fallback the server keeps gpu-0 without its taint: it would look schedulable.
-        _wait("gpu-0 withdrawn", lambda: "gpu-0" not in _published(h, node))
-        assert "gpu-1" in _published(h, node)
+        wait_for("gpu-0 withdrawn", lambda: "gpu-0" not in h.published_taints(node))
+        assert "gpu-1" in h.published_taints(node)
         plugin.nvml.faults.inject_xid(1, 79)
-        _wait("gpu-1 withdrawn", lambda: "gpu-1" not in _published(h, node))
-        assert "gpu-2" in _published(h, node)
+        wait_for("gpu-1 withdrawn", lambda: "gpu-1" not in h.published_taints(node))
+        assert "gpu-2" in h.published_taints(node)
 
         # Prepare follows withdraw semantics too: an allocation naming gpu-0 is stale.
         uid = h.create_claim("stale", [("gpu", node, "gpu-0")])
@@ -71,7 +59,7 @@ def test_taint_mode_with_the_gate_on_keeps_tainting() -> None:
         plugin = h.start_plugin(node, "sim:h100-80gb", health_mode="taint")
         assert plugin.health_monitor.wait_validated(60)
         plugin.nvml.faults.inject_xid(0, 79)
-        _wait("gpu-0 tainted", lambda: bool(_published(h, node).get("gpu-0")))
+        wait_for("gpu-0 tainted", lambda: bool(h.published_taints(node).get("gpu-0")))
         assert plugin.publisher.gates_off() == frozenset() and plugin.fallback.health_mode == "taint"
 
 
@@ -81,7 +69,7 @@ def test_shared_gpus_without_consumable_capacity_publish_whole_gpus_and_say_so(
     with PluginHarness(feature_gates={"DRAConsumableCapacity": False}) as h, \
             caplog.at_level(logging.INFO, logger="kubelet_plugin"):
         plugin = h.start_plugin(node, "sim:8xh100", shared_gpus=True)
-        _wait("fallback to whole GPUs", lambda: plugin.fallback.shared_gpus is False)
+        wait_for("fallback to whole GPUs", lambda: plugin.fallback.shared_gpus is False)
         assert plugin.publisher.wait_until_synced(20)
         writes = plugin.publisher.stats().updates + plugin.publisher.stats().creates
         plugin.publisher.resync()

@@ -9,7 +9,9 @@ import pytest
 from kubelet_plugin.cdi.cdi_spec import validate_spec
 from kubelet_plugin.cdi.driver_files import find_driver_files
 from kubelet_plugin.nvml import open_nvml
+from testbed.gpu_load import process_holding_vram
 from testbed.plugin_harness import PluginHarness
+from testbed.ports import free_port
 
 pytestmark = pytest.mark.gpu
 
@@ -52,33 +54,14 @@ def test_real_gpu_is_validated_then_reported_healthy_on_the_health_stream() -> N
         stream.close()
 
 
-_HOLD_VRAM = """
-import sys, time
-try:
-    import torch
-    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-except ImportError:
-    import cupy
-    x = cupy.empty(1 << 30, dtype=cupy.uint8)
-print("ready", flush=True)
-time.sleep(120)
-"""
-
-
 def test_real_gpu_metrics_count_validation_and_a_process_vram() -> None:
-    import os
-    import socket
-    import subprocess
-    import sys
     import time
     import urllib.request
 
     import pynvml
     from prometheus_client.parser import text_string_to_metric_families
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with PluginHarness() as h:
         plugin = h.start_plugin("gpu-node", open_nvml("real"), health_mode="withdraw", metrics_port=port,
                                 metrics_host="127.0.0.1")
@@ -86,19 +69,13 @@ def test_real_gpu_metrics_count_validation_and_a_process_vram() -> None:
         whole = [g for g in plugin.devices.gpus if g.name in plugin.device_index]
         assert whole
         gpu = min(whole, key=lambda g: g.index)
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu.uuid)
-        child = subprocess.Popen([sys.executable, "-c", _HOLD_VRAM], env=env, stdout=subprocess.PIPE, text=True)
-        try:
-            assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        with process_holding_vram(gpu.uuid):
             handle = pynvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
             if not pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
                 pytest.skip("NVML lists no compute process here (container without the host PID namespace)")
             time.sleep(0.5)
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
                 text = resp.read().decode()
-        finally:
-            child.kill()
-            child.wait()
         samples = [(s.name, s.labels, s.value) for f in text_string_to_metric_families(text) for s in f.samples]
 
         def value(name: str, **labels: str) -> float | None:

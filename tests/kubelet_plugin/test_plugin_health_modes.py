@@ -9,38 +9,31 @@ still names it is stale, and the claim fails with the device and the health reas
 from __future__ import annotations
 
 import logging
-import time
+from typing import Any
 
 import pytest
 
 from testbed.plugin_harness import PluginHarness
+from testbed.waiting import wait_for
 
 
-def _wait_unhealthy(plugin: object, device: str) -> str:
-    deadline = time.monotonic() + 30
-    while True:
-        reason = plugin.health_monitor.snapshot().unhealthy().get(device)  # type: ignore[attr-defined]
-        if reason:
-            return str(reason)
-        assert time.monotonic() < deadline, f"{device} never became unhealthy"
-        time.sleep(0.05)
-
-
-def _published(h: PluginHarness, node: str) -> dict[str, list[str]]:
-    """device -> its taint keys, as the node's ResourceSlices publish them."""
-    return {name: [t["key"] for t in d.get("taints") or []] for name, d in h.published_devices(node).items()}
+def _start_with_gpu0_failed(h: PluginHarness, node: str, health_mode: str) -> tuple[Any, str]:
+    """A plugin on one H100 in ``health_mode`` whose gpu-0 passed validation, then hit XID 79: (plugin,
+    gpu-0's health reason) once the publisher has acted on it."""
+    plugin = h.start_plugin(node, "sim:h100-80gb", health_mode=health_mode)
+    assert plugin.health_monitor.wait_validated(60)
+    plugin.nvml.faults.inject_xid(0, 79)
+    reason = wait_for("gpu-0 unhealthy", lambda: plugin.health_monitor.snapshot().unhealthy().get("gpu-0"))
+    assert plugin.publisher.wait_until_synced(20)
+    return plugin, str(reason)
 
 
 def test_taint_mode_prepares_a_tainted_device_the_scheduler_allocated_and_warns(
         caplog: pytest.LogCaptureFixture) -> None:
     node = "taint"
     with PluginHarness() as h:
-        plugin = h.start_plugin(node, "sim:h100-80gb", health_mode="taint")
-        assert plugin.health_monitor.wait_validated(60)
-        plugin.nvml.faults.inject_xid(0, 79)
-        reason = _wait_unhealthy(plugin, "gpu-0")
-        assert plugin.publisher.wait_until_synced(20)
-        taints = _published(h, node)["gpu-0"]  # still published, tainted
+        _, reason = _start_with_gpu0_failed(h, node, "taint")
+        taints = h.published_taints(node)["gpu-0"]  # still published, tainted
         assert taints, "taint mode must keep publishing gpu-0 with a taint"
         uid = h.create_claim("tolerant", [("gpu", node, "gpu-0")])
         with caplog.at_level(logging.WARNING, logger="kubelet_plugin.prepare.preparer"):
@@ -56,12 +49,8 @@ def test_taint_mode_prepares_a_tainted_device_the_scheduler_allocated_and_warns(
 def test_withdraw_mode_refuses_a_withdrawn_device_naming_it_and_why() -> None:
     node = "withdraw"
     with PluginHarness() as h:
-        plugin = h.start_plugin(node, "sim:h100-80gb", health_mode="withdraw")
-        assert plugin.health_monitor.wait_validated(60)
-        plugin.nvml.faults.inject_xid(0, 79)
-        reason = _wait_unhealthy(plugin, "gpu-0")
-        assert plugin.publisher.wait_until_synced(20)
-        assert "gpu-0" not in _published(h, node)
+        plugin, reason = _start_with_gpu0_failed(h, node, "withdraw")
+        assert "gpu-0" not in h.published_taints(node)
         uid = h.create_claim("stale", [("gpu", node, "gpu-0")])
         error = h.kubelet(node).prepare([("default", "stale", uid)])[uid].error
         assert "ResourceClaim default/stale" in error and "device gpu-0 is unhealthy" in error

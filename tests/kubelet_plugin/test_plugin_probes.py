@@ -5,7 +5,6 @@ has not accepted; and /healthz must never depend on NVML."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 import urllib.error
@@ -21,13 +20,7 @@ from kubelet_plugin.prepare.preparer import ClaimOutcome
 from proto import dra_v1_pb2, dra_v1_pb2_grpc
 from testbed.kubelet_emulator import KubeletEmulator
 from testbed.plugin_harness import NAMESPACE, PluginHarness
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+from testbed.ports import free_port
 
 
 def _get(port: int, path: str) -> tuple[int, str]:
@@ -53,7 +46,7 @@ def _wait_for(what: str, check: Callable[[], tuple[int, str]], want: int, timeou
 
 
 def _start(h: PluginHarness, node: str, nvml: Any = "sim:8xh100", **overrides: Any) -> tuple[Any, int]:
-    port = _free_port()
+    port = free_port()
     plugin = h.start_plugin(node, nvml, metrics_port=port, metrics_host="127.0.0.1", vram_interval=0, **overrides)
     return plugin, port
 

@@ -2,16 +2,13 @@
 
 Expectations are written from the upstream wire description (k8s.io/kubelet/pkg/apis/podresources/v1:
 package ``v1``, service ``PodResourcesLister``, the field numbers below), never from the generated
-code: expected bytes come from a tiny independent encoder, so a wrong field number, type, package or
-method name in proto/podresources_v1.proto fails here. A real kubelet would otherwise answer with
+code: expected bytes come from a tiny independent encoder (testbed/wire_encoding.py), so a wrong
+field number, type, package or method name in proto/podresources_v1.proto fails here. A real kubelet would otherwise answer with
 bytes the plugin reads as empty.
 """
 
 from __future__ import annotations
 
-import tempfile
-from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -22,39 +19,9 @@ from google.protobuf.descriptor import FieldDescriptor
 
 from proto import podresources_v1_pb2 as pb
 from proto import podresources_v1_pb2_grpc as pb_grpc
+from testbed.grpc_recorder import PathRecorder, serving
 from testbed.kubelet_emulator import PodResourcesServer, PreparedClaimDevice
-
-VARINT, LEN = 0, 2
-
-
-def varint(value: int) -> bytes:
-    """Base-128 varint (negative int64 sign-extended to 10 bytes)."""
-    if value < 0:
-        value += 1 << 64
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | 0x80 if value else byte)
-        if not value:
-            return bytes(out)
-
-
-def s(field: int, text: str) -> bytes:
-    data = text.encode()
-    return varint(field << 3 | LEN) + varint(len(data)) + data
-
-
-def m(field: int, payload: bytes) -> bytes:
-    return varint(field << 3 | LEN) + varint(len(payload)) + payload
-
-
-def v(field: int, value: int) -> bytes:
-    return varint(field << 3 | VARINT) + varint(value)
-
-
-def packed(field: int, values: list[int]) -> bytes:
-    """proto3 packs repeated scalars: one LEN field holding the varints."""
-    return m(field, b"".join(varint(x) for x in values))
+from testbed.wire_encoding import m, packed, s, v
 
 
 def test_encoder_matches_the_protobuf_guide() -> None:
@@ -164,38 +131,13 @@ def test_allocatable_and_get_bytes() -> None:
     assert got == m(1, s(1, "p"))
 
 
-@pytest.fixture
-def sock_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(dir="/tmp", prefix="prw"))
-    yield path
-    for child in path.iterdir():
-        child.unlink()
-    path.rmdir()
-
-
-class _Recorder(grpc.GenericRpcHandler):
-    def __init__(self) -> None:
-        self.paths: list[str] = []
-
-    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-        self.paths.append(handler_call_details.method)
-        return grpc.unary_unary_rpc_method_handler(lambda _req, _ctx: b"")
-
-
 def test_client_stub_calls_upstream_method_paths(sock_dir: Path) -> None:
-    recorder = _Recorder()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), handlers=[recorder])
-    addr = f"unix://{sock_dir}/kubelet.sock"
-    server.add_insecure_port(addr)
-    server.start()
-    try:
-        with grpc.insecure_channel(addr) as ch:
-            stub = pb_grpc.PodResourcesListerStub(ch)
-            stub.List(pb.ListPodResourcesRequest(), timeout=10)
-            stub.GetAllocatableResources(pb.AllocatableResourcesRequest(), timeout=10)
-            stub.Get(pb.GetPodResourcesRequest(), timeout=10)
-    finally:
-        server.stop(None)
+    recorder = PathRecorder()
+    with serving(sock_dir / "kubelet.sock", recorder=recorder) as ch:
+        stub = pb_grpc.PodResourcesListerStub(ch)
+        stub.List(pb.ListPodResourcesRequest(), timeout=10)
+        stub.GetAllocatableResources(pb.AllocatableResourcesRequest(), timeout=10)
+        stub.Get(pb.GetPodResourcesRequest(), timeout=10)
     assert set(recorder.paths) == PATHS
 
 

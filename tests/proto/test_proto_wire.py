@@ -2,14 +2,13 @@
 
 Every expectation here is written from the kubelet's proto files (proto/*.proto) (field numbers, types, packages,
 services), never from the generated code: the expected bytes are built by a tiny independent
-encoder below (tag = field_number << 3 | wire_type) or written out literally, so a wrong field
-number, type, package or service name in a .proto file fails a test. A kubelet that sent these
+encoder (testbed/wire_encoding.py: tag = field_number << 3 | wire_type) or written out literally,
+so a wrong field number, type, package or service name in a .proto file fails a test. A kubelet that sent these
 bytes, or called these method paths, would otherwise talk past the driver.
 """
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -31,47 +30,11 @@ from proto import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
+from testbed.grpc_recorder import PathRecorder, serving
+from testbed.wire_encoding import m, s, v, varint
 
 # ---------------------------------------------------------------------------------------------
-# An encoder that knows nothing about protobuf descriptors: just the wire format rules.
-
-VARINT, LEN = 0, 2
-
-
-def varint(value: int) -> bytes:
-    """Base-128 varint; negative int64 values are sign-extended to 64 bits (10 bytes)."""
-    if value < 0:
-        value += 1 << 64
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def tag(field: int, wire_type: int) -> bytes:
-    """The key that precedes every field on the wire."""
-    return varint(field << 3 | wire_type)
-
-
-def s(field: int, text: str) -> bytes:
-    """A string (or embedded message given as str) field."""
-    data = text.encode()
-    return tag(field, LEN) + varint(len(data)) + data
-
-
-def m(field: int, payload: bytes) -> bytes:
-    """An embedded message field."""
-    return tag(field, LEN) + varint(len(payload)) + payload
-
-
-def v(field: int, value: int) -> bytes:
-    """A varint field (bool, enum, int64)."""
-    return tag(field, VARINT) + varint(value)
+# The independent encoder (testbed/wire_encoding.py)
 
 
 def test_encoder_matches_known_protobuf_examples() -> None:
@@ -392,60 +355,26 @@ EXPECTED_PATHS = {
 }
 
 
-class _Recorder(grpc.GenericRpcHandler):
-    """Accepts any method, remembers its path, answers an empty message (or an empty stream)."""
-
-    def __init__(self) -> None:
-        self.paths: list[str] = []
-
-    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-        path = handler_call_details.method
-        self.paths.append(path)
-        if path.endswith("NodeWatchResources"):
-
-            def stream(_req: bytes, _ctx: grpc.ServicerContext) -> Iterator[bytes]:
-                yield b""
-
-            return grpc.unary_stream_rpc_method_handler(stream)
-        return grpc.unary_unary_rpc_method_handler(lambda _req, _ctx: b"")
-
-
-@pytest.fixture
-def sock_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(dir="/tmp", prefix="pw"))
-    yield path
-    for child in path.iterdir():
-        child.unlink()
-    path.rmdir()
-
-
 def test_client_stubs_call_upstream_method_paths(sock_dir: Path) -> None:
-    recorder = _Recorder()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), handlers=[recorder])
-    addr = f"unix://{sock_dir}/rec.sock"
-    server.add_insecure_port(addr)
-    server.start()
-    try:
-        with grpc.insecure_channel(addr) as ch:
-            reg = pluginregistration_pb2_grpc.RegistrationStub(ch)
-            reg.GetInfo(pluginregistration_pb2.InfoRequest(), timeout=10)
-            reg.NotifyRegistrationStatus(pluginregistration_pb2.RegistrationStatus(), timeout=10)
-            for pb, grpc_mod in [(dra_v1_pb2, dra_v1_pb2_grpc), (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc)]:
-                stub = grpc_mod.DRAPluginStub(ch)
-                stub.NodePrepareResources(pb.NodePrepareResourcesRequest(), timeout=10)
-                stub.NodeUnprepareResources(pb.NodeUnprepareResourcesRequest(), timeout=10)
-            for pb, grpc_mod in [
-                (health_v1alpha1_pb2, health_v1alpha1_pb2_grpc),
-                (health_v1_pb2, health_v1_pb2_grpc),
-            ]:
-                replies = list(
-                    grpc_mod.DRAResourceHealthStub(ch).NodeWatchResources(
-                        pb.NodeWatchResourcesRequest(), timeout=10
-                    )
+    recorder = PathRecorder(streaming={"NodeWatchResources"})
+    with serving(sock_dir / "rec.sock", recorder=recorder) as ch:
+        reg = pluginregistration_pb2_grpc.RegistrationStub(ch)
+        reg.GetInfo(pluginregistration_pb2.InfoRequest(), timeout=10)
+        reg.NotifyRegistrationStatus(pluginregistration_pb2.RegistrationStatus(), timeout=10)
+        for pb, grpc_mod in [(dra_v1_pb2, dra_v1_pb2_grpc), (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc)]:
+            stub = grpc_mod.DRAPluginStub(ch)
+            stub.NodePrepareResources(pb.NodePrepareResourcesRequest(), timeout=10)
+            stub.NodeUnprepareResources(pb.NodeUnprepareResourcesRequest(), timeout=10)
+        for pb, grpc_mod in [
+            (health_v1alpha1_pb2, health_v1alpha1_pb2_grpc),
+            (health_v1_pb2, health_v1_pb2_grpc),
+        ]:
+            replies = list(
+                grpc_mod.DRAResourceHealthStub(ch).NodeWatchResources(
+                    pb.NodeWatchResourcesRequest(), timeout=10
                 )
-                assert len(replies) == 1
-    finally:
-        server.stop(None)
+            )
+            assert len(replies) == 1
     assert set(recorder.paths) == EXPECTED_PATHS
 
 
@@ -484,31 +413,25 @@ def test_generated_servers_listen_on_upstream_method_paths(sock_dir: Path) -> No
     dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(V1(), server)
     dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(V1beta1(), server)
     health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(HealthV1(), server)
-    addr = f"unix://{sock_dir}/srv.sock"
-    server.add_insecure_port(addr)
-    server.start()
-    try:
-        with grpc.insecure_channel(addr) as ch:
-            # Raw calls by literal path and hand-encoded bytes, as a Go kubelet would make them.
-            info = ch.unary_unary("/pluginregistration.Registration/GetInfo")(b"", timeout=10)
-            assert info == s(1, "DRAPlugin") + s(2, "x")
-            for ver in ("v1", "v1beta1"):
-                path = f"/k8s.io.kubelet.pkg.apis.dra.{ver}.DRAPlugin/NodePrepareResources"
-                reply = ch.unary_unary(path)(m(1, s(1, "ns") + s(2, "u") + s(3, "n")), timeout=10)
-                assert reply == m(1, s(1, ver) + m(2, b""))
-                # The method the servicer leaves out is still registered at the upstream path: the
-                # generated base class answers "not implemented", not grpc's "not found".
-                with pytest.raises(grpc.RpcError) as err:
-                    ch.unary_unary(f"/k8s.io.kubelet.pkg.apis.dra.{ver}.DRAPlugin/NodeUnprepareResources")(
-                        b"", timeout=10
-                    )
-                assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
-                assert err.value.details() == "Method not implemented!"
-            stream = ch.unary_stream("/v1.DRAResourceHealth/NodeWatchResources")(b"", timeout=10)
-            assert list(stream) == [m(1, v(2, 1))]
+    with serving(sock_dir / "srv.sock", server) as ch:
+        # Raw calls by literal path and hand-encoded bytes, as a Go kubelet would make them.
+        info = ch.unary_unary("/pluginregistration.Registration/GetInfo")(b"", timeout=10)
+        assert info == s(1, "DRAPlugin") + s(2, "x")
+        for ver in ("v1", "v1beta1"):
+            path = f"/k8s.io.kubelet.pkg.apis.dra.{ver}.DRAPlugin/NodePrepareResources"
+            reply = ch.unary_unary(path)(m(1, s(1, "ns") + s(2, "u") + s(3, "n")), timeout=10)
+            assert reply == m(1, s(1, ver) + m(2, b""))
+            # The method the servicer leaves out is still registered at the upstream path: the
+            # generated base class answers "not implemented", not grpc's "not found".
             with pytest.raises(grpc.RpcError) as err:
-                list(ch.unary_stream("/v1alpha1.DRAResourceHealth/NodeWatchResources")(b"", timeout=10))
-            assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED  # not registered on this server
-            assert err.value.details() == "Method not found!"
-    finally:
-        server.stop(None)
+                ch.unary_unary(f"/k8s.io.kubelet.pkg.apis.dra.{ver}.DRAPlugin/NodeUnprepareResources")(
+                    b"", timeout=10
+                )
+            assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            assert err.value.details() == "Method not implemented!"
+        stream = ch.unary_stream("/v1.DRAResourceHealth/NodeWatchResources")(b"", timeout=10)
+        assert list(stream) == [m(1, v(2, 1))]
+        with pytest.raises(grpc.RpcError) as err:
+            list(ch.unary_stream("/v1alpha1.DRAResourceHealth/NodeWatchResources")(b"", timeout=10))
+        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED  # not registered on this server
+        assert err.value.details() == "Method not found!"

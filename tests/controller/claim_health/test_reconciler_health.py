@@ -15,12 +15,20 @@ from typing import Any
 
 import pytest
 
-from controller.api_client import CORE_V1, RESOURCE_V1, KubeApi, claim_path, pod_path
+from controller.api_client import RESOURCE_V1, KubeApi, claim_path, pod_path
 from controller.claim_health.device_conditions import CONDITION_TYPE, UNHEALTHY_REASON
-from controller.daemon import Controller, ControllerConfig
+from controller.daemon import Controller
 from testbed import waiting
-from testbed.apiserver import LocalApiServer
-from testbed.controller_harness import install_device_classes, publish_node, republish_node, set_gpu_ready
+from testbed.controller_harness import (
+    create_whole_gpu_template,
+    install_device_classes,
+    pod_events,
+    republish_node,
+    running_controller,
+    set_gpu_ready,
+    simulated_cluster,
+    start_template_pod,
+)
 
 NS = "default"
 NODE = "node-b"
@@ -32,30 +40,15 @@ wait_for = functools.partial(waiting.wait_for, timeout=20.0)
 
 @pytest.fixture()
 def world() -> Iterator[dict[str, Any]]:
-    with LocalApiServer() as srv:
-        api = KubeApi(srv.api_client())
-        install_device_classes(api)
-        publish_node(api, NODE, "sim:8xh100")
-        api.request("POST", f"{RESOURCE_V1}/namespaces/{NS}/resourceclaimtemplates", body={
-            "metadata": {"name": "whole", "namespace": NS},
-            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}})
-        ctrl = Controller(ControllerConfig(allocate=True, on_device_failure="evict", leader_elect=False, resync_s=2.0),
-                          srv.api_client()).start()
-        assert ctrl.wait_ready(20)
-        yield {"api": api, "ctrl": ctrl, "srv": srv}
-        ctrl.stop()
+    with simulated_cluster({NODE: "sim:8xh100"}) as (srv, api):
+        create_whole_gpu_template(api, namespace=NS)
+        with running_controller(srv.api_client(), allocate=True, on_device_failure="evict", resync_s=2.0) as ctrl:
+            yield {"api": api, "ctrl": ctrl, "srv": srv}
 
 
 def start_pod(api: KubeApi, name: str, owned: bool) -> tuple[str, str]:
     """A pod with a template claim for a whole GPU; returns (claim name, device) once allocated."""
-    meta: dict[str, Any] = {"name": name, "namespace": NS}
-    if owned:
-        meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "trainer-7d9f",
-                                    "uid": "4f3c1a52-0000-4000-8000-000000000001", "controller": True}]
-    api.request("POST", f"{CORE_V1}/namespaces/{NS}/pods", body={
-        "metadata": meta, "spec": {"containers": [{"name": "c", "image": "x"}],
-                                   "resourceClaims": [{"name": "g", "resourceClaimTemplateName": "whole"}]}})
-    pod = wait_for(f"{name} bound", lambda: (p := api.get(pod_path(NS, name))) and p["spec"].get("nodeName") and p)
+    pod = start_template_pod(api, name, namespace=NS, owner="trainer-7d9f" if owned else "", timeout=20.0)
     claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
     claim = api.get(claim_path(NS, claim_name))
     assert claim is not None
@@ -73,8 +66,7 @@ def device_condition(api: KubeApi, claim_name: str, device: str) -> dict[str, An
 
 
 def events(api: KubeApi, pod_name: str, reason: str) -> list[dict[str, Any]]:
-    items = api.request("GET", f"{CORE_V1}/namespaces/{NS}/events")["items"]
-    return [e for e in items if e["involvedObject"]["name"] == pod_name and e["reason"] == reason]
+    return pod_events(api, pod_name, reason, NS)
 
 
 def test_unhealthy_device_sets_condition_tells_pods_evicts_only_controlled_pods_and_clears(
@@ -144,17 +136,9 @@ def test_xid_on_a_real_plugin_reaches_the_claim_and_the_pod() -> None:
         install_device_classes(api)
         plugin = h.start_plugin("hn", "sim:h100-80gb", health_mode="withdraw", health_interval=0.5)
         assert plugin.health_monitor.wait_validated(60)
-        api.request("POST", f"{RESOURCE_V1}/namespaces/{NS}/resourceclaimtemplates", body={
-            "metadata": {"name": "whole", "namespace": NS},
-            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}})
-        ctrl = Controller(ControllerConfig(allocate=True, leader_elect=False, resync_s=2.0), h.api_client).start()
-        try:
-            assert ctrl.wait_ready(20)
-            api.request("POST", f"{CORE_V1}/namespaces/{NS}/pods", body={
-                "metadata": {"name": "job", "namespace": NS},
-                "spec": {"containers": [{"name": "c", "image": "x"}],
-                         "resourceClaims": [{"name": "g", "resourceClaimTemplateName": "whole"}]}})
-            pod = wait_for("job bound", lambda: (p := api.get(pod_path(NS, "job"))) and p["spec"].get("nodeName") and p)
+        create_whole_gpu_template(api, namespace=NS)
+        with running_controller(h.api_client, allocate=True, resync_s=2.0):
+            pod = start_template_pod(api, "job", namespace=NS, timeout=20.0)
             claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
 
             plugin.nvml.faults.inject_xid(0, 79)
@@ -172,5 +156,3 @@ def test_xid_on_a_real_plugin_reaches_the_claim_and_the_pod() -> None:
             assert (cond["type"], cond["status"], cond["reason"]) == ("Ready", "False", UNHEALTHY_REASON)
             [event] = wait_for("pod event", lambda: events(api, "job", "DeviceUnhealthy"))
             assert "gpu-0" in event["message"] and event["type"] == "Warning"
-        finally:
-            ctrl.stop()

@@ -17,8 +17,7 @@ import pytest
 from controller.allocator import FINALIZER
 from controller.api_client import CORE_V1, RESOURCE_V1, ApiError, KubeApi, claim_path, pod_path
 from controller.daemon import Controller, ControllerConfig
-from testbed.apiserver import LocalApiServer
-from testbed.controller_harness import install_device_classes, publish_node
+from testbed.controller_harness import simulated_cluster
 from testbed.waiting import wait_for
 
 NS = "default"
@@ -35,11 +34,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     8x H100 80GB with MIG 1g.10gb/2g.20gb/3g.40gb, node-c one H200 141GB) and a controller factory."""
     nodes = getattr(request, "param", None) or {"node-b": "sim:8xh100", "node-c": "sim:h200-141gb"}
     started: list[Controller] = []
-    with LocalApiServer() as srv:
-        api = KubeApi(srv.api_client())
-        install_device_classes(api)
-        for node, profile in nodes.items():
-            publish_node(api, node, profile)
+    with simulated_cluster(nodes) as (srv, api):
 
         def start(mode: str = "gated", api_client: Any = None, **kwargs: Any) -> Controller:
             config = ControllerConfig(placement_mode=mode, leader_elect=False, resync_s=1.0, **kwargs)

@@ -16,18 +16,18 @@ from typing import Any
 
 import pytest
 
-from controller.api_client import RESOURCE_V1, KubeApi
-from controller.daemon import Controller, ControllerConfig
+from controller.api_client import RESOURCE_V1
+from controller.daemon import Controller
 from controller.planning.shaping import ORIGINAL_ANNOTATION
 from controller.webhooks import admission_decisions as admission
-from testbed.apiserver import LocalApiServer
 from testbed.controller_harness import (
     ReviewClient,
     admission_review,
     apply_patch,
-    install_device_classes,
-    publish_node,
+    running_controller,
     self_signed_cert,
+    simulated_cluster,
+    webhook_certificate,
 )
 
 VRAM = "vram.gpu.nvidia.com"
@@ -35,22 +35,14 @@ VRAM = "vram.gpu.nvidia.com"
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[dict[str, Any]]:
-    tmp = tempfile.mkdtemp(prefix="gr-wh-", dir="/tmp")
-    cert, key = self_signed_cert(tmp)
-    with LocalApiServer() as srv:
-        api = KubeApi(srv.api_client())
-        install_device_classes(api)
-        publish_node(api, "node-a", "sim:4xh200", mig_mode="dynamic")
-        publish_node(api, "node-b", "sim:8xh100")
-        publish_node(api, "node-c", "sim:h200-141gb")
-        ctrl = Controller(ControllerConfig(webhook_port=0, webhook_host="127.0.0.1", cert_file=cert, key_file=key,
-                                           leader_elect=False), srv.api_client()).start()
-        assert ctrl.wait_ready(20), ctrl.ready()
+    nodes = {"node-a": "sim:4xh200", "node-b": "sim:8xh100", "node-c": "sim:h200-141gb"}
+    with (webhook_certificate() as cert,
+          simulated_cluster(nodes, dynamic_mig={"node-a"}) as (srv, api),
+          running_controller(srv.api_client(), cert) as ctrl):
         assert ctrl.webhook is not None
-        client = ReviewClient(ctrl.webhook.url, cert)
-        yield {"api": api, "ctrl": ctrl, "client": client, "cert": cert}
+        client = ReviewClient(ctrl.webhook.url, cert[0])
+        yield {"api": api, "ctrl": ctrl, "client": client, "cert": cert[0]}
         client.close()
-        ctrl.stop()
 
 
 def vram_claim(memory: str, name: str = "train", config: list[dict[str, Any]] | None = None) -> dict[str, Any]:

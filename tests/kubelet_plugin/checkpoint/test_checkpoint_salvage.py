@@ -14,7 +14,7 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -30,9 +30,14 @@ def _rewrite(path: str, mutate: Callable[[dict[str, Any]], None]) -> None:
     """Edit the file and give it a valid checksum again (as a person or a newer plugin would)."""
     raw = json.loads(Path(path).read_text())
     mutate(raw)
+    Path(path).write_text(json.dumps(_with_checksum(raw)))
+
+
+def _with_checksum(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` with the checksum of its other fields (what the plugin writes)."""
     body = {k: v for k, v in raw.items() if k != "checksum"}
     raw["checksum"] = codec._checksum(codec._canonical(body))
-    Path(path).write_text(json.dumps(raw))
+    return raw
 
 
 def _truncated(path: str, uid: str) -> None:
@@ -81,20 +86,38 @@ def _events(h: PluginHarness) -> list[str]:
     return [e["message"] for e in items if e.get("reason") == "CheckpointQuarantined"]
 
 
+class _Stopped(NamedTuple):
+    kubelet: Any  # the emulated kubelet's handle from before the stop
+    uid: str  # claim c1, prepared on gpu-0
+    path: str  # the plugin's checkpoint file
+    first: Any  # c1's prepare answer
+
+
+def _prepare_c1_and_stop(h: PluginHarness) -> _Stopped:
+    """Start the plugin, prepare claim c1 on gpu-0 (asserting it worked), stop the plugin."""
+    h.start_plugin(NODE)
+    kubelet = h.kubelet(NODE)
+    uid = h.create_claim("c1", [("gpu", NODE, "gpu-0")])
+    first = kubelet.prepare([("default", "c1", uid)])[uid]
+    assert first.ok, first.error
+    path = h.plugins[NODE].config.checkpoint_path
+    h.stop_plugin(NODE)
+    return _Stopped(kubelet, uid, path, first)
+
+
+def _restart(h: PluginHarness, previous: Any) -> tuple[Any, Any]:
+    """Start the plugin again on the same files: (plugin, the kubelet's new handle once it registered)."""
+    plugin = h.start_plugin(NODE)
+    return plugin, h.kubelet(NODE, previous=previous)
+
+
 @pytest.mark.parametrize("how", sorted(CORRUPTIONS))
 def test_corrupt_checkpoint_keeps_the_prepared_claims_devices_taken(how: str) -> None:
     with PluginHarness() as h:
-        h.start_plugin(NODE)
-        kubelet = h.kubelet(NODE)
-        uid = h.create_claim("c1", [("gpu", NODE, "gpu-0")])
-        first = kubelet.prepare([("default", "c1", uid)])[uid]
-        assert first.ok, first.error
-        path = h.plugins[NODE].config.checkpoint_path
-        h.stop_plugin(NODE)
+        before, uid, path, first = _prepare_c1_and_stop(h)
         CORRUPTIONS[how](path, uid)
 
-        plugin = h.start_plugin(NODE)
-        kubelet = h.kubelet(NODE, previous=kubelet)
+        plugin, kubelet = _restart(h, before)
         assert plugin.checkpoint.quarantined is not None and os.path.exists(plugin.checkpoint.quarantined)
         assert uid in plugin.checkpoint.records()
         # The Event says the file was quarantined and what was salvaged.
@@ -117,12 +140,7 @@ def test_corrupt_checkpoint_keeps_the_prepared_claims_devices_taken(how: str) ->
 
 def test_unknown_fields_of_a_newer_plugin_are_kept_and_do_not_quarantine() -> None:
     with PluginHarness() as h:
-        h.start_plugin(NODE)
-        kubelet = h.kubelet(NODE)
-        uid = h.create_claim("c1", [("gpu", NODE, "gpu-0")])
-        assert kubelet.prepare([("default", "c1", uid)])[uid].ok
-        path = h.plugins[NODE].config.checkpoint_path
-        h.stop_plugin(NODE)
+        before, uid, path, _ = _prepare_c1_and_stop(h)
 
         def newer(raw: dict[str, Any]) -> None:
             raw["futureTop"] = {"k": 1}
@@ -130,8 +148,7 @@ def test_unknown_fields_of_a_newer_plugin_are_kept_and_do_not_quarantine() -> No
             raw["claims"][uid]["answer"][0]["future_answer"] = "x"
 
         _rewrite(path, newer)
-        plugin = h.start_plugin(NODE)
-        kubelet = h.kubelet(NODE, previous=kubelet)
+        plugin, kubelet = _restart(h, before)
         assert plugin.checkpoint.quarantined is None and _events(h) == []
         # A write by this (older) plugin keeps the newer plugin's fields.
         second = h.create_claim("c2", [("gpu", NODE, "gpu-1")])
@@ -146,15 +163,9 @@ def test_a_record_pointing_outside_the_cdi_dir_never_deletes_that_file(tmp_path:
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
     with PluginHarness() as h:
-        h.start_plugin(NODE)
-        kubelet = h.kubelet(NODE)
-        uid = h.create_claim("c1", [("gpu", NODE, "gpu-0")])
-        assert kubelet.prepare([("default", "c1", uid)])[uid].ok
-        path = h.plugins[NODE].config.checkpoint_path
-        h.stop_plugin(NODE)
+        before, uid, path, _ = _prepare_c1_and_stop(h)
         _rewrite(path, lambda r: r["claims"][uid].__setitem__("cdi_spec_file", str(victim)))
-        h.start_plugin(NODE)
-        kubelet = h.kubelet(NODE, previous=kubelet)
+        _, kubelet = _restart(h, before)
         assert kubelet.unprepare([("default", "c1", uid)]) == {uid: ""}
         assert victim.read_text() == "precious"
         assert h.cdi_files(NODE) == []  # the claim's own spec is what was removed
@@ -221,10 +232,8 @@ def test_each_bad_record_is_dropped_alone_with_the_field_named(field: str, value
                          devices=["gpu-1"])
     raw = json.loads(codec.encode("b", {"aaaa-1": good, "bbbb-2": bad}))
     raw["claims"]["bbbb-2"][field] = value
-    body = {k: v for k, v in raw.items() if k != "checksum"}
-    raw["checksum"] = codec._checksum(codec._canonical(body))
     with pytest.raises(codec.CheckpointCorrupt) as caught:
-        codec.decode(json.dumps(raw).encode())
+        codec.decode(json.dumps(_with_checksum(raw)).encode())
     assert list(caught.value.salvage.records) == ["aaaa-1"]
     assert [uid for uid, _ in caught.value.salvage.dropped] == ["bbbb-2"]
     assert named in caught.value.salvage.dropped[0][1]
@@ -256,16 +265,10 @@ def test_a_record_naming_foreign_mps_dirs_never_removes_them(tmp_path: Path) -> 
     (victim / "pipe").mkdir(parents=True)
     (victim / "data").write_text("keep me")
     with PluginHarness() as h:
-        h.start_plugin(NODE)
-        kubelet = h.kubelet(NODE)
-        uid = h.create_claim("c1", [("gpu", NODE, "gpu-0")])
-        assert kubelet.prepare([("default", "c1", uid)])[uid].ok
-        path = h.plugins[NODE].config.checkpoint_path
-        h.stop_plugin(NODE)
+        before, uid, path, _ = _prepare_c1_and_stop(h)
         mps = {"root": str(victim), "pipe_dir": str(victim / "pipe"), "log_dir": str(victim / "log"),
                "shm_dir": "", "device_uuids": [], "binary": "/bin/rm", "pid": os.getpid()}
         _rewrite(path, lambda r: r["claims"][uid].__setitem__("mps", mps))
-        h.start_plugin(NODE)
-        kubelet = h.kubelet(NODE, previous=kubelet)
+        _, kubelet = _restart(h, before)
         assert kubelet.unprepare([("default", "c1", uid)]) == {uid: ""}
         assert (victim / "data").read_text() == "keep me" and (victim / "pipe").is_dir()

@@ -107,6 +107,14 @@ def rig_factory() -> Iterator[Callable[..., Rig]]:
         r.monitor.stop()
 
 
+@pytest.fixture
+def rig(rig_factory: Callable[..., Rig]) -> Rig:
+    """A default rig (8x H100) once every device passed validation and was reported healthy."""
+    healthy = rig_factory()
+    healthy.healthy_after_validation()
+    return healthy
+
+
 def gone(name: str) -> Callable[[HealthSnapshot], bool]:
     return lambda s: name in s.unhealthy()
 
@@ -144,9 +152,7 @@ def test_wait_validated_returns_only_after_on_change_saw_the_validated_round() -
         monitor.stop()
 
 
-def test_xid79_withdraws_the_gpu_within_milliseconds(rig_factory: Callable[..., Rig]) -> None:
-    rig = rig_factory()
-    rig.healthy_after_validation()
+def test_xid79_withdraws_the_gpu_within_milliseconds(rig: Rig) -> None:
     t0 = time.monotonic()
     m = rig.rec.mark()
     rig.sim.faults.inject_xid(2, 79)
@@ -170,9 +176,7 @@ def test_xid48_withdraws_and_returns_after_hold_down(rig_factory: Callable[..., 
     assert states == [HealthState.HEALTHY, HealthState.UNHEALTHY, HealthState.RECOVERING, HealthState.HEALTHY]
 
 
-def test_application_xid_keeps_the_gpu(rig_factory: Callable[..., Rig]) -> None:
-    rig = rig_factory()
-    rig.healthy_after_validation()
+def test_application_xid_keeps_the_gpu(rig: Rig) -> None:
     n = len(rig.rec.snaps)
     for xid in (13, 31, 43, 45):
         rig.sim.faults.inject_xid(3, xid)
@@ -189,9 +193,7 @@ def test_configured_fatal_xid_withdraws(rig_factory: Callable[..., Rig]) -> None
     rig.rec.wait_for(gone("gpu-3"), after=m)
 
 
-def test_mig_attributed_xid_withdraws_only_that_mig_device(rig_factory: Callable[..., Rig]) -> None:
-    rig = rig_factory()
-    rig.healthy_after_validation()
+def test_mig_attributed_xid_withdraws_only_that_mig_device(rig: Rig) -> None:
     gpu7 = rig.devices.gpus[7]
     target = gpu7.mig_devices[2]
     m = rig.rec.mark()
@@ -202,9 +204,7 @@ def test_mig_attributed_xid_withdraws_only_that_mig_device(rig_factory: Callable
     assert "GPU instance" in snap.unhealthy()[target.name]
 
 
-def test_gpu_wide_xid_on_mig_gpu_withdraws_every_mig_device(rig_factory: Callable[..., Rig]) -> None:
-    rig = rig_factory()
-    rig.healthy_after_validation()
+def test_gpu_wide_xid_on_mig_gpu_withdraws_every_mig_device(rig: Rig) -> None:
     gpu6 = rig.devices.gpus[6]
     names = {gpu6.name, *(d.name for d in gpu6.mig_devices)}
     m = rig.rec.mark()
@@ -213,9 +213,7 @@ def test_gpu_wide_xid_on_mig_gpu_withdraws_every_mig_device(rig_factory: Callabl
     assert set(snap.unhealthy()) == names
 
 
-def test_gpu_lost_holds_until_cleared(rig_factory: Callable[..., Rig]) -> None:
-    rig = rig_factory()
-    rig.healthy_after_validation()
+def test_gpu_lost_holds_until_cleared(rig: Rig) -> None:
     m = rig.rec.mark()
     rig.sim.faults.inject_xid(4, 79)
     rig.sim.faults.gpu_lost(4)
@@ -229,9 +227,7 @@ def test_gpu_lost_holds_until_cleared(rig_factory: Callable[..., Rig]) -> None:
     rig.rec.wait_for(back("gpu-4"), after=m)
 
 
-def test_gpu_lost_found_by_polling(rig_factory: Callable[..., Rig]) -> None:
-    rig = rig_factory()
-    rig.healthy_after_validation()
+def test_gpu_lost_found_by_polling(rig: Rig) -> None:
     m = rig.rec.mark()
     rig.sim.faults.gpu_lost(0)
     _, snap = rig.rec.wait_for(gone("gpu-0"), after=m)
@@ -239,9 +235,7 @@ def test_gpu_lost_found_by_polling(rig_factory: Callable[..., Rig]) -> None:
     assert "GPU is lost" in snap.unhealthy()["gpu-0"]
 
 
-def test_unknown_error_on_one_gpu(rig_factory: Callable[..., Rig]) -> None:
-    rig = rig_factory()
-    rig.healthy_after_validation()
+def test_unknown_error_on_one_gpu(rig: Rig) -> None:
     m = rig.rec.mark()
     rig.sim.faults.unknown_error(5)
     _, snap = rig.rec.wait_for(gone("gpu-5"), after=m)
@@ -249,9 +243,7 @@ def test_unknown_error_on_one_gpu(rig_factory: Callable[..., Rig]) -> None:
     assert snap.node_problem is None and snap.devices["gpu-5"].state is HealthState.UNHEALTHY
 
 
-def test_unknown_error_on_every_gpu_is_node_unknown(rig_factory: Callable[..., Rig]) -> None:
-    rig = rig_factory()
-    rig.healthy_after_validation()
+def test_unknown_error_on_every_gpu_is_node_unknown(rig: Rig) -> None:
     m = rig.rec.mark()
     for i in range(8):
         rig.sim.faults.unknown_error(i)
@@ -263,9 +255,7 @@ def test_unknown_error_on_every_gpu_is_node_unknown(rig_factory: Callable[..., R
     rig.rec.wait_for(lambda s: s.all_healthy, after=m)
 
 
-def test_pending_row_remap_withdraws_until_reset(rig_factory: Callable[..., Rig]) -> None:
-    rig = rig_factory()
-    rig.healthy_after_validation()
+def test_pending_row_remap_withdraws_until_reset(rig: Rig) -> None:
     m = rig.rec.mark()
     rig.sim.faults.row_remap_pending(5)
     _, snap = rig.rec.wait_for(gone("gpu-5"), after=m)
@@ -332,9 +322,7 @@ def test_nvml_failing_with_no_devices_discovered(rig_factory: Callable[..., Rig]
     assert "NVML failed to initialise" in (snap.node_problem or "")
 
 
-def test_stop_is_prompt(rig_factory: Callable[..., Rig]) -> None:
-    rig = rig_factory()
-    rig.healthy_after_validation()
+def test_stop_is_prompt(rig: Rig) -> None:
     t0 = time.monotonic()
     rig.monitor.stop()
     assert time.monotonic() - t0 < 2.0

@@ -4,7 +4,6 @@ slice publishing. Each test fails if the plugin stops wiring the piece it checks
 from __future__ import annotations
 
 import json
-import socket
 import tempfile
 import urllib.request
 from pathlib import Path
@@ -15,16 +14,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dra_driver.devices import GIB
 from testbed.plugin_harness import NAMESPACE, PluginHarness
+from testbed.ports import free_port
 from testbed.waiting import wait_for
 
 CID = "4f1c9a7be2d34c5a8b6e0f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -77,7 +70,7 @@ def _shared_claim(h: PluginHarness, name: str, node: str, device: str, pod: str,
 def test_vram_per_claim_and_pod_labels_on_dcgm_series_with_an_event_over_request() -> None:
     node = "vram"
     proc_root = Path(tempfile.mkdtemp(prefix="proc-", dir="/tmp"))
-    port = _free_port()
+    port = free_port()
     with PluginHarness() as h:
         plugin = h.start_plugin(node, "sim:8xh100", shared_gpus=True, metrics_port=port,
                                 metrics_host="127.0.0.1", proc_root=str(proc_root), vram_interval=0.2)
@@ -119,7 +112,7 @@ def test_vram_per_claim_and_pod_labels_on_dcgm_series_with_an_event_over_request
 
 def test_xids_and_validation_probes_are_counted() -> None:
     node = "xidm"
-    port = _free_port()
+    port = free_port()
     with PluginHarness() as h:
         plugin = h.start_plugin(node, "sim:h100-80gb", health_mode="withdraw", metrics_port=port,
                                 metrics_host="127.0.0.1")

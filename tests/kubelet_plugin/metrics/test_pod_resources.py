@@ -5,10 +5,8 @@ metrics and VRAM accounting use the answer."""
 from __future__ import annotations
 
 import logging
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
 from types import SimpleNamespace
@@ -97,16 +95,7 @@ def test_allocations_carry_containers_and_take_the_pod_from_pod_resources_when_r
     assert plain["gpu-1"][0].pod == ""
 
 
-# --- the client over a real Unix socket -------------------------------------------------------------
-@pytest.fixture
-def sock_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(dir="/tmp", prefix="prc"))
-    yield path
-    for child in path.iterdir():
-        child.unlink()
-    path.rmdir()
-
-
+# --- the client over a real Unix socket (in sock_dir, tests/conftest.py) -----------------------------
 def _kubelet(path: Path, dynamic: bool = True) -> PodResourcesServer:
     server = PodResourcesServer(str(path), dynamic_resources=dynamic).start()
     server.record_prepared(DRIVER, "team", "c1", "uid-1", [PreparedClaimDevice(DRIVER, POOL, "gpu-0", ("x=1",))])

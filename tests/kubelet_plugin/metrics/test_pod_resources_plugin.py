@@ -5,7 +5,6 @@ VRAM accounting and its over-request Event, with no pod read from the API server
 from __future__ import annotations
 
 import json
-import socket
 import tempfile
 import urllib.request
 from pathlib import Path
@@ -15,18 +14,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dra_driver.devices import GIB
+from testbed.gpu_load import process_holding_vram
 from testbed.plugin_harness import NAMESPACE, PluginHarness
+from testbed.ports import free_port
 from testbed.waiting import wait_for
 
 CID = "4f1c9a7be2d34c5a8b6e0f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e"
 POD_UID = "0b7e4a52-8a43-4c1e-9d51-2f6a9c3e7d10"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _fb_used_labels(port: int, device: str) -> dict[str, str]:
@@ -50,7 +44,7 @@ _wait = wait_for
 
 def test_dcgm_series_of_an_allocated_gpu_name_the_pod_and_container_from_pod_resources() -> None:
     node = "podres"
-    port = _free_port()
+    port = free_port()
     with PluginHarness() as h:
         h.start_plugin(node, "sim:8xh100", metrics_port=port, metrics_host="127.0.0.1", vram_interval=0)
         uid = h.create_claim("train-gpu", [("gpu", node, "gpu-1")])  # no reservedFor: no pod from the API
@@ -120,7 +114,7 @@ def test_vram_process_is_named_by_pod_resources_without_reading_the_pod() -> Non
 
 def test_plugin_without_the_kubelet_socket_still_scrapes_and_labels_the_pod_from_the_claim() -> None:
     node = "nopodres"
-    port = _free_port()
+    port = free_port()
     with PluginHarness() as h:
         plugin = h.start_plugin(node, "sim:8xh100", metrics_port=port, metrics_host="127.0.0.1", vram_interval=0,
                                 pod_resources_socket=f"{h.root}/absent/kubelet.sock")
@@ -135,31 +129,14 @@ def test_plugin_without_the_kubelet_socket_still_scrapes_and_labels_the_pod_from
         assert off.pod_resources is None
 
 
-_HOLD_VRAM = """
-import time
-try:
-    import torch
-    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-except ImportError:
-    import cupy
-    x = cupy.empty(1 << 30, dtype=cupy.uint8)
-print("ready", flush=True)
-time.sleep(120)
-"""
-
-
 @pytest.mark.gpu
 def test_real_gpu_readings_and_a_real_cuda_process_carry_the_container_from_pod_resources() -> None:
-    import os
-    import subprocess
-    import sys
-
     import pynvml
 
     from kubelet_plugin.nvml import open_nvml
 
     node = "gpu-node"
-    port = _free_port()
+    port = free_port()
     proc_root = Path(tempfile.mkdtemp(prefix="proc-", dir="/tmp"))
     with PluginHarness() as h:
         plugin = h.start_plugin(node, open_nvml("real"), health_mode="off", metrics_port=port,
@@ -173,10 +150,7 @@ def test_real_gpu_readings_and_a_real_cuda_process_carry_the_container_from_pod_
         labels = _wait("the container label", lambda: _labelled(port, gpu.name))
         assert (labels["pod"], labels["container"], labels["UUID"]) == ("trainer", "main", gpu.uuid)
         # A real CUDA process on that GPU, placed in the pod's cgroup through the injectable proc root.
-        child = subprocess.Popen([sys.executable, "-c", _HOLD_VRAM], stdout=subprocess.PIPE, text=True,
-                                 env=dict(os.environ, CUDA_VISIBLE_DEVICES=gpu.uuid))
-        try:
-            assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        with process_holding_vram(gpu.uuid):
             pids = [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(
                 pynvml.nvmlDeviceGetHandleByUUID(gpu.uuid))]
             if not pids:
@@ -186,6 +160,3 @@ def test_real_gpu_readings_and_a_real_cuda_process_carry_the_container_from_pod_
             (usage,) = [c for c in plugin.vram.report().claims if c.device == gpu.name]
             assert usage.used_bytes >= 1 << 30
             assert {p.container for p in usage.processes} == {"main"}
-        finally:
-            child.kill()
-            child.wait()

@@ -217,6 +217,21 @@ def cluster() -> Any:
         yield srv
 
 
+@pytest.fixture()
+def core(cluster: Any) -> Any:
+    """The core/v1 API of ``cluster`` through the real kubernetes client."""
+    return kubernetes.client.CoreV1Api(cluster.api_client())
+
+
+@pytest.fixture()
+def sim_node() -> tuple[Any, Any]:
+    """A simulated 8x H100 node: (its simulated NVML, the devices discovered on it)."""
+    from kubelet_plugin.nvml import discover, open_nvml
+
+    sim = open_nvml("sim:8xh100")
+    return sim, discover(sim)
+
+
 def _make_pod(core: Any, name: str, namespace: str, container_id: str) -> str:
     try:
         core.create_namespace({"metadata": {"name": namespace}})
@@ -244,13 +259,10 @@ def _vram_events(core: Any, namespace: str) -> list[Any]:
     return [e for e in core.list_namespaced_event(namespace).items if e.reason == EVENT_REASON]
 
 
-def test_claim_over_its_vram_request_gets_one_event_naming_process_vram_and_request(cluster: Any) -> None:
-    from kubelet_plugin.nvml import discover, open_nvml
-
-    sim = open_nvml("sim:8xh100")
-    node = discover(sim)
+def test_claim_over_its_vram_request_gets_one_event_naming_process_vram_and_request(
+        core: Any, sim_node: tuple[Any, Any]) -> None:
+    sim, node = sim_node
     gpu = node.gpus[0]
-    core = kubernetes.client.CoreV1Api(cluster.api_client())
     pod_uid = _make_pod(core, "shared-pod", "golden", CID)
 
     claim_obj = copy.deepcopy(SHARED_CLAIM)
@@ -307,13 +319,10 @@ def test_claim_over_its_vram_request_gets_one_event_naming_process_vram_and_requ
                                      {"node": "node-y", "device": gpu.name}) == 1 * GIB
 
 
-def test_event_failure_is_retried_and_never_breaks_accounting(cluster: Any) -> None:
-    from kubelet_plugin.nvml import discover, open_nvml
-
-    sim = open_nvml("sim:8xh100")
-    node = discover(sim)
+def test_event_failure_is_retried_and_never_breaks_accounting(
+        cluster: Any, core: Any, sim_node: tuple[Any, Any]) -> None:
+    sim, node = sim_node
     gpu = node.gpus[2]
-    core = kubernetes.client.CoreV1Api(cluster.api_client())
     pod_uid = _make_pod(core, "p", "team", CID)
     claim = PreparedClaim("uid-1", "c", "team", (gpu.name,), (PodRef("p", "team", pod_uid),), ((gpu.name, GIB),))
     proc_root = Path(tempfile.mkdtemp(prefix="proc-", dir="/tmp"))
@@ -327,10 +336,9 @@ def test_event_failure_is_retried_and_never_breaks_accounting(cluster: Any) -> N
     assert len(_vram_events(core, "team")) == 1
 
 
-def test_claims_provider_reads_pods_and_requests_from_the_api_and_follows_deletion(cluster: Any) -> None:
+def test_claims_provider_reads_pods_and_requests_from_the_api_and_follows_deletion(cluster: Any, core: Any) -> None:
     from kubelet_plugin.metrics.vram_accounting import ApiClaimsProvider, allocations_from_claims
 
-    core = kubernetes.client.CoreV1Api(cluster.api_client())
     resource = kubernetes.client.ResourceV1Api(cluster.api_client())
     pod_uid = _make_pod(core, "shared-pod", "golden", CID)
     body = copy.deepcopy(SHARED_CLAIM)

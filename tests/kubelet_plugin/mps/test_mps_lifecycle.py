@@ -170,19 +170,26 @@ def h() -> Iterator[PluginHarness]:
 
 
 @pytest.fixture
-def fake(h: PluginHarness, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
-    """The stand-in on the plugin's PATH (the default lookup), its record file, and cleanup of strays."""
+def fake_on_path(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+    """The stand-in on PATH (the plugin's default lookup; no MPS_CONTROL_PATH), its record file, and
+    at the end the kill of any daemon it left running, whatever the test did."""
     bin_dir = str(tmp_path / "bin")
     binary = write_fake(bin_dir)
     record = str(tmp_path / "record.jsonl")
     monkeypatch.setenv("FAKE_MPS_RECORD", record)
     monkeypatch.setenv("PATH", bin_dir + os.pathsep + os.environ.get("PATH", ""))
     monkeypatch.delenv("MPS_CONTROL_PATH", raising=False)
-    h.plugins[NODE].preparer.mps = MpsControl(MpsControlSettings(start_timeout=5.0, stop_timeout=3.0, node=NODE))
     yield {"binary": binary, "record": record, "bin": bin_dir}
-    for e in events(record):  # never leave a daemon behind, whatever the test did
+    for e in events(record):
         if e["kind"] == "daemon" and daemon_alive(e["pid"]):
             os.kill(e["pid"], signal.SIGKILL)
+
+
+@pytest.fixture
+def fake(h: PluginHarness, fake_on_path: dict[str, str]) -> dict[str, str]:
+    """``fake_on_path`` for the module's plugin, with short daemon start and stop timeouts."""
+    h.plugins[NODE].preparer.mps = MpsControl(MpsControlSettings(start_timeout=5.0, stop_timeout=3.0, node=NODE))
+    return fake_on_path
 
 
 def _claim_dirs(h: PluginHarness, uid: str) -> dict[str, str]:
@@ -304,131 +311,101 @@ def test_different_thread_percentages_in_one_claim_are_refused(h: PluginHarness,
     assert events(fake["record"]) == [] and h.plugins[NODE].checkpoint.get(uid) is None
 
 
-def test_restarted_plugin_keeps_the_daemon_and_its_unprepare_stops_it(tmp_path: Any,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    bin_dir = str(tmp_path / "bin")
-    write_fake(bin_dir)
-    record = str(tmp_path / "record.jsonl")
-    monkeypatch.setenv("FAKE_MPS_RECORD", record)
-    monkeypatch.setenv("PATH", bin_dir + os.pathsep + os.environ.get("PATH", ""))
-    monkeypatch.delenv("MPS_CONTROL_PATH", raising=False)
-    try:
-        with PluginHarness() as h:
-            h.start_plugin(NODE, "sim:8xh100")
-            uid = h.create_claim("mps-restart", [("gpu", NODE, "gpu-0")], config=[_mps(40, None)])
-            first = h.kubelet(NODE)
-            result = first.prepare([("default", "mps-restart", uid)])[uid]
-            assert result.ok, result.error
-            pid = read_pid(_claim_dirs(h, uid)["pipe"])
-            assert daemon_alive(pid)
+def test_restarted_plugin_keeps_the_daemon_and_its_unprepare_stops_it(fake_on_path: dict[str, str]) -> None:
+    record = fake_on_path["record"]
+    with PluginHarness() as h:
+        h.start_plugin(NODE, "sim:8xh100")
+        uid = h.create_claim("mps-restart", [("gpu", NODE, "gpu-0")], config=[_mps(40, None)])
+        first = h.kubelet(NODE)
+        result = first.prepare([("default", "mps-restart", uid)])[uid]
+        assert result.ok, result.error
+        pid = read_pid(_claim_dirs(h, uid)["pipe"])
+        assert daemon_alive(pid)
 
-            # A second claim whose prepare "crashed" after its daemon started (record still in phase 1).
-            crashed = h.create_claim("mps-crashed", [("gpu", NODE, "gpu-1")], config=[_mps(40, None)])
-            assert first.prepare([("default", "mps-crashed", crashed)])[crashed].ok
-            crashed_pid = read_pid(_claim_dirs(h, crashed)["pipe"])
-            with h.plugins[NODE].checkpoint.update() as records:
-                records[crashed] = replace(records[crashed], state=ClaimState.PREPARE_STARTED)
+        # A second claim whose prepare "crashed" after its daemon started (record still in phase 1).
+        crashed = h.create_claim("mps-crashed", [("gpu", NODE, "gpu-1")], config=[_mps(40, None)])
+        assert first.prepare([("default", "mps-crashed", crashed)])[crashed].ok
+        crashed_pid = read_pid(_claim_dirs(h, crashed)["pipe"])
+        with h.plugins[NODE].checkpoint.update() as records:
+            records[crashed] = replace(records[crashed], state=ClaimState.PREPARE_STARTED)
 
-            # A third claim whose daemon dies with the plugin (a container restart takes its processes).
-            killed = h.create_claim("mps-killed", [("gpu", NODE, "gpu-2")], config=[_mps(40, None)])
-            assert first.prepare([("default", "mps-killed", killed)])[killed].ok
-            killed_pid = read_pid(_claim_dirs(h, killed)["pipe"])
+        # A third claim whose daemon dies with the plugin (a container restart takes its processes).
+        killed = h.create_claim("mps-killed", [("gpu", NODE, "gpu-2")], config=[_mps(40, None)])
+        assert first.prepare([("default", "mps-killed", killed)])[killed].ok
+        killed_pid = read_pid(_claim_dirs(h, killed)["pipe"])
 
-            h.stop_plugin(NODE)  # the plugin goes; its daemons keep serving the running pods
-            assert daemon_alive(pid) and daemon_alive(crashed_pid)
-            assert killed_pid is not None
-            os.kill(killed_pid, signal.SIGKILL)  # leaves its PID file and socket behind, as a crash does
-            h.start_plugin(NODE, "sim:8xh100")  # same directories, same checkpoint
-            # Start-up recovery rolled the half-done prepare back, daemon included...
-            assert not daemon_alive(crashed_pid) and not os.path.exists(_claim_dirs(h, crashed)["root"])
-            # ...and started the dead daemon of the prepared claim again, on the same pipe directory.
-            revived = read_pid(_claim_dirs(h, killed)["pipe"])
-            assert revived != killed_pid and daemon_alive(revived)
-            killed_record = h.plugins[NODE].checkpoint.get(killed)
-            assert killed_record is not None and killed_record.mps is not None and killed_record.mps.pid == revived
-            kubelet = h.kubelet(NODE, previous=first)
-            assert kubelet.prepare([("default", "mps-restart", uid)])[uid] == result
-            # One start per claim plus the revival: the live daemon was not started twice.
-            assert len([e for e in events(record) if e["kind"] == "start"]) == 4
-            assert daemon_alive(pid)
-            assert kubelet.unprepare([("default", "mps-killed", killed)]) == {killed: ""}
-            assert not daemon_alive(revived) and not os.path.exists(_claim_dirs(h, killed)["root"])
+        h.stop_plugin(NODE)  # the plugin goes; its daemons keep serving the running pods
+        assert daemon_alive(pid) and daemon_alive(crashed_pid)
+        assert killed_pid is not None
+        os.kill(killed_pid, signal.SIGKILL)  # leaves its PID file and socket behind, as a crash does
+        h.start_plugin(NODE, "sim:8xh100")  # same directories, same checkpoint
+        # Start-up recovery rolled the half-done prepare back, daemon included...
+        assert not daemon_alive(crashed_pid) and not os.path.exists(_claim_dirs(h, crashed)["root"])
+        # ...and started the dead daemon of the prepared claim again, on the same pipe directory.
+        revived = read_pid(_claim_dirs(h, killed)["pipe"])
+        assert revived != killed_pid and daemon_alive(revived)
+        killed_record = h.plugins[NODE].checkpoint.get(killed)
+        assert killed_record is not None and killed_record.mps is not None and killed_record.mps.pid == revived
+        kubelet = h.kubelet(NODE, previous=first)
+        assert kubelet.prepare([("default", "mps-restart", uid)])[uid] == result
+        # One start per claim plus the revival: the live daemon was not started twice.
+        assert len([e for e in events(record) if e["kind"] == "start"]) == 4
+        assert daemon_alive(pid)
+        assert kubelet.unprepare([("default", "mps-killed", killed)]) == {killed: ""}
+        assert not daemon_alive(revived) and not os.path.exists(_claim_dirs(h, killed)["root"])
 
-            assert kubelet.unprepare([("default", "mps-restart", uid)]) == {uid: ""}
-            assert not daemon_alive(pid)
-            assert not os.path.exists(_claim_dirs(h, uid)["root"])
-    finally:
-        for e in events(record):
-            if e["kind"] == "daemon" and daemon_alive(e["pid"]):
-                os.kill(e["pid"], signal.SIGKILL)
+        assert kubelet.unprepare([("default", "mps-restart", uid)]) == {uid: ""}
+        assert not daemon_alive(pid)
+        assert not os.path.exists(_claim_dirs(h, uid)["root"])
 
 
 def test_without_private_shm_the_daemon_keeps_the_plugins_dev_shm_and_the_spec_leaves_it_alone(
-        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    bin_dir = str(tmp_path / "bin")
-    write_fake(bin_dir)
-    record = str(tmp_path / "record.jsonl")
-    monkeypatch.setenv("FAKE_MPS_RECORD", record)
-    monkeypatch.setenv("PATH", bin_dir + os.pathsep + os.environ.get("PATH", ""))
+        fake_on_path: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    record = fake_on_path["record"]
     monkeypatch.setenv("MPS_PRIVATE_SHM", "false")  # a plugin without CAP_SYS_ADMIN
-    try:
-        with PluginHarness() as h:
-            h.start_plugin(NODE, "sim:8xh100")
-            uid = h.create_claim("mps-shared-shm", [("gpu", NODE, "gpu-0")], config=[_mps()])
-            assert h.kubelet(NODE).prepare([("default", "mps-shared-shm", uid)])[uid].ok
-            daemon = next(e for e in events(record) if e["kind"] == "daemon")
-            assert os.path.exists(os.path.join("/dev/shm", daemon["shm_marker"]))
-            assert not os.path.exists(_claim_dirs(h, uid)["shm"])
-            mounts = h.read_spec(NODE, uid)["devices"][0]["containerEdits"]["mounts"]
-            assert [m["containerPath"] for m in mounts] == [_claim_dirs(h, uid)["pipe"]]
-            assert h.kubelet(NODE).unprepare([("default", "mps-shared-shm", uid)]) == {uid: ""}
-            assert not daemon_alive(daemon["pid"])
-            assert not os.path.exists(os.path.join("/dev/shm", daemon["shm_marker"]))
-    finally:
-        for e in events(record):
-            if e["kind"] == "daemon" and daemon_alive(e["pid"]):
-                os.kill(e["pid"], signal.SIGKILL)
+    with PluginHarness() as h:
+        h.start_plugin(NODE, "sim:8xh100")
+        uid = h.create_claim("mps-shared-shm", [("gpu", NODE, "gpu-0")], config=[_mps()])
+        assert h.kubelet(NODE).prepare([("default", "mps-shared-shm", uid)])[uid].ok
+        daemon = next(e for e in events(record) if e["kind"] == "daemon")
+        assert os.path.exists(os.path.join("/dev/shm", daemon["shm_marker"]))
+        assert not os.path.exists(_claim_dirs(h, uid)["shm"])
+        mounts = h.read_spec(NODE, uid)["devices"][0]["containerEdits"]["mounts"]
+        assert [m["containerPath"] for m in mounts] == [_claim_dirs(h, uid)["pipe"]]
+        assert h.kubelet(NODE).unprepare([("default", "mps-shared-shm", uid)]) == {uid: ""}
+        assert not daemon_alive(daemon["pid"])
+        assert not os.path.exists(os.path.join("/dev/shm", daemon["shm_marker"]))
 
 
-def test_a_running_plugin_restarts_a_claims_daemon_that_died(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.usefixtures("fake_on_path")
+def test_a_running_plugin_restarts_a_claims_daemon_that_died(monkeypatch: pytest.MonkeyPatch) -> None:
     """During a rolling update the old plugin's container takes its daemons along; the new plugin,
     already running, must bring them back without a restart of its own."""
     from kubelet_plugin.daemon import KubeletPlugin
 
-    bin_dir = str(tmp_path / "bin")
-    write_fake(bin_dir)
-    record = str(tmp_path / "record.jsonl")
-    monkeypatch.setenv("FAKE_MPS_RECORD", record)
-    monkeypatch.setenv("PATH", bin_dir + os.pathsep + os.environ.get("PATH", ""))
-    monkeypatch.delenv("MPS_CONTROL_PATH", raising=False)
     monkeypatch.setattr(KubeletPlugin, "mps_watch_interval_s", 0.2)
-    try:
-        with PluginHarness() as h:
-            h.start_plugin(NODE, "sim:8xh100")
-            uid = h.create_claim("mps-watch", [("gpu", NODE, "gpu-0")], config=[_mps(40, None)])
-            assert h.kubelet(NODE).prepare([("default", "mps-watch", uid)])[uid].ok
-            pipe = _claim_dirs(h, uid)["pipe"]
-            pid = read_pid(pipe)
-            assert pid is not None and daemon_alive(pid)
-            os.kill(pid, signal.SIGKILL)
-            deadline = time.monotonic() + 20
+    with PluginHarness() as h:
+        h.start_plugin(NODE, "sim:8xh100")
+        uid = h.create_claim("mps-watch", [("gpu", NODE, "gpu-0")], config=[_mps(40, None)])
+        assert h.kubelet(NODE).prepare([("default", "mps-watch", uid)])[uid].ok
+        pipe = _claim_dirs(h, uid)["pipe"]
+        pid = read_pid(pipe)
+        assert pid is not None and daemon_alive(pid)
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 20
 
-            def recorded_pid() -> int | None:
-                record_now = h.plugins[NODE].checkpoint.get(uid)
-                return record_now.mps.pid if record_now is not None and record_now.mps is not None else None
+        def recorded_pid() -> int | None:
+            record_now = h.plugins[NODE].checkpoint.get(uid)
+            return record_now.mps.pid if record_now is not None and record_now.mps is not None else None
 
-            # Revived: a new live daemon, and the checkpoint records it (the PID file comes first).
-            while ((revived := read_pid(pipe)) in (None, pid) or not daemon_alive(revived)
-                   or recorded_pid() != revived):
-                assert time.monotonic() < deadline, \
-                    f"the plugin never restarted the claim's MPS daemon (file {revived}, record {recorded_pid()})"
-                time.sleep(0.1)
-            assert h.kubelet(NODE).unprepare([("default", "mps-watch", uid)]) == {uid: ""}
-            assert not daemon_alive(revived)
-    finally:
-        for e in events(record):
-            if e["kind"] == "daemon" and daemon_alive(e["pid"]):
-                os.kill(e["pid"], signal.SIGKILL)
+        # Revived: a new live daemon, and the checkpoint records it (the PID file comes first).
+        while ((revived := read_pid(pipe)) in (None, pid) or not daemon_alive(revived)
+               or recorded_pid() != revived):
+            assert time.monotonic() < deadline, \
+                f"the plugin never restarted the claim's MPS daemon (file {revived}, record {recorded_pid()})"
+            time.sleep(0.1)
+        assert h.kubelet(NODE).unprepare([("default", "mps-watch", uid)]) == {uid: ""}
+        assert not daemon_alive(revived)
 
 
 def test_uids_alike_in_their_first_16_characters_get_different_dirs_and_never_stop_each_others_daemon(

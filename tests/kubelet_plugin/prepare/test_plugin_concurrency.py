@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -41,6 +41,47 @@ class SlowClaims:
         return bool(self.inner.remove_device_status(*args))
 
 
+class OverlapGuard:
+    """Wraps a plugin's spec writes and undos so that each counts whether another wrapped call was running
+    at the same time: ``overlaps`` stays 0 while the calls never interleave."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.overlaps = 0
+        self.lock = threading.Lock()
+
+    def wrap(self, fn: Any) -> Any:
+        def run(*args: Any) -> Any:
+            with self.lock:
+                self.active += 1
+                self.overlaps += self.active > 1
+            time.sleep(0.005)  # widen the window an interleaving would need
+            try:
+                return fn(*args)
+            finally:
+                with self.lock:
+                    self.active -= 1
+        return run
+
+    def guard(self, plugin: Any) -> None:
+        plugin.preparer.write_spec = self.wrap(plugin.preparer.write_spec)
+        plugin.preparer.undo = self.wrap(plugin.preparer.undo)
+
+
+def _hammer(kubelet_for: Callable[[int], Any], name: str, uid: str, calls: int, threads: int) -> list[str]:
+    """``calls`` prepares (even i) and unprepares (odd i) of one claim from ``threads`` threads, call i
+    through ``kubelet_for(i)``; their errors ("" for success)."""
+
+    def call(i: int) -> str:
+        kubelet = kubelet_for(i)
+        if i % 2:
+            return str(kubelet.unprepare([("default", name, uid)])[uid])
+        return str(kubelet.prepare([("default", name, uid)])[uid].error)
+
+    with ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(call, range(calls)))
+
+
 def test_many_claims_prepare_in_parallel_and_the_checkpoint_stays_whole(h: PluginHarness) -> None:
     plugin = h.plugins[NODE]
     names = sorted(plugin.device_index)[:16]
@@ -70,34 +111,11 @@ def test_prepare_and_unprepare_of_one_claim_never_interleave(h: PluginHarness) -
     plugin = h.plugins[NODE]
     uid = h.create_claim("same", [("gpu", NODE, "gpu-0")])
     kubelet = h.kubelet(NODE)
-    active, overlaps, lock = [0], [0], threading.Lock()
-    original_write, original_undo = plugin.preparer.write_spec, plugin.preparer.undo
-
-    def guarded(fn: Any) -> Any:
-        def run(*args: Any) -> Any:
-            with lock:
-                active[0] += 1
-                overlaps[0] += active[0] > 1
-            time.sleep(0.005)  # widen the window an interleaving would need
-            try:
-                return fn(*args)
-            finally:
-                with lock:
-                    active[0] -= 1
-        return run
-
-    plugin.preparer.write_spec = guarded(original_write)  # type: ignore[method-assign]
-    plugin.preparer.undo = guarded(original_undo)  # type: ignore[method-assign]
-
-    def hammer(i: int) -> str:
-        if i % 2:
-            return kubelet.unprepare([("default", "same", uid)])[uid]
-        return kubelet.prepare([("default", "same", uid)])[uid].error
-
-    with ThreadPoolExecutor(12) as pool:
-        errors = list(pool.map(hammer, range(60)))
+    guard = OverlapGuard()
+    guard.guard(plugin)
+    errors = _hammer(lambda _i: kubelet, "same", uid, calls=60, threads=12)
     assert errors == [""] * 60
-    assert overlaps[0] == 0
+    assert guard.overlaps == 0
     # Whatever order they ran in, the end state is consistent with the last call.
     assert kubelet.unprepare([("default", "same", uid)]) == {uid: ""}
     assert h.cdi_files(NODE) == [] and plugin.checkpoint.get(uid) is None
@@ -129,35 +147,12 @@ def test_two_instances_of_a_rolling_update_never_interleave_one_claim() -> None:
             k_old = emu.wait_for_plugin("gpu.nvidia.com", endpoint=old.paths.dra)
             k_new = emu.wait_for_plugin("gpu.nvidia.com", endpoint=new.paths.dra)
             uid = h.create_claim("shared-claim", [("gpu", NODE, "gpu-0")])
-            active, overlaps, lock = [0], [0], threading.Lock()
-
-            def guarded(fn: Any) -> Any:
-                def run(*args: Any) -> Any:
-                    with lock:
-                        active[0] += 1
-                        overlaps[0] += active[0] > 1
-                    time.sleep(0.005)
-                    try:
-                        return fn(*args)
-                    finally:
-                        with lock:
-                            active[0] -= 1
-                return run
-
-            for plugin in (old, new):
-                plugin.preparer.write_spec = guarded(plugin.preparer.write_spec)  # type: ignore[method-assign]
-                plugin.preparer.undo = guarded(plugin.preparer.undo)  # type: ignore[method-assign]
-
-            def hammer(i: int) -> str:
-                kubelet = k_old if i % 3 else k_new
-                if i % 2:
-                    return kubelet.unprepare([("default", "shared-claim", uid)])[uid]
-                return kubelet.prepare([("default", "shared-claim", uid)])[uid].error
-
-            with ThreadPoolExecutor(8) as pool:
-                errors = list(pool.map(hammer, range(40)))
+            guard = OverlapGuard()  # one guard over both instances: their calls must not interleave either
+            guard.guard(old)
+            guard.guard(new)
+            errors = _hammer(lambda i: k_old if i % 3 else k_new, "shared-claim", uid, calls=40, threads=8)
             assert errors == [""] * 40
-            assert overlaps[0] == 0
+            assert guard.overlaps == 0
             assert k_old.unprepare([("default", "shared-claim", uid)]) == {uid: ""}
             assert h.cdi_files(NODE) == []
             assert old.checkpoint.get(uid) is None and new.checkpoint.get(uid) is None

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,17 +20,6 @@ NS = "default"
 DRIVER, POOL = "gpu.example.com", "node-y"
 SHARE = "5f543f3c-d121-4353-9581-119612a0c5d1"
 POD = {"resource": "pods", "name": "p", "uid": "c2845d02-e498-42b3-b7dc-d68d79554c7f"}
-
-
-@pytest.fixture(scope="module")
-def srv() -> Iterator[LocalApiServer]:
-    with LocalApiServer() as s:
-        yield s
-
-
-@pytest.fixture
-def r(srv: LocalApiServer) -> client.ResourceV1Api:
-    return client.ResourceV1Api(srv.api_client())
 
 
 _counter = iter(range(10**6))

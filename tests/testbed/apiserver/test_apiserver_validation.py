@@ -4,7 +4,6 @@ the limits are those of upstream pkg/apis/resource/validation."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,17 +11,6 @@ from kubernetes import client
 
 from testbed.apiserver import LocalApiServer
 from testbed.apiserver.slice_samples import slice_body
-
-
-@pytest.fixture(scope="module")
-def srv() -> Iterator[LocalApiServer]:
-    with LocalApiServer() as s:
-        yield s
-
-
-@pytest.fixture
-def r(srv: LocalApiServer) -> client.ResourceV1Api:
-    return client.ResourceV1Api(srv.api_client())
 
 
 def rejected(call: Any, *args: Any) -> list[tuple[str, str]]:

@@ -6,7 +6,6 @@ each bad object is accepted. All through the official kubernetes client over a r
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,17 +17,6 @@ SUBDOMAIN_MSG = ("a lowercase RFC 1123 subdomain must consist of lower case alph
                  "and must start and end with an alphanumeric character (e.g. 'example.com', regex used for "
                  "validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')")
 REF_MSG = "must be the name of a request in the claim or the name of a request and a subrequest separated by '/'"
-
-
-@pytest.fixture(scope="module")
-def srv() -> Iterator[LocalApiServer]:
-    with LocalApiServer() as s:
-        yield s
-
-
-@pytest.fixture
-def r(srv: LocalApiServer) -> client.ResourceV1Api:
-    return client.ResourceV1Api(srv.api_client())
 
 
 PATHS = {"claim": "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims",

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,17 +17,6 @@ from testbed.apiserver import LocalApiServer
 from testbed.apiserver.slice_samples import slice_body
 
 CAP = "spec.devices[0].capacity[memory].requestPolicy"
-
-
-@pytest.fixture(scope="module")
-def srv() -> Iterator[LocalApiServer]:
-    with LocalApiServer() as s:
-        yield s
-
-
-@pytest.fixture
-def r(srv: LocalApiServer) -> client.ResourceV1Api:
-    return client.ResourceV1Api(srv.api_client())
 
 
 def causes(r: client.ResourceV1Api, body: dict[str, Any]) -> list[tuple[str, str, str]]:

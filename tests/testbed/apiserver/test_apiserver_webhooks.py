@@ -8,10 +8,10 @@ Cluster: node-a 4x H200 with dynamic MIG (1g.18gb .. 7g.141gb placements), node-
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import shutil
 import ssl
-import tempfile
 import threading
 import time
 import urllib.request
@@ -23,14 +23,11 @@ import kubernetes
 import pytest
 from kubernetes.client.rest import ApiException
 
-from controller.api_client import KubeApi
-from controller.daemon import Controller, ControllerConfig
 from controller.planning.shaping import ORIGINAL_ANNOTATION
-from testbed.apiserver import LocalApiServer
 from testbed.apiserver.admission import rule_matches, warning_header
 from testbed.apiserver.resources import resource_for_key
 from testbed.apiserver.webhook_configs import gpuready_webhook_configurations
-from testbed.controller_harness import install_device_classes, publish_node, self_signed_cert
+from testbed.controller_harness import running_controller, simulated_cluster, webhook_certificate
 
 VRAM = "vram.gpu.nvidia.com"
 BAD_CONFIG = [{"requests": ["gpu"], "opaque": {"driver": "gpu.nvidia.com", "parameters": {
@@ -39,16 +36,10 @@ BAD_CONFIG = [{"requests": ["gpu"], "opaque": {"driver": "gpu.nvidia.com", "para
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[dict[str, Any]]:
-    tmp = tempfile.mkdtemp(prefix="gr-apiwh-", dir="/tmp")
-    cert, key = self_signed_cert(tmp)
-    with LocalApiServer() as srv:
-        api = KubeApi(srv.api_client())
-        install_device_classes(api)
-        publish_node(api, "node-a", "sim:4xh200", mig_mode="dynamic")
-        publish_node(api, "node-c", "sim:h200-141gb")
-        ctrl = Controller(ControllerConfig(webhook_port=0, webhook_host="127.0.0.1", cert_file=cert, key_file=key,
-                                           leader_elect=False), srv.api_client()).start()
-        assert ctrl.wait_ready(20), ctrl.ready()
+    nodes = {"node-a": "sim:4xh200", "node-c": "sim:h200-141gb"}
+    with (webhook_certificate() as (cert, key),
+          simulated_cluster(nodes, dynamic_mig={"node-a"}) as (srv, api),
+          running_controller(srv.api_client(), (cert, key)) as ctrl):
         assert ctrl.webhook is not None
         with open(cert, "rb") as f:
             ca = f.read()
@@ -59,8 +50,6 @@ def world() -> Iterator[dict[str, Any]]:
         admission.create_validating_webhook_configuration(validating)
         yield {"srv": srv, "api": api, "resource": kubernetes.client.ResourceV1Api(client),
                "admission": admission, "ca": ca, "cert": cert, "key": key, "client": client}
-        ctrl.stop()
-    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def vram_claim(memory: str, name: str, config: list[dict[str, Any]] | None = None,
@@ -208,17 +197,26 @@ class _Slow(BaseHTTPRequestHandler):
         self.end_headers()
 
 
-@pytest.fixture()
-def slow_webhook(world: dict[str, Any]) -> Iterator[str]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Slow)
+@contextlib.contextmanager
+def _https_webhook(world: dict[str, Any], handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """``handler`` served over HTTPS on 127.0.0.1 (the controller's certificate) for the block: its URL."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     httpd.daemon_threads = True
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(world["cert"], world["key"])
     httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"https://127.0.0.1:{httpd.server_address[1]}/validate"
-    httpd.shutdown()
-    httpd.server_close()
+    try:
+        yield f"https://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.fixture()
+def slow_webhook(world: dict[str, Any]) -> Iterator[str]:
+    with _https_webhook(world, _Slow) as url:
+        yield url + "/validate"
 
 
 def test_a_slow_webhook_is_cut_off_after_timeout_seconds(world: dict[str, Any], slow_webhook: str) -> None:
@@ -294,15 +292,8 @@ class _Recorder(BaseHTTPRequestHandler):
 def recorder(world: dict[str, Any]) -> Iterator[tuple[str, list[tuple[str, dict[str, Any]]]]]:
     _Recorder.seen = []
     _Recorder.api_url = world["srv"].url
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
-    httpd.daemon_threads = True
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(world["cert"], world["key"])
-    httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"https://127.0.0.1:{httpd.server_address[1]}", _Recorder.seen
-    httpd.shutdown()
-    httpd.server_close()
+    with _https_webhook(world, _Recorder) as url:
+        yield url, _Recorder.seen
 
 
 def _pods_hook(world: dict[str, Any], name: str, url: str, operations: list[str], resources: list[str]

@@ -8,11 +8,9 @@ what the "kubelet" told it and which service versions it was called on.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -32,7 +30,7 @@ from proto import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
-from testbed.kubelet_emulator import KubeletEmulator, KubeletError, PluginCallError
+from testbed.kubelet_emulator import KubeletEmulator, KubeletError, PluginCallError, RegisteredPlugin
 
 DRIVER = "gpu.example.com"
 BOTH = ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
@@ -210,12 +208,11 @@ class FakePlugin:
 
 
 @pytest.fixture
-def dirs() -> Iterator[tuple[Path, Path]]:
-    root = Path(tempfile.mkdtemp(dir="/tmp", prefix="ke"))
-    (root / "reg").mkdir()
-    (root / "p").mkdir()
-    yield root / "reg", root / "p"
-    shutil.rmtree(root, ignore_errors=True)
+def dirs(sock_dir: Path) -> tuple[Path, Path]:
+    """The kubelet's plugin registry directory and the plugins' own socket directory."""
+    (sock_dir / "reg").mkdir()
+    (sock_dir / "p").mkdir()
+    return sock_dir / "reg", sock_dir / "p"
 
 
 @pytest.fixture
@@ -232,12 +229,24 @@ def plugins() -> Iterator[list[FakePlugin]]:
         plugin.stop()
 
 
-def test_registration_handshake(
-    emu: KubeletEmulator, dirs: tuple[Path, Path], plugins: list[FakePlugin]
-) -> None:
-    fake = FakePlugin(*dirs, versions=[*BOTH, *HEALTH_BOTH])
-    plugins.append(fake.start())
-    plugin = emu.wait_for_plugin(DRIVER)
+Registered = Callable[..., tuple[FakePlugin, RegisteredPlugin]]
+
+
+@pytest.fixture
+def registered(emu: KubeletEmulator, dirs: tuple[Path, Path], plugins: list[FakePlugin]) -> Registered:
+    """Starts a FakePlugin in ``dirs`` (keyword arguments: FakePlugin's options), stopped at teardown;
+    returns it and the emulator's handle on it once the emulator registered it."""
+
+    def start(**options: Any) -> tuple[FakePlugin, RegisteredPlugin]:
+        fake = FakePlugin(*dirs, **options)
+        plugins.append(fake.start())
+        return fake, emu.wait_for_plugin(DRIVER)
+
+    return start
+
+
+def test_registration_handshake(emu: KubeletEmulator, registered: Registered) -> None:
+    fake, plugin = registered(versions=[*BOTH, *HEALTH_BOTH])
     assert plugin.endpoint == str(fake.endpoint)
     assert plugin.dra_service == "v1"
     assert plugin.versions == [*BOTH, *HEALTH_BOTH]
@@ -292,27 +301,17 @@ def test_invalid_plugins_are_refused_with_a_reason(
     ],
 )
 def test_version_selection_decides_which_service_is_called(
-    emu: KubeletEmulator,
-    dirs: tuple[Path, Path],
-    plugins: list[FakePlugin],
-    versions: list[str],
-    service: str,
+    registered: Registered, versions: list[str], service: str
 ) -> None:
-    fake = FakePlugin(*dirs, versions=versions)
-    plugins.append(fake.start())
-    plugin = emu.wait_for_plugin(DRIVER)
+    fake, plugin = registered(versions=versions)
     assert plugin.dra_service == service
     plugin.prepare([("default", "c1", "uid-1")])
     plugin.unprepare([("default", "c1", "uid-1")])
     assert fake.calls == [f"{service}/NodePrepareResources", f"{service}/NodeUnprepareResources"]
 
 
-def test_prepare_unprepare_round_trip(
-    emu: KubeletEmulator, dirs: tuple[Path, Path], plugins: list[FakePlugin]
-) -> None:
-    fake = FakePlugin(*dirs)
-    plugins.append(fake.start())
-    plugin = emu.wait_for_plugin(DRIVER)
+def test_prepare_unprepare_round_trip(registered: Registered) -> None:
+    fake, plugin = registered()
     fake.fail["uid-bad"] = "claim is not allocated to node-a"
     results = plugin.prepare(
         [("default", "train", "uid-1"), ("ml", "infer", "uid-2"), ("default", "x", "uid-bad")]
@@ -336,20 +335,14 @@ def test_prepare_unprepare_round_trip(
     assert plugin.prepare([]) == {}  # the liveness-probe call
 
 
-def test_share_id_is_none_over_v1beta1(
-    emu: KubeletEmulator, dirs: tuple[Path, Path], plugins: list[FakePlugin]
-) -> None:
-    plugins.append(FakePlugin(*dirs, versions=["v1beta1.DRAPlugin"]).start())
-    result = emu.wait_for_plugin(DRIVER).prepare([("default", "c", "uid-1")])["uid-1"]
+def test_share_id_is_none_over_v1beta1(registered: Registered) -> None:
+    _, plugin = registered(versions=["v1beta1.DRAPlugin"])
+    result = plugin.prepare([("default", "c", "uid-1")])["uid-1"]
     assert result.devices[0]["share_id"] is None and result.devices[0]["device_name"] == "gpu-0"
 
 
-def test_plugin_answer_errors_fail_like_the_kubelet(
-    emu: KubeletEmulator, dirs: tuple[Path, Path], plugins: list[FakePlugin]
-) -> None:
-    fake = FakePlugin(*dirs)
-    plugins.append(fake.start())
-    plugin = emu.wait_for_plugin(DRIVER)
+def test_plugin_answer_errors_fail_like_the_kubelet(registered: Registered) -> None:
+    fake, plugin = registered()
     fake.skip.add("uid-2")
     with pytest.raises(KubeletError, match=r"NodePrepareResources skipped 1 ResourceClaims: \['uid-2'\]"):
         plugin.prepare([("default", "a", "uid-1"), ("default", "b", "uid-2")])
@@ -371,16 +364,9 @@ def test_plugin_answer_errors_fail_like_the_kubelet(
     ],
 )
 def test_health_stream(
-    emu: KubeletEmulator,
-    dirs: tuple[Path, Path],
-    plugins: list[FakePlugin],
-    served: tuple[str, ...],
-    advertised: list[str],
-    expected: str,
+    registered: Registered, served: tuple[str, ...], advertised: list[str], expected: str
 ) -> None:
-    fake = FakePlugin(*dirs, versions=[*BOTH, *advertised], health=served)
-    plugins.append(fake.start())
-    plugin = emu.wait_for_plugin(DRIVER)
+    fake, plugin = registered(versions=[*BOTH, *advertised], health=served)
     fake.set_health([("gpu-0", 1, ""), ("gpu-1", 1, "")])
     stream = plugin.watch_health(timeout=20)
     first = next(stream)
@@ -396,12 +382,8 @@ def test_health_stream(
     assert fake.calls[-1] == f"{expected}/NodeWatchResources"
 
 
-def test_health_stream_ends_at_timeout_and_on_close(
-    emu: KubeletEmulator, dirs: tuple[Path, Path], plugins: list[FakePlugin]
-) -> None:
-    fake = FakePlugin(*dirs, versions=[*BOTH, *HEALTH_BOTH], health=("v1",))
-    plugins.append(fake.start())
-    plugin = emu.wait_for_plugin(DRIVER)
+def test_health_stream_ends_at_timeout_and_on_close(registered: Registered) -> None:
+    fake, plugin = registered(versions=[*BOTH, *HEALTH_BOTH], health=("v1",))
     started = time.monotonic()
     assert list(plugin.watch_health(timeout=0.5)) == []  # no snapshot sent: ends quietly at the deadline
     assert time.monotonic() - started < 5
