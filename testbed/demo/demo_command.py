@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
 
 from testbed.demo.output import DemoFailure, Printer
 from testbed.demo.scenarios import DEFAULT, SCENARIOS
@@ -22,7 +27,10 @@ NodePrepareResources producing CDI specs; a GPU fault withdrawing the device (ti
 Events and the claim's status; recovery; and pods finishing. No GPU, cluster or network is needed.
 
 Exit status: 0 when every step showed what it should, 1 when one did not (the message says which
-and the work directory with the component logs is kept), 2 for bad arguments.
+and the work directory with the component logs is kept), 2 for bad arguments, 130 (Ctrl-C, SIGINT) or
+143 (SIGTERM) when stopped before the story ended. With --serve, Ctrl-C or SIGTERM after the story is
+the way to stop it: 0. On a signal every component is stopped and the work directory removed (kept
+with --keep), and one line says so.
 
 Scenarios (--scenario): {", ".join(f"{name}{' (default)' if name == DEFAULT else ''}" for name in SCENARIOS)}.
   {chr(10).join(f"  {s.name:10} {s.title}" for s in SCENARIOS.values()).strip()}
@@ -49,9 +57,92 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep the work directory (CDI specs, checkpoints, logs) after the demo")
 
 
+class Stopped(BaseException):
+    """SIGTERM arrived: raised in the main thread, like KeyboardInterrupt for SIGINT, so the story
+    unwinds through its ``finally`` and the cluster is stopped. A BaseException, so that no
+    ``except Exception`` on the way swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, frame: FrameType | None) -> None:
+    raise Stopped(signum)
+
+
+@contextmanager
+def _signals(handler: Callable[[int, FrameType | None], Any]) -> Iterator[None]:
+    """SIGTERM (and, when ``handler`` is not the SIGTERM one, SIGINT) handled by ``handler`` while
+    inside; the previous handlers afterwards. A no-op off the main thread (signals go to it only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    wanted = [signal.SIGTERM] if handler is _raise_stopped else [signal.SIGTERM, signal.SIGINT]
+    previous = {sig: signal.signal(sig, handler) for sig in wanted}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run the story; 0 when every step held, 1 when one did not."""
+    """Run the story; 0 when every step held, 1 when one did not, 130/143 when a signal stopped it."""
     from testbed.demo.cluster import DemoCluster
+
+    if args.hold_down < 0:
+        print("gpuready demo: --hold-down must not be negative", file=sys.stderr)
+        return 2
+    scenario = SCENARIOS[args.scenario]
+    p = Printer(quiet=args.quiet, total_steps=8)
+    p.title(f"gpuready demo: a DRA driver for NVIDIA GPUs, on simulated GPUs (scenario: {scenario.name})")
+    cluster = DemoCluster(hold_down=args.hold_down)
+    failed = False
+    stopped_by = ""  # the signal's name, when one stopped the demo
+    status = 0
+    with _signals(_raise_stopped):
+        try:
+            _story(p, cluster, args)
+            if args.serve:
+                stopped_by = _serve(p, cluster)
+        except DemoFailure as exc:
+            p.fail(str(exc))
+            failed, status = True, 1
+        except KeyboardInterrupt:
+            stopped_by, status = "SIGINT", 128 + signal.SIGINT
+        except Stopped as exc:
+            stopped_by, status = str(exc), 128 + exc.signum
+        except Exception as exc:  # an unexpected error is a failed demo too: say what and where the logs are
+            p.fail(f"unexpected error: {type(exc).__name__}: {exc}")
+            failed, status = True, 1
+        finally:
+            # A second Ctrl-C or SIGTERM must not cut the cleanup short: noted, not acted on.
+            with _signals(lambda signum, frame: None):
+                keep = args.keep or (failed and bool(cluster.workdir))
+                if keep and cluster.workdir:
+                    p.info(f"  work directory kept: {cluster.workdir} (component logs: {cluster.log_path})")
+                cluster.stop(keep_workdir=keep)
+            if stopped_by:
+                p.info(_stopped_line(stopped_by, cluster.workdir, keep))
+    return status
+
+
+def _stopped_line(signame: str, workdir: str, kept: bool) -> str:
+    """The one line said after a signal, once the cleanup it describes is done."""
+    if not workdir:
+        where = "no work directory had been made"
+    elif kept:
+        where = f"the work directory {workdir} is kept (--keep)"
+    elif os.path.exists(workdir):
+        where = f"the work directory {workdir} could not be removed"
+    else:
+        where = f"the work directory {workdir} is removed"
+    return f"stopped on {signame}: every component is stopped and {where}"
+
+
+def _story(p: Printer, cluster: Any, args: argparse.Namespace) -> None:
+    """The eight steps and the summary; raises DemoFailure when a step does not hold."""
     from testbed.demo.health_story import fault, finish, recover
     from testbed.demo.story import (
         StoryState,
@@ -62,50 +153,24 @@ def run(args: argparse.Namespace) -> int:
         start_cluster,
     )
 
-    if args.hold_down < 0:
-        print("gpuready demo: --hold-down must not be negative", file=sys.stderr)
-        return 2
     scenario = SCENARIOS[args.scenario]
-    p = Printer(quiet=args.quiet, total_steps=8)
-    p.title(f"gpuready demo: a DRA driver for NVIDIA GPUs, on simulated GPUs (scenario: {scenario.name})")
-    cluster = DemoCluster(hold_down=args.hold_down)
     started = time.monotonic()
-    ok = False
-    try:
-        start_cluster(p, cluster, metrics=args.serve)
-        inventory = show_inventory(p, cluster)
-        state = StoryState()
-        place_pods(p, cluster, inventory, state)
-        explain_unfit(p, cluster, state)
-        prepare(p, cluster, state)
-        result = fault(p, cluster, state, scenario)
-        recover(p, cluster, state, scenario, result)
-        finish(p, cluster, state)
-        p.summary(time.monotonic() - started)
-        if result.withdrawn_ms is not None:
-            p.info(f"  Withdrawal time ({scenario.name}): {result.withdrawn_ms:.0f} ms.")
-        ok = True
-        if args.serve:
-            _serve(p, cluster)
-        return 0
-    except DemoFailure as exc:
-        p.fail(str(exc))
-        return 1
-    except KeyboardInterrupt:
-        p.info("\ninterrupted")
-        return 130
-    except Exception as exc:  # an unexpected error is a failed demo too: say what and where the logs are
-        p.fail(f"unexpected error: {type(exc).__name__}: {exc}")
-        return 1
-    finally:
-        keep = args.keep or (not ok and bool(cluster.workdir))
-        if keep and cluster.workdir:
-            p.info(f"  work directory kept: {cluster.workdir} (component logs: {cluster.log_path})")
-        cluster.stop(keep_workdir=keep)
+    start_cluster(p, cluster, metrics=args.serve)
+    inventory = show_inventory(p, cluster)
+    state = StoryState()
+    place_pods(p, cluster, inventory, state)
+    explain_unfit(p, cluster, state)
+    prepare(p, cluster, state)
+    result = fault(p, cluster, state, scenario)
+    recover(p, cluster, state, scenario, result)
+    finish(p, cluster, state)
+    p.summary(time.monotonic() - started)
+    if result.withdrawn_ms is not None:
+        p.info(f"  Withdrawal time ({scenario.name}): {result.withdrawn_ms:.0f} ms.")
 
 
-def _serve(p: Printer, cluster: object) -> None:
-    """Keep everything running until Ctrl-C or SIGTERM, printing how to look at it."""
+def _serve(p: Printer, cluster: Any) -> str:
+    """Keep everything running until Ctrl-C or SIGTERM, printing how to look at it; returns which."""
     from testbed.demo.cluster import DemoCluster
 
     assert isinstance(cluster, DemoCluster)
@@ -120,16 +185,10 @@ def _serve(p: Printer, cluster: object) -> None:
     for name, url in urls:
         p.info(f"  {name:24} {url}")
     p.info(f"Component logs: {cluster.log_path}")
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop.set()
-    previous = signal.signal(signal.SIGTERM, on_signal)
     try:
-        while not stop.wait(0.5):
-            pass
+        while True:
+            time.sleep(0.5)
     except KeyboardInterrupt:
-        pass
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    p.info("stopping")
+        return "SIGINT"
+    except Stopped as exc:
+        return str(exc)

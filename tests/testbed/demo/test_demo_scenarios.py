@@ -74,4 +74,4 @@ def test_serve_keeps_the_cluster_up_for_kubectl_and_metrics() -> None:
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
-    assert "stopping" in out
+    assert "stopped on SIGINT: every component is stopped and the work directory" in out
