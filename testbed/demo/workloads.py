@@ -1,7 +1,9 @@
 """The pods and claims of the demo, and what each one must get (checked by the story).
 
 Each workload is what a user would ``kubectl apply``: a Pod that references a ResourceClaim or a
-ResourceClaimTemplate, in the shapes of ``deploy/examples/``.
+ResourceClaimTemplate, in the shapes of ``deploy/examples/`` but never under their names: the
+cluster of ``gpuready demo --serve`` stays up for the user to apply those examples, and a demo
+object of the same name would make ``kubectl apply`` patch it (a claim's spec is immutable).
 """
 
 from __future__ import annotations
@@ -150,17 +152,17 @@ def workloads() -> list[Workload]:
                  _one_device_with(70),
                  "an H100 (79.6 GiB) is the smallest fit; the H200s (140 GiB) stay free for bigger jobs"),
         Workload("train-2gpu", "two whole GPUs of one product on one node",
-                 (_claim("two-gpus", [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}],
+                 (_claim("train-2gpu-pair", [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}],
                          [{"requests": ["gpu"], "matchAttribute": "gpu.nvidia.com/productName"}]),
-                  _pod("train-2gpu", {"resourceClaimName": "two-gpus"})),
+                  _pod("train-2gpu", {"resourceClaimName": "train-2gpu-pair"})),
                  _gpus_on_one_node(2),
                  "both GPUs on the node that is already busiest (binpack)"),
         Workload("notebook-20gi", "20 GiB of a shared GPU",
-                 (_claim("shared-20gi", [{"name": "gpu", "exactly": {
+                 (_claim("notebook-share-20gi", [{"name": "gpu", "exactly": {
                      "deviceClassName": "gpu.nvidia.com",
                      "selectors": [{"cel": {"expression": "device.allowMultipleAllocations"}}],
                      "capacity": {"requests": {"memory": "20Gi"}}}}]),
-                  _pod("notebook-20gi", {"resourceClaimName": "shared-20gi"})),
+                  _pod("notebook-20gi", {"resourceClaimName": "notebook-share-20gi"})),
                  _share_of_gpu(20),
                  "node-b's gpu-3 is shared: the claim consumes 20 GiB of its memory, others can take the rest"),
         Workload("giant-200gi", "at least 200 GiB of VRAM on one device",
