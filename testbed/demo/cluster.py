@@ -189,6 +189,7 @@ class DemoCluster:
     controller: Any = None
     nodes: dict[str, DemoNode] = field(default_factory=dict)
     metrics_servers: list[tuple[str, Any]] = field(default_factory=list)
+    heartbeats: list[Any] = field(default_factory=list)  # NodeHeartbeat per node: Ready, kept fresh
     _log_file: TextIO | None = None
     _stderr: TextIO | None = None
     _log_setup: tuple[list[logging.Handler], int] | None = None
@@ -237,9 +238,11 @@ class DemoCluster:
     def start_node(self, spec: NodeSpec) -> DemoNode:
         """Create the Node, start its plugin (real sockets) and its kubelet, wait for registration."""
         from kubelet_plugin.nvml import open_nvml
-        from testbed.kubelet_emulator import KubeletEmulator
+        from testbed.kubelet_emulator import KubeletEmulator, NodeHeartbeat
 
         self.core.create_node({"metadata": {"name": spec.name, "labels": {"kubernetes.io/hostname": spec.name}}})
+        # The node's kubelet posts Ready and keeps it fresh, as a kubelet does (kubectl get nodes).
+        self.heartbeats.append(NodeHeartbeat(self.new_client(), spec.name).start())
         dirs = NodeDirs.make(os.path.join(self.workdir, spec.name))
         # This node's kubelet's PodResources socket: never the host's (/var/lib/kubelet/...).
         pod_resources = os.path.join(dirs.root, "pod-resources.sock")
@@ -313,6 +316,8 @@ class DemoCluster:
         """Stop every part (reverse order); delete the work directory unless asked to keep it."""
         for _, server in self.metrics_servers:
             server.shutdown()
+        for heartbeat in self.heartbeats:
+            heartbeat.stop()
         if self.controller is not None:
             self.controller.stop()
         for node in self.nodes.values():
@@ -364,12 +369,16 @@ class DemoCluster:
         result: dict[str, Any] = self._json(self.core.read_node(name, _preload_content=False))
         return result
 
-    def gpu_ready(self, node: str) -> dict[str, Any] | None:
-        """The Node's GPUReady condition, if set."""
+    def condition(self, node: str, kind: str) -> dict[str, Any] | None:
+        """The Node's condition of type ``kind`` (``Ready``, ``GPUReady``), if set."""
         for c in (self.node(node).get("status") or {}).get("conditions") or []:
-            if c.get("type") == "GPUReady":
+            if c.get("type") == kind:
                 return dict(c)
         return None
+
+    def gpu_ready(self, node: str) -> dict[str, Any] | None:
+        """The Node's GPUReady condition, if set."""
+        return self.condition(node, "GPUReady")
 
     def events(self, name: str) -> list[dict[str, Any]]:
         """Events about the object ``name`` (in the default namespace), oldest first."""

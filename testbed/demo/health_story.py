@@ -96,6 +96,9 @@ def fault(p: Printer, c: DemoCluster, state: StoryState, scenario: Scenario) -> 
                          f"a DeviceUnhealthy Event on pod {FAULT_POD}", timeout=15)
     report = wait_for(lambda: _unhealthy_report(node.health.report(result.device)),
                       f"the kubelet health stream to report {result.device} unhealthy", timeout=10)
+    node_ready = c.condition(pool, "Ready") or {}
+    expect(node_ready.get("status") == "True",
+           f"node {pool} should still be Ready (only its GPU is not); its Ready condition: {node_ready or 'none'}")
     p.blank()
     p.say("The node is still Ready: only its GPU is not. The Node, the claim and the pod say so:")
     p.blank()

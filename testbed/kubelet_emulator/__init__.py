@@ -9,9 +9,12 @@ Used by tests and by the demo::
 
 With ``pod_resources_socket`` it also serves the kubelet's PodResources API (``set_pod`` says which
 containers use which claims). Everything travels over real gRPC on Unix sockets with the wire-exact protos in ``proto/``.
+
+The kubelet's API side, for a cluster of emulated nodes: ``NodeHeartbeat`` keeps the Node ``Ready``.
 """
 
 from testbed.kubelet_emulator.emulator import KubeletEmulator, RegistrationAttempt
+from testbed.kubelet_emulator.node_heartbeat import NodeHeartbeat
 from testbed.kubelet_emulator.plugin import (
     DEFAULT_CALL_TIMEOUT,
     ClaimRef,
@@ -39,6 +42,7 @@ __all__ = [
     "DeviceHealthReport",
     "KubeletEmulator",
     "KubeletError",
+    "NodeHeartbeat",
     "PluginCallError",
     "PluginChoice",
     "PodResourcesServer",
