@@ -190,6 +190,7 @@ class DemoCluster:
     nodes: dict[str, DemoNode] = field(default_factory=dict)
     metrics_servers: list[tuple[str, Any]] = field(default_factory=list)
     heartbeats: list[Any] = field(default_factory=list)  # NodeHeartbeat per node: Ready, kept fresh
+    pod_runners: list[Any] = field(default_factory=list)  # PodRunner per node, from run_pods()
     _log_file: TextIO | None = None
     _stderr: TextIO | None = None
     _log_setup: tuple[list[logging.Handler], int] | None = None
@@ -298,6 +299,16 @@ class DemoCluster:
         api.create_mutating_webhook_configuration(mutating, _preload_content=False)
         api.create_validating_webhook_configuration(validating, _preload_content=False)
 
+    def run_pods(self) -> None:
+        """From now on each node's kubelet runs every pod bound to it, not only the story's: it
+        prepares the pod's claims, marks it Running, and unprepares when the pod goes (``--serve``,
+        where the user applies pods of their own). The story prepares its pods itself, so this
+        starts after it."""
+        from testbed.kubelet_emulator import PodRunner
+
+        for name, node in self.nodes.items():
+            self.pod_runners.append(PodRunner(self.new_client(), name, node.kubelet).start())
+
     def serve_metrics(self) -> list[tuple[str, str]]:
         """Serve each plugin's /metrics on a free local port; returns (component, URL) pairs."""
         from dra_driver.metrics_server import metrics_url
@@ -316,6 +327,8 @@ class DemoCluster:
         """Stop every part (reverse order); delete the work directory unless asked to keep it."""
         for _, server in self.metrics_servers:
             server.shutdown()
+        for runner in self.pod_runners:
+            runner.stop()
         for heartbeat in self.heartbeats:
             heartbeat.stop()
         if self.controller is not None:

@@ -175,11 +175,13 @@ def _serve(p: Printer, cluster: Any) -> str:
 
     assert isinstance(cluster, DemoCluster)
     urls = cluster.serve_metrics()
+    cluster.run_pods()
     p.info("")
     p.info("The cluster keeps running (Ctrl-C to stop). Point kubectl at it:")
     p.info(f"  export KUBECONFIG={cluster.kubeconfig}")
     p.info("  kubectl get nodes,resourceslices,deviceclasses")
     p.info("  kubectl get resourceslices -o yaml | less")
+    p.info("  kubectl apply -f deploy/examples/mig-slice.yaml   # each node's kubelet runs any pod bound to it")
     p.info(f"  gpuready explain <claim> --kubeconfig {cluster.kubeconfig}")
     p.info("Metrics (open in a browser or curl):")
     for name, url in urls:

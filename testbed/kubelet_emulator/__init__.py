@@ -10,7 +10,9 @@ Used by tests and by the demo::
 With ``pod_resources_socket`` it also serves the kubelet's PodResources API (``set_pod`` says which
 containers use which claims). Everything travels over real gRPC on Unix sockets with the wire-exact protos in ``proto/``.
 
-The kubelet's API side, for a cluster of emulated nodes: ``NodeHeartbeat`` keeps the Node ``Ready``.
+The kubelet's API side, for a cluster of emulated nodes: ``NodeHeartbeat`` keeps the Node ``Ready``;
+``PodRunner`` prepares the claims of every pod bound to the node, marks it Running and unprepares
+when it goes.
 """
 
 from testbed.kubelet_emulator.emulator import KubeletEmulator, RegistrationAttempt
@@ -26,6 +28,7 @@ from testbed.kubelet_emulator.plugin import (
     RegisteredPlugin,
 )
 from testbed.kubelet_emulator.pod_resources import PodResourcesServer, PreparedClaimDevice
+from testbed.kubelet_emulator.pod_runner import PodRunner
 from testbed.kubelet_emulator.versions import (
     DRA_PLUGIN_TYPE,
     PluginChoice,
@@ -46,6 +49,7 @@ __all__ = [
     "PluginCallError",
     "PluginChoice",
     "PodResourcesServer",
+    "PodRunner",
     "PrepareResult",
     "PreparedClaimDevice",
     "PreparedDevice",
