@@ -39,7 +39,7 @@ import grpc
 
 from dra_driver.devices import NodeDevices
 from dra_driver.logs import get_logger
-from dra_driver.slices import SliceOptions, build_pool
+from dra_driver.slices import SliceOptions, build_pool, listed_device_names
 from kubelet_plugin.cdi.cdi_spec import driver_mounts
 from kubelet_plugin.cdi.driver_files import find_driver_files
 from kubelet_plugin.checkpoint.recovery import RecoveryReport, recover
@@ -143,6 +143,7 @@ class KubeletPlugin:
         self._directories = node_directories(config)
         self._prerequisite: tuple[str, str] | None = None  # (reason, message) while the node cannot prepare
         self._apply_lock = threading.Lock()  # health snapshots applied one at a time, newest last
+        self._listed_cache: tuple[NodeDevices, SliceOptions, frozenset[str]] | None = None  # under _apply_lock
         self._last_snapshot: Any = None
 
     # --- lifecycle --------------------------------------------------------------------------------
@@ -338,8 +339,10 @@ class KubeletPlugin:
 
     def _apply_health_locked(self, snapshot: Any) -> None:
         devices = self.devices
-        unhealthy = snapshot.unhealthy()
         assert devices is not None
+        # What GPUReady and the Node's Events call published must be what the pool lists.
+        snapshot = replace(snapshot, unlisted=frozenset(snapshot.devices) - self._listed_names(devices))
+        unhealthy = snapshot.unhealthy()
         tracked = {d.gpu_uuid for d in snapshot.devices.values()}
         for gpu in devices.gpus:
             if gpu.uuid not in tracked:
@@ -410,14 +413,28 @@ class KubeletPlugin:
         self._publish(unhealthy)
         self.broadcaster.publish(entries_from_map(self.config.node_name, self.device_index, unhealthy))
 
+    def _slice_options(self) -> SliceOptions:
+        cfg = self.config
+        return SliceOptions(mig_mode="dynamic" if cfg.dynamic_mig else "static",
+                            shared_gpus=self.fallback.shared_gpus, health_mode=self.fallback.health_mode)
+
+    def _listed_names(self, devices: NodeDevices) -> frozenset[str]:
+        """The device names the pool lists when all are healthy (cached: snapshots outnumber changes)."""
+        options = self._slice_options()
+        cached = self._listed_cache
+        if cached is not None and cached[0] is devices and cached[1] == options:
+            return cached[2]
+        names = listed_device_names(devices, options)
+        self._listed_cache = (devices, options, names)
+        return names
+
     def _publish(self, unhealthy: Mapping[str, str], devices: NodeDevices | None = None) -> None:
         cfg = self.config
         with self._state_lock:
             self._unhealthy = dict(unhealthy)
         devices = devices or self.devices
         assert devices is not None and self.publisher is not None
-        options = SliceOptions(mig_mode="dynamic" if cfg.dynamic_mig else "static",
-                               shared_gpus=self.fallback.shared_gpus, health_mode=self.fallback.health_mode)
+        options = self._slice_options()
         slices = build_pool(devices, cfg.node_name, cfg.driver_name, options, unhealthy)
         self.publisher.set_desired(slices)
         self.metrics.set_published(sum(len(s.devices) for s in slices), len(unhealthy))

@@ -15,6 +15,7 @@ from .build import (
     SliceOptions,
     build_pool,
     label_value,
+    listed_device_names,
     slice_name,
     unhealthy_taint_key,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "complete_pool_devices",
     "counter_set_name",
     "label_value",
+    "listed_device_names",
     "memory_slice_counter",
     "node_owner_reference",
     "semver",

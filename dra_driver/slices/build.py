@@ -211,6 +211,13 @@ def _gpu_entries(gpu: Gpu, devices: NodeDevices, options: SliceOptions
     return [_whole_gpu(gpu, devices, options, None)], None
 
 
+def listed_device_names(devices: NodeDevices, options: SliceOptions = SliceOptions()) -> frozenset[str]:
+    """The names of every device the pool lists when all are healthy. A GPU in MIG mode under static
+    MIG is not among them (its MIG devices are): what the Node's GPUReady counts and Events name as
+    published must be what the slices hold."""
+    return frozenset(e.device.name for gpu in devices.gpus for e in _gpu_entries(gpu, devices, options)[0])
+
+
 def _chunk(devices: list[DeviceSpec]) -> list[list[DeviceSpec]]:
     """Split ordered devices into slices by the per-slice limits, keeping the order."""
     chunks: list[list[DeviceSpec]] = []

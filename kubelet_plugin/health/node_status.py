@@ -1,7 +1,9 @@
 """Making GPU health visible on the Node: the ``GPUReady`` condition and an Event per transition.
 
 Pure part: :func:`gpu_ready_condition` and :func:`transition_events` turn snapshots into what is
-written. I/O part: :class:`NodeStatusReporter` writes it through the ``kubernetes`` client from its
+written; counts and the word "published" are of what the ResourceSlices list (a GPU in MIG mode under
+static MIG is not, its MIG devices are), and the first validation round's GPUValidated Events are
+one per cause, naming the devices, not one per device. I/O part: :class:`NodeStatusReporter` writes it through the ``kubernetes`` client from its
 own thread, so the monitor's hot path never waits on the API server; API errors are logged and
 retried with backoff, never raised.
 """
@@ -21,7 +23,7 @@ import kubernetes
 
 from dra_driver.kube_api import describe_error
 from dra_driver.logs import get_logger
-from kubelet_plugin.health.snapshot import HealthSnapshot
+from kubelet_plugin.health.snapshot import DeviceHealth, HealthSnapshot
 from kubelet_plugin.health.state import NOT_PROBED_CODE, HealthState
 
 log = get_logger(__name__)
@@ -69,8 +71,46 @@ def _grouped(items: list[tuple[str, str]]) -> list[tuple[list[str], str]]:
     return [(devices, text) for text, devices in groups.items()]
 
 
+def _whole_gpu(name: str, snapshot: HealthSnapshot) -> bool:
+    """Whether ``name`` is a whole GPU (not one of a GPU's MIG devices or placements, ``<gpu>-mig-...``)."""
+    uuid = snapshot.devices[name].gpu_uuid
+    return not any(name.startswith(other + "-mig-") for other, d in snapshot.devices.items() if d.gpu_uuid == uuid)
+
+
+def _unlisted_gpus(snapshot: HealthSnapshot) -> list[str]:
+    """The whole GPUs the pool does not list (MIG mode on under static MIG: their MIG devices are).
+    The other unlisted devices are MIG placements of a GPU published whole (a shared one): tracked
+    for health, never offered, so neither counted nor named."""
+    return sorted(n for n in snapshot.unlisted & snapshot.devices.keys() if _whole_gpu(n, snapshot))
+
+
+def _counted(snapshot: HealthSnapshot) -> dict[str, DeviceHealth]:
+    """The devices GPUReady counts: those the pool lists, and an unlisted GPU (MIG mode on) only when
+    it is not healthy while some of its MIG devices are (otherwise its fault shows in theirs)."""
+    listed = {n: d for n, d in snapshot.devices.items() if n not in snapshot.unlisted}
+    for name in _unlisted_gpus(snapshot):
+        parent = snapshot.devices[name]
+        children = [d for d in listed.values() if d.gpu_uuid == parent.gpu_uuid]
+        if not parent.healthy and (not children or any(d.healthy for d in children)):
+            listed[name] = parent
+    return dict(sorted(listed.items()))
+
+
+def _unlisted_note(names: list[str]) -> str:
+    """Why these GPUs are not published, in a sentence that fits one or several."""
+    if not names:
+        return ""
+    one = len(names) == 1
+    return (f" ({', '.join(names)} {'is' if one else 'are'} not published: MIG mode is on, "
+            f"{'its' if one else 'their'} MIG devices are)")
+
+
 def gpu_ready_condition(snapshot: HealthSnapshot) -> NodeCondition:
-    """GPUReady: True only when NVML answers, the node can prepare, and every GPU device is Healthy."""
+    """GPUReady: True only when NVML answers, the node can prepare, and every GPU device is Healthy.
+
+    The counts are of what the ResourceSlices hold when every device is healthy: a GPU in MIG mode
+    under static MIG is not published itself (its MIG devices are) and is named apart, not counted.
+    """
     if snapshot.prerequisite is not None:
         reason, message = snapshot.prerequisite
         return NodeCondition("False", reason, _cap(f"no GPU can be prepared on this node: {message}"))
@@ -78,20 +118,22 @@ def gpu_ready_condition(snapshot: HealthSnapshot) -> NodeCondition:
         return NodeCondition("False", "NVMLUnavailable", _cap(snapshot.node_problem))
     if not snapshot.devices:
         return NodeCondition("False", "NoGPUs", "NVML lists no GPUs on this node")
-    bad = [(n, d) for n, d in sorted(snapshot.devices.items()) if not d.healthy]
+    counted = _counted(snapshot)
+    hidden = [n for n in _unlisted_gpus(snapshot) if n not in counted]
+    bad = [(n, d) for n, d in counted.items() if not d.healthy]
     unreadable = [f"NVML index {i}: unreadable ({why})" for i, why in snapshot.unreadable]
     if not bad and not unreadable:
         # Devices published on NVML checks alone (no CUDA could reach them) are healthy as far as
         # anyone can tell, but the condition must not claim they were probed.
-        unprobed = [(n, d.reason.removeprefix("passed NVML checks; ")) for n, d in sorted(snapshot.devices.items())
+        unprobed = [(n, d.reason.removeprefix("passed NVML checks; ")) for n, d in counted.items()
                     if d.code == NOT_PROBED_CODE]
         if not unprobed:
-            return NodeCondition("True", "AllGPUsReady",
-                                 f"all {len(snapshot.devices)} GPU devices passed validation and are healthy")
+            return NodeCondition("True", "AllGPUsReady", _cap(
+                f"all {len(counted)} GPU devices passed validation and are healthy{_unlisted_note(hidden)}"))
         parts = [f"{', '.join(devices)}: {text}" for devices, text in _grouped(unprobed)]
         return NodeCondition("True", "AllGPUsReady", _cap(
-            f"all {len(snapshot.devices)} GPU devices are healthy; {len(unprobed)} passed NVML checks "
-            f"without a CUDA probe: " + "; ".join(parts)))
+            f"all {len(counted)} GPU devices are healthy{_unlisted_note(hidden)}; {len(unprobed)} passed NVML "
+            f"checks without a CUDA probe: " + "; ".join(parts)))
     if bad:
         first = bad[0][1]
         reason = "Validating" if first.state is HealthState.VALIDATING else camel_reason(first.code)
@@ -99,7 +141,7 @@ def gpu_ready_condition(snapshot: HealthSnapshot) -> NodeCondition:
         reason = "GpuUnreadable"
     parts = [f"{', '.join(devices)}: {text}"
              for devices, text in _grouped([(n, f"{d.state.value}: {d.reason}") for n, d in bad])]
-    total = len(snapshot.devices) + len(unreadable)
+    total = len(counted) + len(unreadable)
     return NodeCondition("False", reason, _cap(f"{len(bad) + len(unreadable)} of {total} GPU devices not "
                                                f"ready: " + "; ".join([*unreadable, *parts])))
 
@@ -109,42 +151,109 @@ _EVENT_KIND = {
     HealthState.UNKNOWN: ("GPUHealthUnknown", "Warning", "withdrawn, health unknown: {reason}"),
     HealthState.RECOVERING: ("GPURecovering", "Normal", "{reason}"),
 }
+VALIDATED = "GPUValidated"
 
 
-def transition_events(snapshot: HealthSnapshot, previous_problem: str | None,
-                      previous_prerequisite: tuple[str, str] | None = None) -> list[NodeEvent]:
-    """The Events a snapshot's transitions call for (devices sharing a cause share one Event)."""
-    items: list[tuple[str, tuple[str, str, str]]] = []
+@dataclass(frozen=True)
+class EventGroup:
+    """Devices that share one Event: its reason, type, text, and whether they are unlisted GPUs
+    (whose text then says they are not published themselves)."""
+
+    reason: str
+    type: str
+    text: str
+    unlisted: bool
+    devices: tuple[str, ...]
+
+    def event(self, snapshot: HealthSnapshot) -> NodeEvent:
+        """The Event, naming the devices (a GPU with every MIG device it has: "gpu-0 and its N MIG devices")."""
+        text = self.text
+        if self.unlisted:
+            one = len(self.devices) == 1
+            text = (f"{text}; not published {'itself' if one else 'themselves'} (MIG mode is on: "
+                    f"{'its' if one else 'their'} MIG devices are published instead)")
+        elif self.reason in (VALIDATED, "GPURecovered"):
+            text = f"{text}; published{' again' if self.reason == 'GPURecovered' else ''}"
+        return NodeEvent(self.reason, self.type, _cap(f"{_device_names(self.devices, snapshot)}: {text}"))
+
+
+def _device_names(devices: tuple[str, ...], snapshot: HealthSnapshot) -> str:
+    """``devices`` in words: a GPU named with all its tracked MIG devices becomes "gpu-0 and its 25 MIG
+    devices", so an Event about a dynamic-MIG GPU stays short; every other device is named."""
+    wanted = set(devices)
+    by_gpu: dict[str, list[str]] = {}
+    for name, d in snapshot.devices.items():
+        by_gpu.setdefault(d.gpu_uuid, []).append(name)
+    folded: dict[str, str] = {}  # device -> the words that stand for its GPU ("" for the others)
+    for names in by_gpu.values():
+        whole = [n for n in names if "-mig-" not in n]
+        if len(whole) == 1 and len(names) > 2 and set(names) <= wanted:
+            folded.update(dict.fromkeys(names, ""))
+            folded[whole[0]] = f"{whole[0]} and its {len(names) - 1} MIG devices"
+    return ", ".join(folded.get(n, n) for n in sorted(devices, key=_natural) if folded.get(n, n))
+
+
+def _natural(name: str) -> list[Any]:
+    """Sort key that puts gpu-2 before gpu-10 (and each GPU's MIG devices after it)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def transition_groups(snapshot: HealthSnapshot) -> list[EventGroup]:
+    """The snapshot's transitions as Events' groups: devices sharing a cause share one Event."""
+    groups: dict[tuple[str, str, str, bool], list[str]] = {}
+    gpus = set(_unlisted_gpus(snapshot))
     for t in snapshot.transitions:
+        if t.device in snapshot.unlisted and t.device not in gpus:
+            continue  # a placement of a GPU published whole: nobody can see it, or get it
         if t.new is HealthState.HEALTHY:
             if t.old is HealthState.VALIDATING and t.code == NOT_PROBED_CODE:
-                kind = ("GPUValidated", "Normal", f"{t.reason}; published")
+                kind = (VALIDATED, "Normal", t.reason)
             elif t.old is HealthState.VALIDATING:
-                kind = ("GPUValidated", "Normal", "passed validation; published")
+                kind = (VALIDATED, "Normal", "passed validation")
             else:
-                kind = ("GPURecovered", "Normal", f"{t.reason}; published again")
+                kind = ("GPURecovered", "Normal", t.reason)
         elif t.new in _EVENT_KIND:
             reason, etype, template = _EVENT_KIND[t.new]
             kind = (reason, etype, template.format(reason=t.reason))
         else:
             continue
-        items.append((t.device, kind))
+        # Withdrawing a GPU in MIG mode withdraws its MIG devices: only "published" would be untrue.
+        unlisted = t.device in snapshot.unlisted and kind[0] in (VALIDATED, "GPURecovered")
+        groups.setdefault((*kind, unlisted), []).append(t.device)
+    return [EventGroup(reason, etype, text, unlisted, tuple(devices))
+            for (reason, etype, text, unlisted), devices in groups.items()]
+
+
+def merge_groups(groups: list[EventGroup]) -> list[EventGroup]:
+    """Groups of the same cause merged into one (several snapshots' worth), in first-seen order."""
+    merged: dict[tuple[str, str, str, bool], list[str]] = {}
+    for g in groups:
+        merged.setdefault((g.reason, g.type, g.text, g.unlisted), []).extend(g.devices)
+    return [EventGroup(r, t, x, u, tuple(dict.fromkeys(d))) for (r, t, x, u), d in merged.items()]
+
+
+def transition_events(snapshot: HealthSnapshot, previous_problem: str | None,
+                      previous_prerequisite: tuple[str, str] | None = None) -> list[NodeEvent]:
+    """The Events a snapshot's transitions call for (devices sharing a cause share one Event)."""
+    events = [g.event(snapshot) for g in transition_groups(snapshot)]
+    events[:0] = node_events(snapshot, previous_problem, previous_prerequisite)
+    return events
+
+
+def node_events(snapshot: HealthSnapshot, previous_problem: str | None,
+                previous_prerequisite: tuple[str, str] | None = None) -> list[NodeEvent]:
+    """The Events about the node as a whole (NVML, prerequisites) a snapshot calls for."""
     events = []
-    groups: dict[tuple[str, str, str], list[str]] = {}
-    for device, kind in items:
-        groups.setdefault(kind, []).append(device)
-    for (reason, etype, text), devices in groups.items():
-        events.append(NodeEvent(reason, etype, _cap(f"{', '.join(devices)}: {text}")))
-    if snapshot.node_problem and snapshot.node_problem != previous_problem:
-        events.insert(0, NodeEvent("NVMLUnavailable", "Warning", _cap(snapshot.node_problem)))
-    elif previous_problem and not snapshot.node_problem:
-        events.insert(0, NodeEvent("NVMLAvailable", "Normal", "NVML answers again; re-validating GPUs"))
     if snapshot.prerequisite is not None and snapshot.prerequisite != previous_prerequisite:
         reason, message = snapshot.prerequisite
-        events.insert(0, NodeEvent(reason, "Warning", _cap(f"every GPU withdrawn: {message}")))
+        events.append(NodeEvent(reason, "Warning", _cap(f"every GPU withdrawn: {message}")))
     elif previous_prerequisite is not None and snapshot.prerequisite is None:
-        events.insert(0, NodeEvent("NodePrerequisitesMet", "Normal",
-                                   f"{previous_prerequisite[0]} cleared; GPUs are published again"))
+        events.append(NodeEvent("NodePrerequisitesMet", "Normal",
+                                f"{previous_prerequisite[0]} cleared; GPUs are published again"))
+    if snapshot.node_problem and snapshot.node_problem != previous_problem:
+        events.append(NodeEvent("NVMLUnavailable", "Warning", _cap(snapshot.node_problem)))
+    elif previous_problem and not snapshot.node_problem:
+        events.append(NodeEvent("NVMLAvailable", "Normal", "NVML answers again; re-validating GPUs"))
     return events
 
 
@@ -175,6 +284,7 @@ class NodeStatusReporter:
         self._written: NodeCondition | None = None
         self._transition_time: float | None = None
         self._events: deque[NodeEvent] = deque(maxlen=MAX_PENDING_EVENTS)
+        self._held: list[EventGroup] = []  # GPUValidated of the first validation round, until it ends
         self._last_problem: str | None = None
         self._last_prerequisite: tuple[str, str] | None = None
         self._thread: threading.Thread | None = None
@@ -194,8 +304,21 @@ class NodeStatusReporter:
     def update(self, snapshot: HealthSnapshot) -> None:
         """Record a snapshot: never blocks on the API server (safe from the monitor's hot path)."""
         condition = gpu_ready_condition(snapshot)
+        groups = transition_groups(snapshot)
         with self._lock:
-            self._events.extend(transition_events(snapshot, self._last_problem, self._last_prerequisite))
+            events = node_events(snapshot, self._last_problem, self._last_prerequisite)
+            if not snapshot.validated:
+                # The first validation round publishes each device as its probe passes, one snapshot
+                # each: its GPUValidated Events wait for the round's end and go out as one per cause
+                # (sooner when another Event comes, so that Events stay in the order things happened).
+                self._held.extend(g for g in groups if g.reason == VALIDATED)
+                groups = [g for g in groups if g.reason != VALIDATED]
+                if groups or events:
+                    groups, self._held = [*merge_groups(self._held), *groups], []
+            elif self._held:
+                groups, self._held = merge_groups([*self._held, *groups]), []
+            events.extend(g.event(snapshot) for g in groups)
+            self._events.extend(events)
             self._last_problem = snapshot.node_problem
             self._last_prerequisite = snapshot.prerequisite
             if self._desired is None or condition.status != self._desired.status:

@@ -39,6 +39,10 @@ class HealthSnapshot:
     # The node cannot prepare any claim (kubelet_plugin/node_prerequisites.py): (reason, message),
     # e.g. ("CDIRootUnusable", "--cdi-root /proc/cdi ..."). Every device is withdrawn meanwhile.
     prerequisite: tuple[str, str] | None = None
+    # Tracked devices the pool does not list even when healthy: a GPU in MIG mode under static MIG,
+    # whose MIG devices are listed instead. Set by the plugin (kubelet_plugin/daemon.py), which
+    # knows the pool; GPUReady and the Node's Events count and name as published only the others.
+    unlisted: frozenset[str] = frozenset()
 
     def withheld(self, name: str) -> bool:
         """Whether ``name`` must not be used now (its own health, or the node's prerequisites)."""
