@@ -33,7 +33,7 @@ from controller.api_client import RESOURCE_V1, ApiError, KubeApi, claim_path, na
 from controller.controller_metrics import ControllerMetrics
 from controller.informers import ClusterCache
 from controller.planning import Explanation, Inventory, allocate_and_reserve, explain
-from controller.planning.explain import unhealthy_from_node_conditions
+from controller.planning.explain import capacity_shortfall, unhealthy_from_node_conditions
 from controller.planning.planner import Policy
 from dra_driver.kube_api import describe_error
 from dra_driver.logs import get_logger
@@ -64,17 +64,23 @@ def unfit_category(reasons: list[str]) -> str:
 
 
 def unfit_summary(explanation: Explanation) -> str:
-    """Explain's verdict on one line: the planner's reasons, then per request what excluded the
-    devices of its class (most common first) and which devices are withdrawn as unhealthy."""
-    parts = list(explanation.plan.reasons)
+    """Explain's verdict on one line, in plain words: per request that no device can serve, why
+    (``no device has 200 GiB; the largest is NVIDIA H200 with 140.4 GiB``, as the shaping webhook
+    says it, or what excluded the devices of its class, most common first), then the planner's
+    reasons, and which devices are withdrawn as unhealthy."""
+    parts = []
     for rx in explanation.requests:
         if rx.error or rx.usable:
             continue
+        shortfall = capacity_shortfall(rx)
         groups = [(reason, len(vs)) for reason, vs in rx.excluded().items()
                   if not reason.startswith("DeviceClass selector is false")]
-        if groups:
+        if shortfall:
+            parts.append(f"request {rx.alternative.result_name}: {shortfall}")
+        elif groups:
             parts.append(f"request {rx.alternative.result_name}: " +
-                         ", ".join(f"{n} {reason}" for reason, n in groups[:3]))
+                         ", ".join(f"{reason} ({n} device{'s' if n != 1 else ''})" for reason, n in groups[:3]))
+    parts.extend(explanation.plan.reasons)
     if explanation.withdrawn:
         parts.append("withdrawn as unhealthy: " + ", ".join(d for d, _ in explanation.withdrawn[:4]))
     seen: list[str] = []

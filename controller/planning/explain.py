@@ -2,7 +2,7 @@
 
 For every request (and every firstAvailable entry) each published device gets one verdict, checked
 in the scheduler's order: class selectors, request selectors (false, or a CEL error with its text),
-taints not tolerated, too little capacity, taken by which claim, shared capacity used up, MIG
+taints not tolerated, too little capacity, taken by which claim, too little shared capacity left, MIG
 slices (shared counters) held by which placement and claim, or usable. Devices withdrawn for
 health are not in any slice, so the caller passes what it knows about them (from the Node's
 ``GPUReady`` condition or taints) as ``unhealthy``. Constraints that no node can meet are named,
@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from controller.planning.alternatives import shape_safe
@@ -23,7 +24,7 @@ from controller.planning.device_view import DeviceView
 from controller.planning.parse import SpecError, claim_ref
 from controller.planning.planner import PlanResult, Policy, plan
 from controller.planning.requests import Alternative, Constraint, capacity_demand, parse_requests, untolerated
-from dra_driver.quantity import human_bytes
+from dra_driver.quantity import format_quantity, human_bytes
 
 EXAMPLES = 4  # devices listed per reason before "and N more"
 
@@ -90,6 +91,9 @@ class Explanation:
             shown_usable = [f"{v.device.describe()}{' ' + v.detail if v.detail else ''}"
                             for v in rx.verdicts if v.reason is None]
             lines.append(f"  usable now: {len(usable)}" + (": " + _examples(shown_usable) if usable else ""))
+            shortfall = capacity_shortfall(rx)
+            if shortfall:
+                lines.append(f"  {shortfall}")
             for reason, group in rx.excluded().items():
                 lines.extend(_group_lines(reason, group))
         if self.withdrawn:
@@ -129,8 +133,35 @@ def _group_lines(reason: str, group: list[Verdict]) -> list[str]:
     for detail, members in ranked[:EXAMPLES + 2]:
         lines.append(f"    {detail or '(no detail)'}: {len(members)}: {_examples([v.device.describe() for v in members])}")
     if len(ranked) > EXAMPLES + 2:
-        lines.append(f"    and {len(ranked) - EXAMPLES - 2} more")
+        rest = ranked[EXAMPLES + 2:]
+        devices = sum(len(members) for _, members in rest)
+        lines.append(f"    and {devices} more device{'s' if devices != 1 else ''} in {len(rest)} more "
+                     f"group{'s' if len(rest) != 1 else ''}")
     return lines
+
+
+def _amount(capacity: str, quantity: Fraction) -> str:
+    return human_bytes(quantity) if capacity == "memory" else format_quantity(quantity)
+
+
+def _what(device: DeviceView) -> str:
+    """A device's kind in the webhook's words: ``NVIDIA H200`` or ``MIG 1g.18gb``."""
+    return f"MIG {device.attr('profile')}" if device.attr("type") == "mig" else str(device.attr("productName")
+                                                                                  or device.name)
+
+
+def capacity_shortfall(rx: RequestExplanation) -> str | None:
+    """When memory is all that keeps a request from every device its class and selectors allow, say
+    so as the shaping webhook does: ``no device has 200 GiB; the largest is NVIDIA H200 with 140.4 GiB``."""
+    wanted = next((v for k, v in rx.alternative.capacity.items() if k.rpartition("/")[2] == "memory"), None)
+    if wanted is None or rx.error or rx.usable:
+        return None
+    allowed = [v for v in rx.verdicts if v.reason is not None and not v.reason.startswith(
+        ("DeviceClass selector", "request selector"))]
+    if not allowed or any(v.reason != "too little capacity" or " of memory," not in v.detail for v in allowed):
+        return None
+    largest = max(allowed, key=lambda v: (v.device.memory, v.device.order)).device
+    return f"no device has {human_bytes(wanted)}; the largest is {_what(largest)} with {human_bytes(largest.memory)}"
 
 
 def _examples(items: list[str]) -> str:
@@ -199,8 +230,10 @@ def _verdict(inv: Inventory, alt: Alternative, class_sels: list[Any], req_sels: 
             if amount > left:
                 users = sorted({u.claim for u in inv.uses.get(device.key, []) if not u.admin_access})
                 short = qname.rpartition("/")[2]
-                left_text = human_bytes(left) if short == "memory" else str(left)
-                return Verdict(device, f"shared {short} used up", f"({left_text} left; used by {', '.join(users)})")
+                total = device.capacity[qname]
+                return Verdict(device, f"too little shared {short} left",
+                               f"({_amount(short, left)} of {_amount(short, total)} left, "
+                               f"{_amount(short, amount)} needed; used by {', '.join(users)})")
     already = device.allow_multiple_allocations and device.key in inv.capacity_used
     if not already and device.consumes_counters and not inv.counters_fit(device):
         return Verdict(device, "MIG slices (shared counters) in use", _counter_holders(inv, device))

@@ -172,7 +172,8 @@ def test_a_pod_that_cannot_fit_gets_the_gate_lifted_and_a_placement_failed_event
     [event] = wait_for("PlacementFailed", lambda: events(api, "huge-pod", "PlacementFailed"))
     assert event["type"] == "Warning"
     assert "default/huge" in event["message"] and "kube-scheduler tries itself" in event["message"]
-    assert "too little capacity" in event["message"]  # explain's reason: no device has 200 GiB
+    # explain's reason, in the shaping webhook's words
+    assert "no device has 200 GiB; the largest is NVIDIA H200 with 140.4 GiB" in event["message"]
     [apart] = wait_for("PlacementFailed", lambda: events(api, "apart", "PlacementFailed"))
     assert "do not fit together on one node" in apart["message"]
     for name in ("huge", "c100", "c15"):

@@ -87,7 +87,8 @@ def test_shared_gpu_with_too_little_left_names_its_users() -> None:
         "node-c", "gpu-0", consumedCapacity={"memory": "70Gi"}, shareID="0b6c6a4e-9a53-4f43-8f9b-1a1b0c0d0e0f"))
     c = claim("c", [exactly(memory="20Gi", selectors=("device.allowMultipleAllocations",))])
     text = explain(c, _inventory([used])).render()
-    assert "(9.6 GiB left; used by default/big-share)" in _line(text, "excluded, shared memory used up")
+    assert "(9.6 GiB of 79.6 GiB left, 20 GiB needed; used by default/big-share)" in _line(
+        text, "excluded, too little shared memory left")
 
 
 def test_unmet_constraint_is_named() -> None:
@@ -130,3 +131,27 @@ def test_unhealthy_devices_are_read_from_the_gpu_ready_condition() -> None:
         "node-a/gpu-4": "unhealthy: XID 79 (fell off the bus)",
         "node-a/gpu-6": "validating: compute probe pending",
     }
+
+
+def test_a_request_only_memory_keeps_out_says_so_in_the_shaping_webhooks_words() -> None:
+    from controller.planning.shaping import shape_vram_request
+
+    inventory = _inventory([])
+    text = explain(claim("c", [exactly(memory="200Gi")]), inventory).render()
+    webhook = shape_vram_request({"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "capacity": {
+        "requests": {"memory": "200Gi"}}}}, inventory, "gpu.nvidia.com").warning
+    assert webhook == "no device has 200 GiB; the largest is NVIDIA H100 80GB HBM3 with 79.6 GiB"
+    assert _line(text, "no device has") == f"  {webhook}"
+    # Not when something else keeps devices out too: the devices that have the memory are in use.
+    held = [claim(f"h{i}", [exactly()], allocation=allocated(node, "gpu-0")) for i, node in
+            enumerate(("node-a", "node-c"))] + [claim("h2", [exactly()], allocation=allocated("node-a", "gpu-1"))]
+    text = explain(claim("c", [exactly(memory="70Gi")]), _inventory(held)).render()
+    assert "no device has" not in text and "excluded, in use" in text
+
+
+def test_the_more_line_counts_devices_not_groups() -> None:
+    sizes = [8, 12, 16, 20, 24, 32, 40, 48] * 2  # eight sizes of two GPUs: six shown, two more (four GPUs)
+    devices = [gpu_device(i, memory=gib * 1024**3, node="node-m") for i, gib in enumerate(sizes)]
+    inventory = build_inventory([resource_slice("node-m", devices)], [], [device_class()])
+    text = explain(claim("c", [exactly(memory="100Gi")]), inventory).render()
+    assert _line(text, "and ") == "    and 4 more devices in 2 more groups"

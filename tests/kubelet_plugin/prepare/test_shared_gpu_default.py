@@ -206,8 +206,10 @@ def test_a_plain_gpu_claim_takes_all_of_a_shared_gpu_and_nothing_else_fits_besid
         result, reasons = c.allocate(name)
         assert result is None and reasons, name
         text = c.explain(name)
-        line = _line(text, "excluded, shared memory used up")
-        assert "gpu-0 on node-whole" in line and "(411 MiB left; used by default/whole)" in line, text
+        line = _line(text, "excluded, too little shared memory left")
+        needed = "20 GiB" if memory else "140 GiB"
+        assert "gpu-0 on node-whole" in line, text
+        assert f"(411 MiB of 140.4 GiB left, {needed} needed; used by default/whole)" in line, text
         assert "No allocation is possible now" in text
 
 
@@ -228,8 +230,9 @@ def test_vram_sized_claims_still_pack_on_one_shared_gpu(srv: LocalApiServer) -> 
     c.claim("whole", DRIVER)
     result, reasons = c.allocate("whole")
     assert result is None and reasons
-    line = _line(c.explain("whole"), "excluded, shared memory used up")
-    assert "gpu-0 on node-pack" in line and "(100.4 GiB left; used by default/a-20, default/b-20)" in line
+    line = _line(c.explain("whole"), "excluded, too little shared memory left")
+    assert "gpu-0 on node-pack" in line
+    assert "(100.4 GiB of 140.4 GiB left, 140 GiB needed; used by default/a-20, default/b-20)" in line
     # More 20 GiB shares fit until the memory runs out: 7 x 20 GiB in all, then 0.4 GiB is left.
     for i in range(5):
         c.claim(f"more-{i}", VRAM, "20Gi")
