@@ -167,10 +167,13 @@ def place_pods(p: Printer, c: DemoCluster, inventory: dict[str, dict[str, dict[s
                state: StoryState) -> None:
     """Create the pods and claims; the controller allocates and binds; check each placement."""
     p.step("Pods ask for GPUs; the controller places them", "placement by VRAM")
-    p.say("Five pods, each with a ResourceClaim (or a template that makes one per pod), as a user would "
-          "kubectl apply them. The controller creates the template claims, plans each claim with its "
-          "VRAM-aware planner (binpack: the smallest device that fits, on the busiest node), writes "
-          "status.allocation and reservedFor, and binds the pod.")
+    fitting = [w for w in workloads() if w.fits]
+    unfit = [w.pod for w in workloads() if not w.fits]
+    p.say(f"{len(workloads())} pods, each with a ResourceClaim (or a template that makes one per pod), as a "
+          "user would kubectl apply them. The controller creates the template claims, plans each claim with "
+          "its VRAM-aware planner (binpack: the smallest device that fits, on the busiest node), writes "
+          f"status.allocation and reservedFor, and binds the pod. {len(fitting)} of them fit; "
+          f"{', '.join(unfit)} cannot (the next step says why).")
     for w in workloads():
         for obj in w.objects:
             state.warnings[obj["metadata"]["name"]] = c.create(obj)
@@ -204,8 +207,9 @@ def place_pods(p: Printer, c: DemoCluster, inventory: dict[str, dict[str, dict[s
             p.say(f"{w.pod}: {w.why}.")
     _show_shaping(p, c, "vram-15gi")
     infer = state.placements["infer-15gi"].devices[0][1]
-    p.done(f"{len(state.placements)} pods placed; the 15 GiB claim got MIG slice {infer['name']} "
-           f"({_gib(device_memory(infer))} GiB)")
+    expect(len(state.placements) == len(fitting), f"{len(fitting)} pods should be placed, {len(state.placements)} are")
+    p.done(f"{len(state.placements)} of {len(workloads())} pods placed; the 15 GiB claim got MIG slice "
+           f"{infer['name']} ({_gib(device_memory(infer))} GiB)")
 
 
 def _show_shaping(p: Printer, c: DemoCluster, template: str) -> None:
@@ -252,6 +256,10 @@ def explain_unfit(p: Printer, c: DemoCluster, state: StoryState) -> None:
         return next((e for e in c.events(pod) if e.get("reason") == "FailedScheduling"), None)
     event = wait_for(failed, f"a FailedScheduling Event on pod {pod}", timeout=20)
     expect(not (c.pod(pod).get("spec") or {}).get("nodeName"), f"pod {pod} should not be bound")
+    # The webhook, the Event and explain say it in the same words.
+    plainly = next((t.removeprefix("gpuready: request 'gpu': ") for t in warnings if "200 GiB" in t), "")
+    expect(plainly in str(event.get("message")),
+           f"the Event on pod {pod} should say what the webhook said ({plainly!r}); it says: {event.get('message')}")
     p.blank()
     p.lines([f"  Event on pod/{pod}: {event.get('type')} {event.get('reason')}:"] +
             [f"    {line}" for line in _wrap(str(event.get("message", "")), 94)])
@@ -263,6 +271,8 @@ def explain_unfit(p: Printer, c: DemoCluster, state: StoryState) -> None:
     expect(status == 1, f"gpuready explain {pod} should exit 1 (cannot be allocated), exited {status}")
     expect(any("No allocation is possible" in line for line in report),
            f"gpuready explain {pod} should say no allocation is possible; said: {' | '.join(report[-3:])}")
+    expect(any(line.strip() == plainly for line in report),
+           f"gpuready explain {pod} should say {plainly!r}; said: {' | '.join(report[:5])}")
     p.blank()
     p.lines([f"  $ gpuready explain {pod} --kubeconfig {c.kubeconfig}"])
     p.wrapped(report[:18] + ([f"... ({len(report) - 18} more lines)"] if len(report) > 18 else []))

@@ -68,6 +68,22 @@ def test_default_demo_tells_the_whole_story() -> None:
     assert "Normal GPURecovered" in out and "reason=AllGPUsReady" in out
     assert re.search(r"back after \d+\.\d s; GPUReady=True", out), out
     assert "All 8 steps passed" in out
+    # What the story says agrees with itself (words wrap, so they are read with spaces normalised).
+    flat = re.sub(r"\s+", " ", out)
+    assert "5 pods, each with a ResourceClaim" in flat and "4 of them fit; giant-200gi cannot" in flat
+    assert "ok: 4 of 5 pods placed" in flat
+    plainly = "no device has 200 GiB; the largest is NVIDIA H200 with 140.4 GiB"
+    assert f"Warning: gpuready: request 'gpu': {plainly}" in flat
+    event = re.search(r"Event on pod/giant-200gi: Warning FailedScheduling: (.*?) \$ gpuready explain", flat)
+    assert event and plainly in event.group(1) and "too little capacity" not in event.group(1), flat
+    more = re.search(r"and (\d+) more devices in (\d+) more groups", flat)
+    assert more and int(more.group(1)) >= int(more.group(2)), flat
+    # GPUReady counts what node-a's slices hold (the inventory step's count), not the MIG GPUs too.
+    published = re.search(r"devices published \(node-a: (\d+), node-b: (\d+)\)", flat)
+    assert published, flat
+    assert f"1 of {published.group(1)} GPU devices not ready: gpu-0: Unhealthy: XID 79" in flat
+    assert f"all {published.group(1)} GPU devices passed validation and are healthy (gpu-6, gpu-7 are not " \
+           "published: MIG mode is on, their MIG devices are)" in flat
     # The work directory (sockets, CDI specs, logs) is removed afterwards.
     assert not os.path.exists(os.path.dirname(log_path.group(1)))
 
