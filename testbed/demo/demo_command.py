@@ -39,6 +39,7 @@ Examples:
   gpuready demo
   gpuready demo --scenario gpu-lost
   gpuready demo --serve          # then: KUBECONFIG=<printed path> kubectl get resourceslices
+                                 # or kubectl apply -f deploy/examples/mig-slice.yaml (it runs)
 """
 
 
@@ -47,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), default=DEFAULT,
                         help=f"which fault to inject (default {DEFAULT})")
     parser.add_argument("--serve", action="store_true",
-                        help="after the story, keep the cluster running (kubectl, /metrics) until Ctrl-C")
+                        help="after the story, keep the cluster running (kubectl, /metrics) until Ctrl-C or SIGTERM; "
+                             "each node's kubelet then runs any pod bound to it")
     parser.add_argument("--quiet", action="store_true",
                         help="print only each step's result and the summary")
     parser.add_argument("--hold-down", type=float, default=1.0,
