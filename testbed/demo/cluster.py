@@ -32,7 +32,7 @@ from dra_driver.logs import configure
 from dra_driver.slices import complete_pool_devices
 from kubelet_plugin.config import PluginConfig
 from kubelet_plugin.daemon import KubeletPlugin
-from testbed.demo.output import DemoFailure
+from testbed.demo.output import DemoFailure, check_stop
 from testbed.plugin_harness import NodeDirs
 
 DRIVER = "gpu.nvidia.com"
@@ -167,6 +167,7 @@ def wait_for(check: Callable[[], T | None], what: str, timeout: float, interval:
     """Poll ``check`` until it returns something other than None/False; DemoFailure after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
+        check_stop()  # a stop signal that a library swallowed ends the wait all the same
         value = check()
         if value is not None and value is not False:
             return value

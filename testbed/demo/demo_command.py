@@ -13,7 +13,15 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
-from testbed.demo.output import DemoFailure, Printer
+from testbed.demo.output import (
+    DemoFailure,
+    Printer,
+    Stopped,
+    check_stop,
+    request_stop,
+    reset_stop,
+    stop_signal,
+)
 from testbed.demo.scenarios import DEFAULT, SCENARIOS
 
 HELP = "run the whole driver on simulated GPUs: placement, prepare, a GPU fault and recovery"
@@ -59,29 +67,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep the work directory (CDI specs, checkpoints, logs) after the demo")
 
 
-class Stopped(BaseException):
-    """SIGTERM arrived: raised in the main thread, like KeyboardInterrupt for SIGINT, so the story
-    unwinds through its ``finally`` and the cluster is stopped. A BaseException, so that no
-    ``except Exception`` on the way swallows it."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def _raise_stopped(signum: int, frame: FrameType | None) -> None:
-    raise Stopped(signum)
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    request_stop(signum)
 
 
 @contextmanager
 def _signals(handler: Callable[[int, FrameType | None], Any]) -> Iterator[None]:
-    """SIGTERM (and, when ``handler`` is not the SIGTERM one, SIGINT) handled by ``handler`` while
-    inside; the previous handlers afterwards. A no-op off the main thread (signals go to it only)."""
+    """SIGTERM and SIGINT handled by ``handler`` while inside; the previous handlers afterwards. A
+    no-op off the main thread (signals go to it only)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    wanted = [signal.SIGTERM] if handler is _raise_stopped else [signal.SIGTERM, signal.SIGINT]
-    previous = {sig: signal.signal(sig, handler) for sig in wanted}
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
@@ -103,21 +100,28 @@ def run(args: argparse.Namespace) -> int:
     failed = False
     stopped_by = ""  # the signal's name, when one stopped the demo
     status = 0
-    with _signals(_raise_stopped):
+    story_done = False
+    reset_stop()
+    with _signals(_on_signal):
         try:
             _story(p, cluster, args)
+            check_stop()  # a signal that a library swallowed, with no wait after it to notice
+            story_done = True
             if args.serve:
                 stopped_by = _serve(p, cluster)
-        except DemoFailure as exc:
-            p.fail(str(exc))
-            failed, status = True, 1
-        except KeyboardInterrupt:
-            stopped_by, status = "SIGINT", 128 + signal.SIGINT
-        except Stopped as exc:
-            stopped_by, status = str(exc), 128 + exc.signum
-        except Exception as exc:  # an unexpected error is a failed demo too: say what and where the logs are
-            p.fail(f"unexpected error: {type(exc).__name__}: {exc}")
-            failed, status = True, 1
+        except (Stopped, KeyboardInterrupt, Exception) as exc:
+            signum = stop_signal()
+            if signum is not None:  # whatever the signal turned into on its way here
+                stopped_by = signal.Signals(signum).name
+                status = 0 if story_done else 128 + signum  # --serve's way to stop, or the story cut short
+            elif isinstance(exc, DemoFailure):
+                p.fail(str(exc))
+                failed, status = True, 1
+            elif isinstance(exc, KeyboardInterrupt):  # SIGINT before the handler was in place
+                stopped_by, status = "SIGINT", 128 + signal.SIGINT
+            else:  # an unexpected error is a failed demo too: say what and where the logs are
+                p.fail(f"unexpected error: {type(exc).__name__}: {exc}")
+                failed, status = True, 1
         finally:
             # A second Ctrl-C or SIGTERM must not cut the cleanup short: noted, not acted on.
             with _signals(lambda signum, frame: None):
@@ -191,8 +195,7 @@ def _serve(p: Printer, cluster: Any) -> str:
     p.info(f"Component logs: {cluster.log_path}")
     try:
         while True:
+            check_stop()
             time.sleep(0.5)
-    except KeyboardInterrupt:
-        return "SIGINT"
     except Stopped as exc:
         return str(exc)

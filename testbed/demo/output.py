@@ -6,8 +6,10 @@ log. Component logs never come here (they go to a file, see :mod:`testbed.demo.c
 
 from __future__ import annotations
 
+import signal
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -16,6 +18,48 @@ from typing import TextIO
 
 class DemoFailure(Exception):
     """A step's expectation did not hold: the demo stops with this message and exit status 1."""
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGINT arrived: raised in the main thread so that the story unwinds through its
+    cleanup. A BaseException, so that no ``except Exception`` on the way swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+_stop = threading.Event()
+_stop_signal: list[int] = []  # the first signal received, once one was
+
+
+def request_stop(signum: int) -> None:
+    """Record that ``signum`` arrived and raise :class:`Stopped`. A library the main thread happens
+    to be in may catch or wrap the exception (pydantic wraps one raised while it builds a validator):
+    the record stays, :func:`check_stop` raises again at the next wait, and :func:`stop_signal`
+    tells the demo's error handling that a failure was the signal's doing."""
+    if not _stop.is_set():
+        _stop_signal.append(signum)
+        _stop.set()
+    raise Stopped(signum)
+
+
+def stop_signal() -> int | None:
+    """The signal that asked the demo to stop, if one did."""
+    return _stop_signal[0] if _stop.is_set() else None
+
+
+def check_stop() -> None:
+    """Raise :class:`Stopped` if a signal asked the demo to stop (called by every wait)."""
+    signum = stop_signal()
+    if signum is not None:
+        raise Stopped(signum)
+
+
+def reset_stop() -> None:
+    """Forget a previous run's signal (a new demo run in the same process)."""
+    _stop.clear()
+    _stop_signal.clear()
 
 
 def expect(condition: bool, message: str) -> None:

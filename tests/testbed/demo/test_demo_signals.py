@@ -113,3 +113,43 @@ def test_keep_keeps_the_work_directory_after_a_signal() -> None:
         import shutil
 
         shutil.rmtree(workdir.group(1), ignore_errors=True)
+
+
+def _wrapping_story(p: object, cluster: object, args: object) -> None:
+    """A step inside a library that turns whatever it catches into its own error, as pydantic does
+    with an exception raised while it builds a validator (seen under load: 'SchemaError: ...
+    Stopped: SIGTERM')."""
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler runs here
+    except BaseException as exc:
+        raise RuntimeError(f"Error building validator: {exc}") from None
+
+
+def _swallowing_story(p: object, cluster: object, args: object) -> None:
+    """A library that swallows everything, then the story waits for something."""
+    from testbed.demo.cluster import wait_for
+
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    except BaseException:
+        pass
+    wait_for(lambda: False, "something that never comes", timeout=5)
+
+
+@pytest.mark.parametrize("story", [_wrapping_story, _swallowing_story], ids=["wrapped", "swallowed"])
+def test_a_signal_a_library_wraps_or_swallows_still_stops_the_demo(
+        story: object, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from testbed.demo import demo_command
+
+    monkeypatch.setattr(demo_command, "_story", story)
+    args = argparse.Namespace(scenario="xid79", serve=False, quiet=True, hold_down=1.0, keep=False)
+    status = demo_command.run(args)
+    out = capsys.readouterr().out
+    assert status == 143, out
+    assert "DEMO FAILED" not in out
+    assert "stopped on SIGTERM: every component is stopped and no work directory had been made" in out
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is gone again
