@@ -147,9 +147,10 @@ def test_a_signal_a_library_wraps_or_swallows_still_stops_the_demo(
 
     monkeypatch.setattr(demo_command, "_story", story)
     args = argparse.Namespace(scenario="xid79", serve=False, quiet=True, hold_down=1.0, keep=False)
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     status = demo_command.run(args)
     out = capsys.readouterr().out
     assert status == 143, out
     assert "DEMO FAILED" not in out
     assert "stopped on SIGTERM: every component is stopped and no work directory had been made" in out
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is gone again
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before  # handlers restored
