@@ -5,6 +5,7 @@ spec is on disk), and deleting it must unprepare the claim (the spec is gone).""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -29,7 +30,7 @@ TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
 DRIVER = "gpu.nvidia.com"
 
 
-@pytest.fixture(scope="module")
+@contextlib.contextmanager
 def served() -> Iterator[dict[str, Any]]:
     """A ``gpuready demo --serve`` subprocess, its API client and work directory; SIGTERM at the end."""
     proc = subprocess.Popen([sys.executable, "-m", "dra_driver", "demo", "--serve", "--quiet"],
@@ -123,20 +124,17 @@ def _claims_of(api: Any, pod: dict[str, Any]) -> list[dict[str, Any]]:
     return [_json(res.read_namespaced_resource_claim(n, "default", _preload_content=False)) for n in names]
 
 
-def test_kubectl_get_nodes_shows_both_nodes_ready(served: dict[str, Any]) -> None:
-    api = served["api"]
-    # What kubectl get nodes asks for: the server's Table, whose Status column it prints.
+def _kubectl_get_nodes(api: Any) -> dict[str, str]:
+    """Node -> STATUS, from the server's Table, which is what ``kubectl get nodes`` prints."""
     response = api.call_api("GET", api.configuration.host + "/api/v1/nodes", header_params={"Accept": TABLE})
     response.read()
     table = json.loads(response.data)
     status_column = [c["name"] for c in table["columnDefinitions"]].index("Status")
-    assert {r["object"]["metadata"]["name"]: r["cells"][status_column] for r in table["rows"]} == {
-        "node-a": "Ready", "node-b": "Ready"}
+    return {r["object"]["metadata"]["name"]: r["cells"][status_column] for r in table["rows"]}
 
 
-@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
-def test_each_example_runs_on_the_served_cluster(served: dict[str, Any], example: str) -> None:
-    api, workdir = served["api"], served["workdir"]
+def _run_example(api: Any, workdir: str, example: str) -> None:
+    """Apply ``example``, see its pod run with its claims prepared, delete it, see them unprepared."""
     objects = [d for d in yaml.safe_load_all((EXAMPLES / example).read_text()) if d]
     for obj in objects:
         kubectl_apply(api, obj)
@@ -160,3 +158,14 @@ def test_each_example_runs_on_the_served_cluster(served: dict[str, Any], example
     for obj in reversed(objects):
         kubectl_delete(api, obj)
     _wait(f"{example}'s claims to be unprepared on {node}", lambda: not any(os.path.exists(s) for s in specs))
+
+
+# One test, one served cluster: the demo is the costly part (and test workers must not each start one).
+def test_nodes_are_ready_and_every_example_runs_on_the_served_cluster() -> None:
+    with served() as demo:
+        api, workdir = demo["api"], demo["workdir"]
+        assert _kubectl_get_nodes(api) == {"node-a": "Ready", "node-b": "Ready"}
+        examples = sorted(p.name for p in EXAMPLES.glob("*.yaml"))
+        assert len(examples) >= 6
+        for example in examples:
+            _run_example(api, workdir, example)
