@@ -33,6 +33,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords and not real_nvml_available():
             item.add_marker(skip_gpu)
+        if "e2e" in item.keywords:
+            item.add_marker(pytest.mark.xdist_group("realcluster"))  # one real cluster per run
 
 
 @pytest.fixture
