@@ -1,34 +1,41 @@
-"""Raw JSON requests to the Kubernetes API through a ``kubernetes`` ``ApiClient``.
+"""Raw JSON requests to the Kubernetes API, over a :class:`~dra_driver.kube_connection.KubeConnection`.
 
-Both daemons work on API objects as the server sends them (dicts): they use the client's
-configuration, authentication and connection pool, but not its generated API and model classes. A
-round trip through the models costs more than the request, drops fields the models do not know yet
-(1.36+ DRA fields), and merely constructing ``CoreV1Api`` costs a node daemon about 20 MB of
-resident memory. Thread-safe: urllib3's pool is.
+Both daemons work on API objects as the server sends them (dicts): a round trip through the
+``kubernetes`` client's model classes costs more than the request and drops fields the models do not
+know yet (1.36+ DRA fields), and merely importing them costs a node daemon 0.5 s and 20-30 MB. A
+:class:`JsonApi` takes a connection (:func:`connect` builds one from a kubeconfig or the pod's service
+account) or a ``kubernetes`` ``ApiClient`` (its settings, pool and auth are used as they are).
+Thread-safe: urllib3's pool is.
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import urlencode
 
 import urllib3
-from kubernetes.client.exceptions import ApiException
+
+from dra_driver.kube_connection import KubeConfigError, KubeConnection, in_cluster, simple_kubeconfig
 
 REQUEST_TIMEOUT = (5.0, 15.0)  # connect, read: a hung API server must not hang a daemon's thread
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
+_RETRIES = urllib3.Retry(3, redirect=False)  # connection errors; reads only for idempotent methods
 
 
-class ApiError(ApiException):
+class ApiError(Exception):
     """A non-2xx answer: ``status`` is the HTTP code, ``reason`` the Status reason, ``body`` the
-    decoded answer. An ``ApiException``, so code written against the generated client handles it."""
+    decoded answer (the same attributes as the ``kubernetes`` client's ``ApiException``)."""
 
     def __init__(self, method: str, path: str, status: int, body: Any) -> None:
         message = body.get("message", "") if isinstance(body, dict) else str(body)[:200]
-        super().__init__(status=status, reason=body.get("reason", "") if isinstance(body, dict) else "")
+        super().__init__(f"{method} {path}: HTTP {status}: {message}")
+        self.status = status
+        self.reason = body.get("reason", "") if isinstance(body, dict) else ""
         self.body = body
+        self.headers: dict[str, str] = {}
         self.text = f"{method} {path}: HTTP {status}: {message}"
 
     def __str__(self) -> str:
@@ -36,28 +43,37 @@ class ApiError(ApiException):
 
 
 class JsonApi:
-    """JSON in, JSON out, over an ``ApiClient``."""
+    """JSON in, JSON out, over a connection (or a ``kubernetes`` ``ApiClient``)."""
 
     def __init__(self, api_client: Any) -> None:
         self.api_client = api_client
+        self._connection: KubeConnection | None = None
+
+    @property
+    def connection(self) -> KubeConnection:
+        """The connection (resolved from an ``ApiClient`` at first use)."""
+        if self._connection is None:
+            self._connection = KubeConnection.of(self.api_client)
+        return self._connection
 
     def url(self, method: str, path: str, query: list[tuple[str, str]] | None = None,
             content_type: str = JSON) -> tuple[str, dict[str, str]]:
         """The full URL and headers (auth included) for a request."""
-        _, url, headers, _, _ = self.api_client.param_serialize(
-            method=method, resource_path=path, query_params=query or None,
-            header_params={"Accept": JSON, "Content-Type": content_type},
-            auth_settings=["BearerToken"],
-        )
+        url = self.connection.host + path
+        if query:
+            url += "?" + urlencode(query)
+        headers = {"Accept": JSON, "Content-Type": content_type, **self.connection.auth_headers()}
         return url, headers
 
     def request(self, method: str, path: str, query: list[tuple[str, str]] | None = None,
                 body: Any = None, content_type: str = JSON) -> Any:
         """One request; the decoded JSON answer, or :class:`ApiError`."""
         url, headers = self.url(method, path, query, content_type)
-        response = self.api_client.call_api(method, url, header_params=headers, body=body,
-                                            _request_timeout=REQUEST_TIMEOUT)
-        data = response.read()
+        payload = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+        response = self.connection.pool.request(
+            method, url, body=payload, headers=headers, retries=_RETRIES,
+            timeout=urllib3.Timeout(connect=REQUEST_TIMEOUT[0], read=REQUEST_TIMEOUT[1]))
+        data = response.data
         try:
             decoded = json.loads(data) if data else None
         except ValueError:
@@ -69,8 +85,8 @@ class JsonApi:
     def open_stream(self, path: str, query: list[tuple[str, str]], read_timeout: float) -> Any:
         """An open streaming GET (a watch): the urllib3 response, to be read chunk by chunk."""
         url, headers = self.url("GET", path, query)
-        response = self.api_client.rest_client.pool_manager.request(
-            "GET", url, headers=headers, preload_content=False,
+        response = self.connection.pool.request(
+            "GET", url, headers=headers, preload_content=False, retries=_RETRIES,
             timeout=urllib3.Timeout(connect=REQUEST_TIMEOUT[0], read=read_timeout),
         )
         if response.status != 200:
@@ -92,7 +108,7 @@ def describe_error(exc: BaseException) -> str:
     refused``) instead of urllib3's nested ``Max retries exceeded ... Caused by ...`` text.
     """
     status = getattr(exc, "status", None)
-    if isinstance(exc, ApiException) and status:
+    if isinstance(status, int) and status and hasattr(exc, "reason"):  # ApiError or the client's ApiException
         body = getattr(exc, "body", None)
         message = body.get("message", "") if isinstance(body, dict) else ""
         text = f"HTTP {status} {exc.reason or ''}".strip()
@@ -112,6 +128,38 @@ def describe_error(exc: BaseException) -> str:
                 break
         return f"cannot reach the API server{where}: {detail}"
     return f"{type(exc).__name__}: {exc}" if not str(exc).startswith(type(exc).__name__) else str(exc)
+
+
+def connect(kubeconfig: str = "", flag: str = "--kubeconfig") -> KubeConnection:
+    """The node daemon's connection: from ``kubeconfig`` when given, the pod's service account inside
+    a pod, else the default kubeconfig (``$KUBECONFIG``, ``~/.kube/config``); read without the
+    ``kubernetes`` package unless the kubeconfig needs it (an exec plugin, an auth-provider).
+
+    Raises :class:`~dra_driver.kube_connection.KubeConfigError` naming the file, the flag and the fix.
+    """
+    import os
+
+    if not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return in_cluster()
+    path = kubeconfig or (os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or
+                          os.path.expanduser("~/.kube/config"))
+    if not os.path.isfile(path):
+        if kubeconfig:
+            raise KubeConfigError(f"{flag} {kubeconfig}: no such file; pass a kubeconfig (e.g. one written by "
+                                  f"`kubectl config view --raw`), or leave {flag} out inside a pod")
+        raise KubeConfigError(f"no cluster to talk to: {flag} not given, not running in a pod, and the default "
+                              f"kubeconfig ({path}) does not exist; pass {flag}")
+    try:
+        simple = simple_kubeconfig(path)
+    except KubeConfigError as exc:
+        raise KubeConfigError(f"{flag} {path}: not a usable kubeconfig ({exc}); check that it names a current "
+                              "context with a cluster and a user") from exc
+    if simple is not None:
+        return simple
+    try:  # exec credential plugins, auth-providers, proxies: the kubernetes client knows them all
+        return KubeConnection.of(make_api_client(path, flag))
+    except Exception as exc:
+        raise KubeConfigError(str(exc)) from exc
 
 
 def make_api_client(kubeconfig: str = "", flag: str = "--kubeconfig") -> Any:

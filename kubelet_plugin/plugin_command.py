@@ -254,9 +254,8 @@ def _start(config: PluginConfig, kubeconfig: str, stop: threading.Event, delay: 
     A node whose driver is still loading (or broken) gets a plugin that says why, every attempt, in
     its log, instead of a container in CrashLoopBackOff; SIGTERM ends the wait.
     """
-    from kubernetes.config import ConfigException
-
-    from dra_driver.kube_api import make_api_client
+    from dra_driver.kube_api import connect
+    from dra_driver.kube_connection import KubeConfigError
     from kubelet_plugin.daemon import KubeletPlugin
     from kubelet_plugin.node_prerequisites import NodePrerequisiteError
     from kubelet_plugin.nvml import open_nvml
@@ -265,11 +264,11 @@ def _start(config: PluginConfig, kubeconfig: str, stop: threading.Event, delay: 
         plugin = None
         try:
             nvml = open_nvml(config.nvml, driver_root=config.driver_root)
-            plugin = KubeletPlugin(config, make_api_client(kubeconfig), nvml)
+            plugin = KubeletPlugin(config, connect(kubeconfig), nvml)
             plugin.start()
             report_shared_gpu_names(config, plugin.devices)
             return plugin
-        except (ValueError, ConfigException) as exc:
+        except (ValueError, KubeConfigError) as exc:
             # A setting that can never work (an unknown simulated profile, no kubeconfig): no retry.
             raise ValueError(str(exc)) from exc
         except Exception as exc:

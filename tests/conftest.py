@@ -33,6 +33,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords and not real_nvml_available():
             item.add_marker(skip_gpu)
+        if "e2e" in item.keywords:
+            item.add_marker(pytest.mark.xdist_group("realcluster"))  # one real cluster per run
 
 
 @pytest.fixture
@@ -42,3 +44,21 @@ def sock_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(dir="/tmp", prefix="sock-"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _no_log_handlers_outlive_a_test() -> Iterator[None]:
+    """A test that runs a ``gpuready`` command in-process installs the command's stderr log handler
+    (``dra_driver.logs.configure``); threads a test left behind would then print through it into
+    pytest's progress line. Each test removes the handlers ``configure`` added (pytest's own capture
+    handlers it manages itself) and restores the root level."""
+    import logging
+
+    from dra_driver.logs import is_gpuready_handler
+
+    root = logging.getLogger()
+    level = root.level
+    yield
+    for handler in [h for h in root.handlers if is_gpuready_handler(h)]:
+        root.removeHandler(handler)
+    root.setLevel(level)

@@ -3,9 +3,9 @@
 Pure part: :func:`gpu_ready_condition` and :func:`transition_events` turn snapshots into what is
 written; counts and the word "published" are of what the ResourceSlices list (a GPU in MIG mode under
 static MIG is not, its MIG devices are), and the first validation round's GPUValidated Events are
-one per cause, naming the devices, not one per device. I/O part: :class:`NodeStatusReporter` writes it through the ``kubernetes`` client from its
-own thread, so the monitor's hot path never waits on the API server; API errors are logged and
-retried with backoff, never raised.
+one per cause, naming the devices, not one per device. I/O part: :class:`NodeStatusReporter` writes
+it through the API (raw JSON) from its own thread, so the monitor's hot path never waits on the API
+server; API errors are logged and retried with backoff, never raised.
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-import kubernetes
 
 from dra_driver.kube_api import describe_error
 from dra_driver.logs import get_logger
@@ -269,7 +267,11 @@ class NodeStatusReporter:
                  event_namespace: str = "default", core: Any = None) -> None:
         # ``core``: anything with CoreV1Api's patch_node_status/create_namespaced_event (the plugin
         # passes a raw-JSON one: constructing CoreV1Api costs a daemon ~20 MB of resident memory).
-        self._core = core if core is not None else kubernetes.client.CoreV1Api(api_client)
+        if core is None:
+            from kubelet_plugin.claim_api import NodeStatusApi
+
+            core = NodeStatusApi(api_client)
+        self._core = core
         self._node = node_name
         self._component = component
         self._clock = clock
@@ -360,8 +362,8 @@ class NodeStatusReporter:
         if event is not None:
             try:
                 self._create_event(event)
-            except kubernetes.client.ApiException as exc:
-                if exc.status not in (400, 422):
+            except Exception as exc:  # ApiError, or the client's ApiException when a CoreV1Api is passed
+                if getattr(exc, "status", None) not in (400, 422):
                     raise
                 # The server refuses this Event for good: retrying would block every later one.
                 log.error("node_event_rejected", node=self._node, reason=event.reason, error=_describe(exc))

@@ -8,8 +8,8 @@ prepare), and neither is an internal error of the plugin.
 from __future__ import annotations
 
 import urllib3.exceptions
-from kubernetes.client.exceptions import ApiException
 
+from dra_driver.kube_api import describe_error
 from kubelet_plugin.prepare.claim_plan import PrepareError
 
 RETRY = "the kubelet retries the prepare; nothing was prepared"
@@ -19,8 +19,8 @@ def api_failure(exc: BaseException, namespace: str, name: str) -> PrepareError |
     """The :class:`PrepareError` for an exception raised while reading ResourceClaim ``namespace/name``
     from the API server, or None when it is not an API-server failure."""
     ref = f"ResourceClaim {namespace}/{name}"
-    if isinstance(exc, ApiException):
-        status = exc.status or 0
+    status = getattr(exc, "status", None)
+    if isinstance(status, int) and hasattr(exc, "reason"):  # an answer (ApiError, or the client's ApiException)
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else f"HTTP {status}"
         if status == 403:
             return PrepareError("forbidden", f"reading {ref} was refused by the API server ({detail}): the kubelet "
@@ -37,6 +37,5 @@ def api_failure(exc: BaseException, namespace: str, name: str) -> PrepareError |
                                 f"({detail}); {RETRY}")
         return PrepareError("api_error", f"reading {ref}: the API server answered {detail}; {RETRY}")
     if isinstance(exc, (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError)):
-        return PrepareError("api_unavailable", f"reading {ref}: the API server cannot be reached "
-                            f"({type(exc).__name__}: {exc}); {RETRY}")
+        return PrepareError("api_unavailable", f"reading {ref}: {describe_error(exc)}; {RETRY}")
     return None

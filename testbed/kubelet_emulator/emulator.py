@@ -136,6 +136,8 @@ class KubeletEmulator:
             timer.cancel()
         for plugin in plugins:
             plugin.close()
+        with self._cond:
+            self._cond.notify_all()
         if self.pod_resources is not None:
             self.pod_resources.stop()
 
@@ -214,10 +216,12 @@ class KubeletEmulator:
                 self._cond.wait(remaining)
 
     def wait_for_deregistration(self, plugin: RegisteredPlugin, timeout: float = 10.0) -> None:
-        """Wait until ``plugin``'s registration socket is gone or replaced; raise TimeoutError otherwise."""
+        """Wait until ``plugin``'s registration socket is gone or replaced and its connection closed (what
+        the kubelet has done once it deregisters); raise TimeoutError otherwise."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self._registered.get(plugin.registration_socket) is plugin:
+            # Closed, not only forgotten: the watcher drops a plugin under the lock and closes it after.
+            while self._registered.get(plugin.registration_socket) is plugin or not plugin.closed:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError(f"{plugin!r} still registered after {timeout} s")
@@ -292,6 +296,9 @@ class KubeletEmulator:
             for plugin in gone:
                 log.info("kubelet_plugin_deregistered", driver=plugin.driver_name, endpoint=plugin.endpoint)
                 plugin.close()
+            if gone:
+                with self._cond:
+                    self._cond.notify_all()  # wait_for_deregistration waits for the close too
             self._stop.wait(self._poll_interval)
 
     def _schedule_wipe(self, driver: str) -> None:

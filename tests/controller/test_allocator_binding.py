@@ -27,28 +27,28 @@ class StrictPods:
 
     def __init__(self, api_client: Any) -> None:
         self.sent: list[tuple[str, str, Any]] = []
-        call_api = api_client.call_api
+        pool = api_client.rest_client.pool_manager  # every request the controller sends goes through it
+        send = pool.request
 
-        def strict_call(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
-            body = kwargs.get("body", args[1] if len(args) > 1 else None)
+        def strict_send(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+            raw = kwargs.get("body")
+            body = json.loads(raw) if raw else None
             self.sent.append((method, url.split("?")[0], body))
             if method == "PATCH" and "/pods/" in url and not url.split("?")[0].endswith("/status") \
                     and "nodeName" in json.dumps((body or {}).get("spec") or {}):
-                return ApiClientRefusal()
-            return call_api(method, url, *args, **kwargs)
+                return Refusal()
+            return send(method, url, *args, **kwargs)
 
-        api_client.call_api = strict_call
+        pool.request = strict_send
 
 
-class ApiClientRefusal:
-    """A response object shaped like the client's RESTResponse, with kube-apiserver's 422."""
+class Refusal:
+    """A response shaped like urllib3's, with kube-apiserver's 422."""
 
     status = 422
-
-    def read(self) -> bytes:
-        return json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Invalid",
-                           "code": 422, "message": "Pod is invalid: spec: Forbidden: pod updates may not "
-                                                   "change fields other than ..."}).encode()
+    data = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Invalid",
+                       "code": 422, "message": "Pod is invalid: spec: Forbidden: pod updates may not "
+                                               "change fields other than ..."}).encode()
 
 
 

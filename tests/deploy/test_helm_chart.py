@@ -659,7 +659,10 @@ def test_the_controller_accepts_the_configuration_the_chart_gives_it(values_name
 # Options a daemon reads that the chart deliberately leaves to their defaults: the kubeconfig (in a
 # cluster the service account is used), and the webhook's single-file TLS paths (the chart mounts a
 # directory, WEBHOOK_CERT_DIR, instead).
-_NOT_FOR_THE_CHART = {"KUBECONFIG", "WEBHOOK_CERT", "WEBHOOK_KEY"}
+# KUBELET_*_DIRECTORY_PATH: the upstream helper's names, accepted for other drivers' manifests; the
+# chart sets the plugin's own (REGISTRAR_DIR, PLUGIN_DIR).
+_NOT_FOR_THE_CHART = {"KUBECONFIG", "WEBHOOK_CERT", "WEBHOOK_KEY", "KUBELET_REGISTRAR_DIRECTORY_PATH",
+                      "KUBELET_PLUGINS_DIRECTORY_PATH"}
 
 
 @pytest.mark.parametrize("module_name,kind", [("kubelet_plugin.plugin_command", "DaemonSet"),

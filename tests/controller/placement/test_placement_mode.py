@@ -292,13 +292,14 @@ def test_the_charts_gated_rbac_allows_what_placement_sends_and_off_refuses_only_
 
     sent: set[tuple[str, str]] = set()
     client = cluster["srv"].api_client()  # the controller's own client: only its requests are recorded
-    call_api = client.call_api
+    pool = client.rest_client.pool_manager
+    send = pool.request
 
     def recorded(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
         sent.add((method, url))
-        return call_api(method, url, *args, **kwargs)
+        return send(method, url, *args, **kwargs)
 
-    client.call_api = recorded
+    pool.request = recorded
     api: KubeApi = cluster["api"]
     cluster["start"](api_client=client)
     claim(api, "c15", "15Gi")

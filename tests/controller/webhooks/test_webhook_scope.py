@@ -47,9 +47,8 @@ def down() -> Iterator[tuple[Any, Any]]:
     with LocalApiServer() as srv:
         client = srv.api_client()
         admission = kubernetes.client.AdmissionregistrationV1Api(client)
-        with webhook_certificate() as (cert, _key):
-            with open(cert, "rb") as f:
-                mutating, validating = gpuready_webhook_configurations(DEAD, f.read(), OURS)
+        with webhook_certificate() as (cert, _key), open(cert, "rb") as f:
+            mutating, validating = gpuready_webhook_configurations(DEAD, f.read(), OURS)
         admission.create_mutating_webhook_configuration(mutating)
         admission.create_validating_webhook_configuration(validating)
         yield kubernetes.client.ResourceV1Api(client), admission

@@ -216,8 +216,8 @@ def test_gpu_wide_xid_on_mig_gpu_withdraws_every_mig_device(rig: Rig) -> None:
 def test_gpu_lost_holds_until_cleared(rig: Rig) -> None:
     m = rig.rec.mark()
     rig.sim.faults.inject_xid(4, 79)
+    rig.rec.wait_for(gone("gpu-4"), after=m)  # the XID first (else a poll may find the GPU lost first)
     rig.sim.faults.gpu_lost(4)
-    rig.rec.wait_for(gone("gpu-4"), after=m)
     time.sleep(1.0)  # more than the hold-down: still lost, so still out
     snap = rig.monitor.snapshot()
     assert snap.devices["gpu-4"].state is HealthState.UNHEALTHY
