@@ -90,7 +90,11 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpuready {__version__}")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    commands = all_commands()
+    # Running a production subcommand (a daemon starting) needs no scan of installed distributions'
+    # entry points: that scan is tens of milliseconds before the first ResourceSlice.
+    builtin = _chosen(argv or (), SUBCOMMANDS)
+    is_help = any(a in ("-h", "--help") for a in argv or ())
+    commands = SUBCOMMANDS if builtin is not None and not is_help and argv is not None else all_commands()
     chosen = _chosen(argv or (), commands)
     for name, (module_name, help_line) in commands.items():
         if argv is not None and name != chosen:

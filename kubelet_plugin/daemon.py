@@ -17,10 +17,12 @@ bus stays in ``self.devices`` as Unhealthy (withdrawn, UNHEALTHY on the health s
 GPUReady) until it returns or the plugin restarts; a GPU that appears (back from a reset, or absent
 at start) is validated by the health monitor and published once it passes, without a restart.
 
-Start order (:meth:`KubeletPlugin.start`): discover devices -> open the checkpoint (quarantine a
-corrupt one, with an Event) and recover it -> start the health monitor -> start publishing slices
--> serve the DRA socket (DRA v1 + v1beta1, health v1 + v1alpha1) -> only then create the
-registration socket, so the kubelet never finds a plugin that cannot answer. :meth:`stop` removes
+Start order (:meth:`KubeletPlugin.start`): check the node's directories -> discover devices ->
+start publishing slices and the health monitor (validation probes run from here on) -> open the
+checkpoint (quarantine a corrupt one, with an Event) and recover it -> serve the DRA socket (DRA v1
++ v1beta1, health v1 + v1alpha1) -> only then create the registration socket, so the kubelet never
+finds a plugin that cannot answer. gRPC and the kubelet-facing modules are imported only at the
+DRA-socket step, so the first slice goes out without waiting for them. :meth:`stop` removes
 this instance's sockets only (another instance may be running during a rolling update).
 
 Several plugins can run in one process (one per simulated node): nothing here is global.
@@ -31,11 +33,8 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Mapping
-from concurrent import futures
 from dataclasses import replace
-from typing import Any
-
-import grpc
+from typing import TYPE_CHECKING, Any
 
 from dra_driver.devices import NodeDevices
 from dra_driver.logs import get_logger
@@ -51,22 +50,12 @@ from kubelet_plugin.health.gpu_set import keep_lost_gpus
 from kubelet_plugin.health.kubelet_health import health_stream_entries
 from kubelet_plugin.health.mig_probe import destroy_leftover_probe_instances, mig_gate
 from kubelet_plugin.health.topology import gpu_topology
-from kubelet_plugin.kubelet_grpc.dra_service import DraServicer
-from kubelet_plugin.kubelet_grpc.health_stream import HealthBroadcaster, HealthServicer, entries_from_map
-from kubelet_plugin.kubelet_grpc.registration import RegistrationServer
+from kubelet_plugin.kubelet_grpc.health_stream import HealthBroadcaster, entries_from_map
 from kubelet_plugin.kubelet_grpc.sockets import SocketPaths, remove_stale_socket
 from kubelet_plugin.liveness import PluginProbes
-from kubelet_plugin.metrics import (
-    DeviceAllocation,
-    GpuCollector,
-    PluginMetrics,
-    PodResourcesCache,
-    PodResourcesReader,
-    VramAccountant,
-    allocations_from_claims,
-    serve_metrics,
-)
-from kubelet_plugin.metrics.pod_resources_client import single_pod_users
+from kubelet_plugin.metrics.gpu_collector import DeviceAllocation, GpuCollector
+from kubelet_plugin.metrics.plugin_metrics import PluginMetrics
+from kubelet_plugin.metrics.vram_accounting import VramAccountant, allocations_from_claims
 from kubelet_plugin.node_prerequisites import (
     NodePrerequisiteError,
     ensure_directories,
@@ -77,16 +66,12 @@ from kubelet_plugin.prepare.claim_plan import NodeDevice, index_devices
 from kubelet_plugin.prepare.mig_ops import NvmlMigOps
 from kubelet_plugin.prepare.preparer import Preparer, PrepareSettings
 from kubelet_plugin.publisher import SlicePublisher
-from proto import (
-    dra_v1_pb2,
-    dra_v1_pb2_grpc,
-    dra_v1beta1_pb2,
-    dra_v1beta1_pb2_grpc,
-    health_v1_pb2,
-    health_v1_pb2_grpc,
-    health_v1alpha1_pb2,
-    health_v1alpha1_pb2_grpc,
-)
+
+if TYPE_CHECKING:
+    import grpc
+
+    from kubelet_plugin.kubelet_grpc.registration import RegistrationServer
+    from kubelet_plugin.metrics.pod_resources_client import PodResourcesCache
 
 log = get_logger(__name__)
 
@@ -132,11 +117,9 @@ class KubeletPlugin:
         # The prepared claims with their pods and memory requests (API reads, cached): pod labels on
         # the DCGM series and per-claim VRAM accounting.
         self.claims = PreparedClaims(api_client, config.driver_name, config.node_name, self._claim_refs)
-        # The kubelet's PodResources API (cached a few seconds): which containers use which allocated
-        # device, for the container label and VRAM accounting. None when --pod-resources-socket is "".
-        self.pod_resources: PodResourcesCache | None = (
-            PodResourcesCache(PodResourcesReader(config.pod_resources_socket), config.driver_name, config.node_name)
-            if config.pod_resources_socket else None)
+        # The kubelet's PodResources API (cached a few seconds), set up in start(): which containers use
+        # which allocated device, for the container label and VRAM accounting. None when the socket is "".
+        self.pod_resources: PodResourcesCache | None = None
         self.vram: VramAccountant | None = None
         self._mps_stop = threading.Event()
         self._started = False
@@ -162,6 +145,20 @@ class KubeletPlugin:
         self.device_index = index_devices(self.devices, cfg.dynamic_mig)
         log.info("devices_discovered", node=cfg.node_name, gpus=len(self.devices.gpus),
                  preparable=len(self.device_index), mig_mode=cfg.mig_mode)
+        if cfg.dynamic_mig:
+            # Temporary probe instances are journalled here; a plugin killed mid-probe left its
+            # instance behind, which would pass for a claim's and block prepares on that GPU.
+            journal = os.path.join(cfg.plugin_data_dir, "probe-instances")
+            mig_gate(self.nvml).journal_dir = journal
+            if destroy_leftover_probe_instances(self.nvml, journal, cfg.node_name):
+                self.refresh_devices()
+        # Publishing and validation first: they need nothing below, and the validation probes run
+        # while the checkpoint is recovered and the gRPC servers come up (first slice sooner).
+        self.publisher = SlicePublisher(self.api_client, cfg.node_name, cfg.driver_name,
+                                        on_pass=self.metrics.observe_publish,
+                                        on_fields_dropped=self._on_gates_off)
+        self.publisher.start()
+        self._start_health()
         self._open_checkpoint()
         mounts = driver_mounts(cfg.cdi_driver_root, find_driver_files(cfg.driver_root))
         self.preparer = Preparer(
@@ -172,25 +169,21 @@ class KubeletPlugin:
             self.checkpoint, KubeClaims(self.api_client, cfg.driver_name),
             devices=lambda: self.device_index, unhealthy=self._unhealthy_for_prepare,
             mig=NvmlMigOps(self.nvml, on_change=self.refresh_devices, node=cfg.node_name) if cfg.dynamic_mig else None)
+        self._follow_fallback()  # the publisher may have met a cluster without taints already
         self.recovery = recover(self.preparer, self.boot_id)
-        if cfg.dynamic_mig:
-            # Temporary probe instances are journalled here; a plugin killed mid-probe left its
-            # instance behind, which would pass for a claim's and block prepares on that GPU.
-            journal = os.path.join(cfg.plugin_data_dir, "probe-instances")
-            mig_gate(self.nvml).journal_dir = journal
-            if destroy_leftover_probe_instances(self.nvml, journal, cfg.node_name):
-                self.refresh_devices()
         self.metrics.set_prepared_claims(len(self.checkpoint.records()))
-        self.publisher = SlicePublisher(self.api_client, cfg.node_name, cfg.driver_name,
-                                        on_pass=self.metrics.observe_publish,
-                                        on_fields_dropped=self._on_gates_off)
-        self.publisher.start()
-        self._start_health()
         self._serve_dra()
+        from kubelet_plugin.kubelet_grpc.registration import RegistrationServer
+
         self.registration = RegistrationServer(self.paths.registration, cfg.driver_name, self.paths.dra,
                                                health=cfg.health_stream, retry_initial=cfg.registration_retry,
                                                node=cfg.node_name)
         self.registration.start()
+        if cfg.pod_resources_socket:
+            from kubelet_plugin.metrics.pod_resources_client import PodResourcesCache, PodResourcesReader
+
+            self.pod_resources = PodResourcesCache(PodResourcesReader(cfg.pod_resources_socket), cfg.driver_name,
+                                                   cfg.node_name)
         # Per-claim VRAM: Events on pods over their request (every vram_interval s) and, below, the
         # per-claim series at scrape time. Raw-JSON pod/event calls: CoreV1Api costs ~20 MB.
         self.vram = VramAccountant(self.nvml, self._node_devices, self.claims, core_api=PodEventsApi(self.api_client),
@@ -207,6 +200,8 @@ class KubeletPlugin:
                 node=cfg.node_name, driver_name=cfg.driver_name))
             self.metrics.registry.register(self.vram.collector())
         if cfg.metrics_port:
+            from dra_driver.metrics_server import serve_metrics
+
             self._metrics_server, _ = serve_metrics(self.metrics.registry, cfg.metrics_host, cfg.metrics_port,
                                                     health=self.probes)
         self._started = True
@@ -393,13 +388,16 @@ class KubeletPlugin:
     def _allocations(self) -> dict[str, list[DeviceAllocation]]:
         """Prepared devices with their claim, pod (API, else PodResources) and containers (PodResources);
         claim only when neither answers (checkpoint, API down)."""
+        from kubelet_plugin.metrics.pod_resources_client import single_pod_users
+
         containers = self.pod_resources() if self.pod_resources is not None else None
         out = allocations_from_claims(self.claims(), containers)
         known = {a.claim_uid for allocs in out.values() for a in allocs}
         for rec in self.checkpoint.records().values():
             if rec.uid not in known:
                 for device in rec.devices:
-                    users = single_pod_users(containers, (rec.namespace, rec.name, device)) if containers else None
+                    users = (single_pod_users(containers, (rec.namespace, rec.name, device))
+                             if containers else None)
                     namespace, pod, names = users or ("", "", ())
                     out.setdefault(device, []).append(DeviceAllocation(device, rec.uid, rec.name, rec.namespace,
                                                                        pod=pod, pod_namespace=namespace,
@@ -444,14 +442,20 @@ class KubeletPlugin:
         changes = self.fallback.apply(gates)
         if not changes:
             return
-        if self.preparer is not None and self.fallback.health_mode == "withdraw":
-            # Withdraw semantics for prepare too: an allocation naming an unhealthy device is stale.
-            self.preparer.settings = replace(self.preparer.settings, taint_mode=False)
+        self._follow_fallback()
         with self._state_lock:
             unhealthy = dict(self._unhealthy)
         self._publish(unhealthy)  # the same health, in the form this cluster keeps; first, then tell
         for reason, message in changes:
             emit_node_event(self.api_client, self.config.node_name, reason, message)
+
+    def _follow_fallback(self) -> None:
+        """Withdraw semantics for prepare too once the cluster kept no taints: an allocation naming an
+        unhealthy device is stale. Called by both sides (publisher thread, start), whichever is last."""
+        with self._state_lock:
+            if self.preparer is not None and self.fallback.health_mode == "withdraw" \
+                    and self.preparer.settings.taint_mode:
+                self.preparer.settings = replace(self.preparer.settings, taint_mode=False)
 
     def _unhealthy_for_prepare(self) -> Mapping[str, str]:
         # In taint mode the preparer only warns about these (the scheduler chose a tolerating claim).
@@ -459,25 +463,12 @@ class KubeletPlugin:
             return self._unhealthy
 
     def _serve_dra(self) -> None:
+        from kubelet_plugin.kubelet_grpc.dra_server import serve_dra
+
         assert self.preparer is not None
-        os.makedirs(os.path.dirname(self.paths.dra), exist_ok=True)
-        remove_stale_socket(self.paths.dra)
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.config.grpc_workers,
-                                                        thread_name_prefix=f"dra-{self.config.node_name}"))
-        dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraServicer(self.preparer, dra_v1_pb2, self.metrics),
-                                                        server)
-        dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
-            DraServicer(self.preparer, dra_v1beta1_pb2, self.metrics), server)
-        if self.config.health_stream:
-            on_stream = self.metrics.health_stream_clients
-            health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-                HealthServicer(self.broadcaster, health_v1_pb2, on_stream, node=self.config.node_name), server)
-            health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-                HealthServicer(self.broadcaster, health_v1alpha1_pb2, on_stream,
-                               node=self.config.node_name), server)
-        server.add_insecure_port(f"unix://{self.paths.dra}")
-        server.start()
-        self._server = server
+        self._server = serve_dra(self.paths.dra, self.preparer, self.broadcaster, self.metrics,
+                                 workers=self.config.grpc_workers, health_stream=self.config.health_stream,
+                                 node=self.config.node_name)
         log.info("dra_socket_serving", socket=self.paths.dra, node=self.config.node_name)
 
 

@@ -24,15 +24,16 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
-
-import grpc
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dra_driver.logs import get_logger
-from kubelet_plugin.kubelet_grpc.registration import RegistrationServer
-from kubelet_plugin.kubelet_grpc.sockets import SocketPaths
-from kubelet_plugin.publisher import SlicePublisher
-from proto import dra_v1_pb2, dra_v1_pb2_grpc
+
+if TYPE_CHECKING:  # grpc is imported at the first probe: the plugin publishes its slices before that
+    import grpc
+
+    from kubelet_plugin.kubelet_grpc.registration import RegistrationServer
+    from kubelet_plugin.kubelet_grpc.sockets import SocketPaths
+    from kubelet_plugin.publisher import SlicePublisher
 
 log = get_logger(__name__)
 
@@ -65,6 +66,10 @@ class DraSocketCheck:
 
     def __call__(self) -> str:
         """"" when the service answered within the timeout, else why not (one line, names the socket)."""
+        import grpc
+
+        from proto import dra_v1_pb2, dra_v1_pb2_grpc
+
         if self._channel is None:
             self._channel = grpc.insecure_channel(f"unix://{self.socket_path}")
         stub = dra_v1_pb2_grpc.DRAPluginStub(self._channel)

@@ -11,9 +11,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import grpc
+if TYPE_CHECKING:  # the broadcaster runs before the gRPC server exists; only the servicer needs grpc
+    import grpc
 
 from dra_driver.logs import get_logger
 from kubelet_plugin.health.kubelet_health import HealthStreamEntry, truncate_message

@@ -24,42 +24,37 @@ then report as things happen: ``set_device_health``, ``record_xid``, ``observe_v
 ``health_stream_clients``.
 """
 
-from prometheus_client import disable_created_metrics
+from importlib import import_module
+from typing import Any
 
-from dra_driver.metrics_server import metrics_url, serve_metrics
-from kubelet_plugin.metrics.gpu_collector import DeviceAllocation, GpuCollector
-from kubelet_plugin.metrics.plugin_metrics import HEALTH_STATES, PluginMetrics
-from kubelet_plugin.metrics.pod_resources_client import (
-    PodResourcesCache,
-    PodResourcesReader,
-    PodResourcesUnavailable,
-    claim_device_containers,
-)
-from kubelet_plugin.metrics.vram_accounting import (
-    ApiClaimsProvider,
-    PreparedClaim,
-    VramAccountant,
-    allocations_from_claims,
-    prepared_claim_from_api,
-)
+from prometheus_client import disable_created_metrics
 
 # The ``*_created`` companion series double the exposition size and no dashboard reads them.
 disable_created_metrics()
 
-__all__ = [
-    "HEALTH_STATES",
-    "ApiClaimsProvider",
-    "DeviceAllocation",
-    "GpuCollector",
-    "PluginMetrics",
-    "PodResourcesCache",
-    "PodResourcesReader",
-    "PodResourcesUnavailable",
-    "PreparedClaim",
-    "VramAccountant",
-    "allocations_from_claims",
-    "claim_device_containers",
-    "metrics_url",
-    "prepared_claim_from_api",
-    "serve_metrics",
-]
+# name -> the module that defines it. Resolved on first use (PEP 562): importing one metrics module
+# must not load the others (the PodResources client pulls in gRPC, which the plugin loads only once
+# its first ResourceSlice is out).
+_EXPORTS = {
+    "metrics_url": "dra_driver.metrics_server", "serve_metrics": "dra_driver.metrics_server",
+    "DeviceAllocation": "kubelet_plugin.metrics.gpu_collector", "GpuCollector": "kubelet_plugin.metrics.gpu_collector",
+    "HEALTH_STATES": "kubelet_plugin.metrics.plugin_metrics", "PluginMetrics": "kubelet_plugin.metrics.plugin_metrics",
+    "PodResourcesCache": "kubelet_plugin.metrics.pod_resources_client",
+    "PodResourcesReader": "kubelet_plugin.metrics.pod_resources_client",
+    "PodResourcesUnavailable": "kubelet_plugin.metrics.pod_resources_client",
+    "claim_device_containers": "kubelet_plugin.metrics.pod_resources_client",
+    "ApiClaimsProvider": "kubelet_plugin.metrics.vram_accounting",
+    "PreparedClaim": "kubelet_plugin.metrics.vram_accounting",
+    "VramAccountant": "kubelet_plugin.metrics.vram_accounting",
+    "allocations_from_claims": "kubelet_plugin.metrics.vram_accounting",
+    "prepared_claim_from_api": "kubelet_plugin.metrics.vram_accounting",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(module), name)

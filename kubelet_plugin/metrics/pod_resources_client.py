@@ -23,11 +23,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
-
-import grpc
+from typing import TYPE_CHECKING, Any
 
 from dra_driver.logs import get_logger
+
+if TYPE_CHECKING:  # the client part imports grpc when it first asks; the mapping helpers need none
+    import grpc
 
 log = get_logger(__name__)
 
@@ -154,6 +155,8 @@ class PodResourcesReader:
 
     def list_pods(self) -> list[PodResources]:
         """Every pod on the node with its containers' DRA devices (``List``)."""
+        import grpc
+
         from proto import podresources_v1_pb2, podresources_v1_pb2_grpc
 
         self._check_socket()

@@ -1,0 +1,47 @@
+"""The DRA socket's gRPC server: the DRA service (v1 and v1beta1) and the health stream (v1 and
+v1alpha1) on one Unix socket, served by a pool of worker threads.
+
+Imported only when the plugin is ready to serve (after its first ResourceSlice is on its way), so
+gRPC's import does not delay the slice.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent import futures
+from typing import Any
+
+import grpc
+
+from kubelet_plugin.kubelet_grpc.dra_service import DraServicer
+from kubelet_plugin.kubelet_grpc.health_stream import HealthBroadcaster, HealthServicer
+from kubelet_plugin.kubelet_grpc.sockets import remove_stale_socket
+from proto import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+    health_v1_pb2,
+    health_v1_pb2_grpc,
+    health_v1alpha1_pb2,
+    health_v1alpha1_pb2_grpc,
+)
+
+
+def serve_dra(socket_path: str, preparer: Any, broadcaster: HealthBroadcaster, metrics: Any, *, workers: int,
+              health_stream: bool, node: str) -> grpc.Server:
+    """Start serving on ``socket_path`` (a stale socket file is replaced); returns the running server."""
+    os.makedirs(os.path.dirname(socket_path), exist_ok=True)
+    remove_stale_socket(socket_path)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"dra-{node}"))
+    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraServicer(preparer, dra_v1_pb2, metrics), server)
+    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DraServicer(preparer, dra_v1beta1_pb2, metrics), server)
+    if health_stream:
+        on_stream = metrics.health_stream_clients
+        health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+            HealthServicer(broadcaster, health_v1_pb2, on_stream, node=node), server)
+        health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+            HealthServicer(broadcaster, health_v1alpha1_pb2, on_stream, node=node), server)
+    server.add_insecure_port(f"unix://{socket_path}")
+    server.start()
+    return server
