@@ -252,6 +252,8 @@ class HealthMonitor(ValidationLoop):
                 for name, new in change():
                     old = self._records[name]
                     self._records[name] = new
+                    if new != old:
+                        self._validate_wake.set()  # a cause cleared or appeared: the loop re-decides
                     t = transition(old, new)
                     if t is not None:
                         transitions.append(t)

@@ -30,7 +30,9 @@ class HealthPolicy:
     backoff_factor: float = 2.0
     flap_window_s: float = 1800.0
     poll_interval_s: float = 10.0  # remapped rows, GPU lost, Unknown Error, recovery action, fabric
-    event_wait_ms: int = 200  # NVML event wait: short, so stop() returns promptly
+    # NVML event wait per call: a second, so an idle node's event thread wakes once a second (not
+    # five times), and stop() still returns within a few.
+    event_wait_ms: int = 1000
     probe_timeout_s: float = 30.0  # a CUDA probe running longer is killed and the GPU fails
     revalidate_interval_s: float = 0.0  # re-probe healthy GPUs this often; 0 = only at start/recovery
 

@@ -27,6 +27,8 @@ from kubelet_plugin.health.validation import DEVICE_NODE_KEY, ValidationConfig, 
 
 log = get_logger(__name__)
 
+IDLE_WAIT_S = 30.0  # an all-healthy node's validation loop wakes at least this often (a safety net)
+
 
 class ValidationLoop:
     """Validation for the health monitor. The attributes and the four methods below are the monitor's."""
@@ -164,8 +166,21 @@ class ValidationLoop:
                     # Only now may wait_validated() return: on_change has seen the validated
                     # snapshot, so a caller that then waits for the slices sees the validated pool.
                     self._validated_delivered.set()
-            self._validate_wake.wait(min(self._policy.recheck_interval_s, 1.0))
+            self._validate_wake.wait(self._idle_wait())
             self._validate_wake.clear()
+
+    def _idle_wait(self) -> float:
+        """How long the loop may sleep: a second while some device is not healthy (hold-downs end,
+        re-probes come due); while all are healthy, until the next re-validation (at most 30 s).
+        Every health change wakes it at once (``_update`` sets ``_validate_wake``), so an idle node
+        does not wake once a second for nothing."""
+        with self._lock:
+            settled = self._node_problem is None and all(
+                r.state is HealthState.HEALTHY and not r.conditions for r in self._records.values())
+        if not settled:
+            return min(self._policy.recheck_interval_s, 1.0)
+        interval = self._policy.revalidate_interval_s
+        return min(interval, IDLE_WAIT_S) if interval else IDLE_WAIT_S
 
     def _notify_validated(self) -> None:
         # The first round may change no state (a node with no GPUs); say it finished anyway.
