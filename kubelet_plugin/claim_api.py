@@ -37,10 +37,25 @@ class KubeClaims:
         self.api = JsonApi(api_client)
         self.driver_name = driver_name
 
-    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The claim as JSON, or None when it does not exist (other API errors raise)."""
+    def get(self, namespace: str, name: str, uid: str = "") -> dict[str, Any] | None:
+        """The claim as JSON, or None when it does not exist (other API errors raise).
+
+        With ``uid`` (a prepare, which needs the claim's allocation): first from the API server's
+        watch cache (``resourceVersion=0``: no etcd round trip, a few milliseconds less per pod
+        start), taken only when it is that claim and allocated; anything else (not there yet, another
+        UID, no allocation yet) is read again the consistent way.
+        """
+        path = CLAIMS.format(ns=namespace, name=name)
+        if uid:
+            cached = self._read(path, [("resourceVersion", "0")])
+            if cached is not None and (cached.get("metadata") or {}).get("uid") == uid \
+                    and (cached.get("status") or {}).get("allocation"):
+                return cached
+        return self._read(path, None)
+
+    def _read(self, path: str, query: list[tuple[str, str]] | None) -> dict[str, Any] | None:
         try:
-            claim: dict[str, Any] = self.api.request("GET", CLAIMS.format(ns=namespace, name=name))
+            claim: dict[str, Any] = self.api.request("GET", path, query)
             return claim
         except ApiStatusError as exc:
             if exc.status == 404:

@@ -14,8 +14,9 @@ from kubelet_plugin.checkpoint.schema import MigRecord, PreparedDeviceRecord
 class ClaimSource(Protocol):
     """Where claims come from (the API server)."""
 
-    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The claim as JSON, or None when it does not exist."""
+    def get(self, namespace: str, name: str, uid: str = "") -> dict[str, Any] | None:
+        """The claim as JSON, or None when it does not exist; ``uid``: the claim a prepare expects
+        (a source may then answer from a cache when the cached claim is that one, allocated)."""
 
     def write_device_status(self, namespace: str, name: str, uid: str, entries: list[dict[str, Any]]) -> None:
         """Set this driver's ``status.devices`` entries of a claim (best effort)."""

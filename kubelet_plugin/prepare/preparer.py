@@ -153,7 +153,7 @@ class Preparer(MigSteps, UnprepareSteps):
     def _plan(self, namespace: str, name: str, uid: str) -> ClaimPlan:
         """Fetch the claim (API failures mapped to their own reasons) and resolve it against this node."""
         try:
-            claim = self.claims.get(namespace, name)
+            claim = self.claims.get(namespace, name, uid)
         except Exception as exc:
             mapped = api_failure(exc, namespace, name)
             if mapped is None:

@@ -30,9 +30,9 @@ class SlowClaims:
     def __init__(self, inner: Any, delay: float) -> None:
         self.inner, self.delay = inner, delay
 
-    def get(self, namespace: str, name: str) -> Any:
+    def get(self, namespace: str, name: str, uid: str = "") -> Any:
         time.sleep(self.delay)
-        return self.inner.get(namespace, name)
+        return self.inner.get(namespace, name, uid)
 
     def write_device_status(self, *args: Any) -> None:
         self.inner.write_device_status(*args)

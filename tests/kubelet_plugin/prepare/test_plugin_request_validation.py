@@ -28,9 +28,9 @@ class CountingClaims:
         self.inner = inner
         self.gets: list[tuple[str, str]] = []
 
-    def get(self, namespace: str, name: str) -> Any:
+    def get(self, namespace: str, name: str, uid: str = "") -> Any:
         self.gets.append((namespace, name))
-        return self.inner.get(namespace, name)
+        return self.inner.get(namespace, name, uid)
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self.inner, attr)
