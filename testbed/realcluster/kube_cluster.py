@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -41,6 +42,8 @@ from testbed.realcluster.procs import Component, ComponentError, free_port, run,
 
 _SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 _NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+# One cluster per machine: the bridges, the node IP and /dev nodes are host-wide. A second run waits.
+MACHINE_LOCK = "/run/lock/gpuready-realcluster.lock"
 _CORE = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "containerd", "kubelet")
 
 
@@ -93,6 +96,7 @@ class Cluster:
         self._lock = threading.Lock()
         # Host device nodes a test made for simulated GPUs (see cleanup.DeviceNodes); removed at stop.
         self.device_nodes = cleanup.DeviceNodes()
+        self._machine_lock: int | None = None
 
     # --- public -----------------------------------------------------------------------------------
     @property
@@ -132,7 +136,8 @@ class Cluster:
 
     def start(self) -> None:
         """Bring the whole cluster up, or raise :class:`ComponentError` after tearing down (the
-        directory with the logs is kept then)."""
+        directory with the logs is kept then). Waits while another cluster runs on this machine."""
+        self._take_machine_lock()
         try:
             self._start()
         except BaseException:
@@ -167,10 +172,26 @@ class Cluster:
         self.device_nodes.remove()
         hostnet.teardown(self.bins.ip, [self.config.node_bridge, self.config.pod_bridge])
         self.timings["stop"] = time.monotonic() - t0
+        self._release_machine_lock()  # the host-wide parts are gone; the directory is ours alone
         if stuck:
             raise ComponentError("teardown", "mounts left under " + self.dir + ": " + "; ".join(stuck))
         if not self.config.keep_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _take_machine_lock(self) -> None:
+        os.makedirs(os.path.dirname(MACHINE_LOCK), exist_ok=True)
+        fd = os.open(MACHINE_LOCK, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"realcluster: another cluster holds {MACHINE_LOCK}; waiting", flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        self._machine_lock = fd
+
+    def _release_machine_lock(self) -> None:
+        if self._machine_lock is not None:
+            os.close(self._machine_lock)  # closing drops the flock
+            self._machine_lock = None
 
     def failure_report(self, lines: int = 25) -> str:
         """The tail of every component's log: what to print when a test fails."""
