@@ -13,6 +13,7 @@ KUBE_VERSION=${1:-${KUBE_VERSION:-v1.37.2}}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
 CONTAINERD_VERSION=${CONTAINERD_VERSION:-v2.3.7}
 CACHE=${GPUREADY_K8S_CACHE:-$HOME/.cache/gpuready/k8s}
+command -v go >/dev/null || export PATH="$PATH:/usr/local/go/bin"
 export GOFLAGS="${GOFLAGS:-} -trimpath"
 export CGO_ENABLED=${CGO_ENABLED:-0}
 
