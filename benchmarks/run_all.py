@@ -22,6 +22,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 REPORT = ROOT / "docs" / "benchmarks.md"
 GPU_FIGURES = ROOT / "docs" / "benchmarks-gpu.jsonl"
+# One run of ``bench_kubelet`` with several ``--variant``s (each change's tree): what each change bought.
+VARIANT_FIGURES = ROOT / "docs" / "benchmarks-kubelet-variants.jsonl"
+# Areas measured on real Kubernetes components (testbed/realcluster); every other area runs against
+# the stand-ins (local API server, simulated NVML, in-process gRPC client): micro-benchmarks.
+REAL_KUBELET_AREAS = ("kubelet",)
 
 
 def discover() -> list[str]:
@@ -59,10 +64,44 @@ def _fmt(value: object) -> str:
     return "" if value is None else str(value)
 
 
+def _table(results: dict[str, list[dict[str, object]]]) -> list[str]:
+    out = ["| area | what was measured | n | median | p95 | p99 | unit | target | met | peers |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for area, rows in results.items():
+        for r in rows:
+            met = {True: "yes", False: "**no**", None: ""}[r.get("met")]  # type: ignore[index]
+            out.append(
+                f"| {area} | {r['name']} | {r['n']} | {_fmt(r['median'])} | {_fmt(r.get('p95'))} | "
+                f"{_fmt(r['p99'])} | "
+                f"{r['unit']} | {r.get('target', '')} | {met} | {r.get('peers', '')} |"
+            )
+    return out
+
+
+def _variant_table(rows: list[dict[str, object]]) -> list[str]:
+    """Figures of one side-by-side run: one row per figure, one column per variant (median)."""
+    variants: list[str] = []
+    figures: dict[str, dict[str, str]] = {}
+    for r in rows:
+        name = str(r["name"])
+        variant, _, figure = name.partition("] ")
+        variant = variant.lstrip("[")
+        if variant not in variants:
+            variants.append(variant)
+        cell = _fmt(r["median"]) + (f" / {_fmt(r.get('p95'))}" if r.get("n", 1) != 1 and r.get("p95") else "")
+        figures.setdefault(f"{figure} ({r['unit']})", {})[variant] = cell
+    out = ["| figure (median / p95) | " + " | ".join(variants) + " |", "|---" * (len(variants) + 1) + "|"]
+    for figure, cells in figures.items():
+        out.append(f"| {figure} | " + " | ".join(cells.get(v, "") for v in variants) + " |")
+    return out
+
+
 def render(results: dict[str, list[dict[str, object]]], errors: dict[str, str],
-           gpu_rows: list[dict[str, object]]) -> str:
-    """The markdown report."""
+           gpu_rows: list[dict[str, object]], variant_rows: list[dict[str, object]] | None = None) -> str:
+    """The markdown report: real-kubelet figures first, then the micro-benchmarks, each labelled."""
     machines = sorted({str(r.get("machine", "")) for rows in results.values() for r in rows} - {""})
+    real = {a: rows for a, rows in results.items() if a in REAL_KUBELET_AREAS}
+    micro = {a: rows for a, rows in results.items() if a not in REAL_KUBELET_AREAS}
     out = [
         "# Benchmarks",
         "",
@@ -72,17 +111,31 @@ def render(results: dict[str, list[dict[str, object]]], errors: dict[str, str],
         "",
         f"Machine: {'; '.join(machines) or 'unknown'}. Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
         "",
-        "| area | what was measured | n | median | p95 | p99 | unit | target | met | peers |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "## Under a real kubelet (what users see)",
+        "",
+        "Real kube-apiserver, scheduler, controller-manager, containerd and kubelet v1.37.2 built from",
+        "Kubernetes' own Go modules (`testbed/realcluster`), the plugin as its own process on a simulated",
+        "8 x H100 node with health monitoring on. Prepare and unprepare are the kubelet's own",
+        "`dra_grpc_operations_duration_seconds`, one call per pod. The peers' figures were measured the",
+        "same way on the same kind of 2-core machine (kubelet 1.36.2, containerd 2.3.4).",
+        "",
+        *_table(real),
     ]
-    for area, rows in results.items():
-        for r in rows:
-            met = {True: "yes", False: "**no**", None: ""}[r.get("met")]  # type: ignore[index]
-            out.append(
-                f"| {area} | {r['name']} | {r['n']} | {_fmt(r['median'])} | {_fmt(r.get('p95'))} | "
-                f"{_fmt(r['p99'])} | "
-                f"{r['unit']} | {r.get('target', '')} | {met} | {r.get('peers', '')} |"
-            )
+    if variant_rows:
+        out += ["", "### What each change bought (one cluster, the variants run one after another)", "",
+                "`python -m benchmarks.bench_kubelet --variant NAME=TREE ...`: each column is the plugin from",
+                "one checkout, in the order the changes landed; recorded in `docs/benchmarks-kubelet-variants.jsonl`.",
+                "", *_variant_table(variant_rows)]
+    out += [
+        "",
+        "## Micro-benchmarks (against the stand-ins)",
+        "",
+        "These run against the project's local API server, simulated NVML and an in-process gRPC client:",
+        "they track the code's own cost from change to change, not what a user sees under a real kubelet",
+        "(compare prepare here with the kubelet's figure above).",
+        "",
+        *_table(micro),
+    ]
     if gpu_rows:
         out += ["", "## On a real NVIDIA H200 (recorded on the GPU machine)", "",
                 "| what was measured | n | median | p95 | p99 | unit | target | met | machine |",
@@ -117,7 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     gpu_rows = []
     if GPU_FIGURES.exists():
         gpu_rows = [json.loads(x) for x in GPU_FIGURES.read_text().splitlines() if x.strip()]
-    text = render(results, errors, gpu_rows)
+    variant_rows = []
+    if VARIANT_FIGURES.exists():
+        variant_rows = [json.loads(x) for x in VARIANT_FIGURES.read_text().splitlines() if x.strip()]
+    text = render(results, errors, gpu_rows, variant_rows)
     if args.stdout:
         print(text)
     else:

@@ -41,3 +41,23 @@ def test_committed_report_covers_every_benchmark_area() -> None:
     areas_in_table = set(re.findall(r"^\| (\w+) \|", report, flags=re.M)) - {"area"}
     assert set(run_all.discover()) <= areas_in_table
     assert re.search(r"Machine: \d+ cores", report)
+
+
+def test_stand_in_figures_are_labelled_micro_benchmarks() -> None:
+    real = vars(summarize("NodePrepareResources at the kubelet", [7.0, 8.0], target="median < 5 ms", median_max=5.0))
+    micro = vars(summarize("NodePrepareResources at the gRPC client", [2.0, 3.0]))
+    text = run_all.render({"kubelet": [real], "prepare": [micro]}, {}, [])
+    heading = text.index("## Micro-benchmarks")
+    assert text.index("at the kubelet") < heading < text.index("at the gRPC client")
+    assert "**no**" in text.splitlines()[next(i for i, x in enumerate(text.splitlines()) if "at the kubelet" in x)]
+
+
+def test_side_by_side_variants_get_one_column_each() -> None:
+    rows = [vars(summarize(f"[{v}] prepare at the kubelet", values))
+            for v, values in (("before", [15.0, 17.0, 19.0]), ("now", [4.0, 5.0, 6.0]))]
+    text = run_all.render({}, {}, [], rows)
+    header = next(x for x in text.splitlines() if x.startswith("| figure"))
+    assert [c.strip() for c in header.strip("|").split("|")][1:] == ["before", "now"]
+    line = next(x for x in text.splitlines() if x.startswith("| prepare at the kubelet"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[1].startswith("17") and cells[2].startswith("5")
