@@ -25,6 +25,7 @@ import json
 import os
 import shutil
 import ssl
+import sys
 import tempfile
 import threading
 import time
@@ -184,7 +185,7 @@ class Cluster:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"realcluster: another cluster holds {MACHINE_LOCK}; waiting", flush=True)
+            print(f"realcluster: another cluster holds {MACHINE_LOCK}; waiting", file=sys.stderr, flush=True)
             fcntl.flock(fd, fcntl.LOCK_EX)
         self._machine_lock = fd
 
