@@ -18,7 +18,9 @@ GPUReady) until it returns or the plugin restarts; a GPU that appears (back from
 at start) is validated by the health monitor and published once it passes, without a restart.
 
 Start order (:meth:`KubeletPlugin.start`): check the node's directories -> discover devices ->
-start publishing slices and the health monitor (validation probes run from here on) -> open the
+start publishing slices and the health monitor (validation probes run from here on) -> wait, at
+most a second, for the first ResourceSlice with devices (the scheduler needs it before any prepare
+can come, so it gets the CPU; the modules below are imported only after it) -> open the
 checkpoint (quarantine a corrupt one, with an Event) and recover it -> serve the DRA socket (DRA v1
 + v1beta1, health v1 + v1alpha1) -> only then create the registration socket, so the kubelet never
 finds a plugin that cannot answer. gRPC and the kubelet-facing modules are imported only at the
@@ -39,9 +41,6 @@ from typing import TYPE_CHECKING, Any
 from dra_driver.devices import NodeDevices
 from dra_driver.logs import get_logger
 from dra_driver.slices import SliceOptions, build_pool, listed_device_names
-from kubelet_plugin.cdi.cdi_spec import driver_mounts
-from kubelet_plugin.cdi.driver_files import find_driver_files
-from kubelet_plugin.checkpoint.recovery import RecoveryReport, recover
 from kubelet_plugin.checkpoint.store import CheckpointStore, read_boot_id
 from kubelet_plugin.claim_api import KubeClaims, NodeStatusApi, PodEventsApi, PreparedClaims, emit_node_event
 from kubelet_plugin.config import PluginConfig
@@ -53,9 +52,7 @@ from kubelet_plugin.health.topology import gpu_topology
 from kubelet_plugin.kubelet_grpc.health_stream import HealthBroadcaster, entries_from_map
 from kubelet_plugin.kubelet_grpc.sockets import SocketPaths, remove_stale_socket
 from kubelet_plugin.liveness import PluginProbes
-from kubelet_plugin.metrics.gpu_collector import DeviceAllocation, GpuCollector
 from kubelet_plugin.metrics.plugin_metrics import PluginMetrics
-from kubelet_plugin.metrics.vram_accounting import VramAccountant, allocations_from_claims
 from kubelet_plugin.node_prerequisites import (
     NodePrerequisiteError,
     ensure_directories,
@@ -63,15 +60,17 @@ from kubelet_plugin.node_prerequisites import (
     node_directories,
 )
 from kubelet_plugin.prepare.claim_plan import NodeDevice, index_devices
-from kubelet_plugin.prepare.mig_ops import NvmlMigOps
-from kubelet_plugin.prepare.preparer import Preparer, PrepareSettings
 from kubelet_plugin.publisher import SlicePublisher
 
 if TYPE_CHECKING:
     import grpc
 
+    from kubelet_plugin.checkpoint.recovery import RecoveryReport
     from kubelet_plugin.kubelet_grpc.registration import RegistrationServer
+    from kubelet_plugin.metrics.gpu_collector import DeviceAllocation
     from kubelet_plugin.metrics.pod_resources_client import PodResourcesCache
+    from kubelet_plugin.metrics.vram_accounting import VramAccountant
+    from kubelet_plugin.prepare.preparer import Preparer
 
 log = get_logger(__name__)
 
@@ -159,6 +158,18 @@ class KubeletPlugin:
                                         on_fields_dropped=self._on_gates_off)
         self.publisher.start()
         self._start_health()
+        # The scheduler needs the slice before anything below matters (no prepare can come for a
+        # device it has not seen), so the first publish gets the CPU: the rest of start-up, and its
+        # imports (checkpoint, CDI, gRPC, metrics collectors), waits for it, at most a second.
+        self.publisher.wait_first_pass(self.first_slice_wait_s)
+        from kubelet_plugin.cdi.cdi_spec import driver_mounts
+        from kubelet_plugin.cdi.driver_files import find_driver_files
+        from kubelet_plugin.checkpoint.recovery import recover
+        from kubelet_plugin.metrics.gpu_collector import GpuCollector
+        from kubelet_plugin.metrics.vram_accounting import VramAccountant
+        from kubelet_plugin.prepare.mig_ops import NvmlMigOps
+        from kubelet_plugin.prepare.preparer import Preparer, PrepareSettings
+
         self._open_checkpoint()
         mounts = driver_mounts(cfg.cdi_driver_root, find_driver_files(cfg.driver_root))
         self.preparer = Preparer(
@@ -208,6 +219,7 @@ class KubeletPlugin:
         log.info("plugin_started", node=cfg.node_name, driver=cfg.driver_name, dra_socket=self.paths.dra,
                  registration_socket=self.paths.registration)
 
+    first_slice_wait_s = 1.0  # how long start-up defers its slow half to the first ResourceSlice
     mps_watch_interval_s = 30.0  # how often dead MPS daemons of prepared claims are looked for
     prerequisite_interval_s = 10.0  # how often the node's directories are checked again
 
@@ -386,6 +398,9 @@ class KubeletPlugin:
         return [(r.namespace, r.name, r.uid) for r in self.checkpoint.records().values() if r.name]
 
     def _allocations(self) -> dict[str, list[DeviceAllocation]]:
+        from kubelet_plugin.metrics.gpu_collector import DeviceAllocation
+        from kubelet_plugin.metrics.vram_accounting import allocations_from_claims
+
         """Prepared devices with their claim, pod (API, else PodResources) and containers (PodResources);
         claim only when neither answers (checkpoint, API down)."""
         from kubelet_plugin.metrics.pod_resources_client import single_pod_users

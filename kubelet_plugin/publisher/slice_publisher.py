@@ -67,6 +67,7 @@ class SlicePublisher:
         self._selector = selector
         self._lock = threading.Condition()
         self._wake = threading.Event()
+        self._first_pass = threading.Event()  # set after the first pass that wrote a non-empty pool
         self._stop = threading.Event()
         self._desired: list[SliceSpec] | None = None  # None: nothing asked yet, touch nothing
         self._desired_version = 0
@@ -132,6 +133,13 @@ class SlicePublisher:
                 self._lock.wait(left)
             return True
 
+    def wait_first_pass(self, timeout: float) -> bool:
+        """Block until a pass has put a pool with devices on the server (True), or ``timeout`` (False).
+
+        Start-up uses it to give the first ResourceSlice the CPU before its slower work.
+        """
+        return self._first_pass.wait(timeout)
+
     def stats(self) -> PublisherStats:
         """A snapshot of the publisher's counters."""
         with self._lock:
@@ -192,6 +200,8 @@ class SlicePublisher:
                 self._stop.wait(wait)  # back off even if woken: a failing server needs air
                 continue
             self._release_events()
+            if any(d.devices for d in desired):
+                self._first_pass.set()
             self._report_pass(started, True)
             self._report_gates_off()
             failures = 0

@@ -338,3 +338,16 @@ def test_forbidden_node_lookup_does_not_stop_publishing(
     publish(pub, build_pool(eight_h200(), NODE, DRIVER))
     (obj,) = server_slices(srv)
     assert len(obj["spec"]["devices"]) == 8
+
+
+def test_first_pass_is_signalled_only_once_a_pool_with_devices_is_on_the_server(
+        srv: LocalApiServer, started: Callable[..., SlicePublisher]) -> None:
+    # Start-up defers its slow half until this returns: an empty pool must not count as "published".
+    make_node(srv)
+    pub = started()
+    assert not pub.wait_first_pass(0.05)
+    publish(pub, [])  # a pool with nothing healthy in it yet
+    assert not pub.wait_first_pass(0.2)
+    pub.set_desired(build_pool(eight_h200(), NODE, DRIVER))
+    assert pub.wait_first_pass(20)
+    assert [d["name"] for d in server_slices(srv)[0]["spec"]["devices"]][:1] == ["gpu-0"]
