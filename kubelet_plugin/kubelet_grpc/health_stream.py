@@ -60,15 +60,25 @@ class HealthBroadcaster:
             self._stopped = True
             self._cond.notify_all()
 
-    def watch(self, is_active: Callable[[], bool]) -> Iterator[tuple[HealthStreamEntry, ...]]:
-        """Yield the snapshot at once, on every change and every ``interval`` seconds."""
+    def wake(self) -> None:
+        """Wake every waiting stream so it looks again (a stream ended: its thread must go)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def watch(self, is_active: Callable[[], bool],
+              poll_s: float = 1.0) -> Iterator[tuple[HealthStreamEntry, ...]]:
+        """Yield the snapshot at once, on every change and every ``interval`` seconds.
+
+        Between sends it sleeps at most ``poll_s`` before asking ``is_active`` again. A caller that
+        calls :meth:`wake` when its stream ends (the gRPC termination callback does) passes
+        ``poll_s=interval``: an idle node then wakes once per resend, not every second.
+        """
         seen = -1
         next_send = 0.0
         while True:
             with self._cond:
                 while not self._stopped and self._version == seen and time.monotonic() < next_send:
-                    # Short waits so a closed stream (kubelet gone) releases its thread promptly.
-                    self._cond.wait(min(1.0, max(0.0, next_send - time.monotonic())))
+                    self._cond.wait(min(poll_s, max(0.0, next_send - time.monotonic())))
                     if not is_active():
                         return
                 if self._stopped:
@@ -108,8 +118,12 @@ class HealthServicer:
         """Stream full snapshots until the kubelet goes away or the plugin stops."""
         self.on_stream(1)
         log.info("health_stream_opened", api=self.api, node=self.node)
+        # The termination callback wakes the stream's thread at once when the kubelet goes away, so
+        # the stream may sleep until its next resend instead of polling is_active() every second.
+        woken = context.add_callback(self.broadcaster.wake)
         try:
-            for entries in self.broadcaster.watch(context.is_active):
+            poll = self.broadcaster.interval if woken else 1.0
+            for entries in self.broadcaster.watch(context.is_active, poll_s=poll):
                 yield self.message(entries)
         finally:
             self.on_stream(-1)

@@ -76,3 +76,19 @@ def test_health_monitor_withdraws_device_and_stream_reports_it() -> None:
         node = kubernetes.client.CoreV1Api(h.api_client).read_node(NODE)
         ready = next(c for c in node.status.conditions if c.type == "GPUReady")
         assert ready.status == "False" and "79" in ready.message
+
+
+def test_a_stream_the_kubelet_closes_ends_at_once_though_it_sleeps_until_the_next_resend() -> None:
+    # Idle streams sleep until their next resend (20 s here) instead of waking every second; the
+    # gRPC termination callback must still end a closed stream's server side at once.
+    with PluginHarness() as h:
+        plugin = h.start_plugin(NODE, "sim:8xh100", health_interval=20.0)
+        gauge = plugin.metrics.health_stream_clients_gauge.labels(NODE)
+        stream = h.kubelet(NODE).watch_health(timeout=30)
+        next(stream)
+        assert gauge._value.get() == 1
+        stream.close()
+        deadline = time.monotonic() + 3
+        while gauge._value.get() != 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert gauge._value.get() == 0, "the closed stream still holds a server thread"
