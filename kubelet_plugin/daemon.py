@@ -127,6 +127,7 @@ class KubeletPlugin:
         self._apply_lock = threading.Lock()  # health snapshots applied one at a time, newest last
         self._listed_cache: tuple[NodeDevices, SliceOptions, frozenset[str]] | None = None  # under _apply_lock
         self._last_snapshot: Any = None
+        self._hold_until_validated = False  # set in start(): a restart keeps the pool until validated
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -151,6 +152,12 @@ class KubeletPlugin:
             mig_gate(self.nvml).journal_dir = journal
             if destroy_leftover_probe_instances(self.nvml, journal, cfg.node_name):
                 self.refresh_devices()
+        # A restart or a rolling update: the cluster already sees this node's devices (the old
+        # instance's pool). Publishing before validation finishes would withdraw every device still
+        # Validating from running pods' view and fight the old instance's writes, so the pool keeps
+        # what it lists until the first validation round has a verdict for every device. A fresh
+        # node publishes each device as soon as it passes (first slice sooner).
+        self._hold_until_validated = self._pool_already_published()
         # Publishing and validation first: they need nothing below, and the validation probes run
         # while the checkpoint is recovered and the gRPC servers come up (first slice sooner).
         self.publisher = SlicePublisher(self.api_client, cfg.node_name, cfg.driver_name,
@@ -349,6 +356,20 @@ class KubeletPlugin:
         assert devices is not None
         # What GPUReady and the Node's Events call published must be what the pool lists.
         snapshot = replace(snapshot, unlisted=frozenset(snapshot.devices) - self._listed_names(devices))
+        if self._hold_until_validated and not snapshot.validated and snapshot.prerequisite is None:
+            log.debug("publish_held", node=self.config.node_name, reason="first validation round running; "
+                      "the pool already on the server stays as it is")
+        else:
+            self._hold_until_validated = False
+            self._publish_snapshot(snapshot, devices)
+        self.broadcaster.publish(health_stream_entries(snapshot, self.config.node_name))
+        if self.node_status is not None:
+            self.node_status.update(snapshot)  # GPUReady condition + Events, written by its own thread
+        for name, dev in snapshot.devices.items():
+            state = _METRIC_STATE.get(dev.state.name, "Unhealthy")
+            self.metrics.set_device_health(name, state, dev.reason)
+
+    def _publish_snapshot(self, snapshot: Any, devices: NodeDevices) -> None:
         unhealthy = snapshot.unhealthy()
         tracked = {d.gpu_uuid for d in snapshot.devices.values()}
         for gpu in devices.gpus:
@@ -358,12 +379,23 @@ class KubeletPlugin:
                 for name in gpu_topology(gpu, self.config.dynamic_mig).device_names:
                     unhealthy.setdefault(name, "awaiting validation")
         self._publish(unhealthy, devices)
-        self.broadcaster.publish(health_stream_entries(snapshot, self.config.node_name))
-        if self.node_status is not None:
-            self.node_status.update(snapshot)  # GPUReady condition + Events, written by its own thread
-        for name, dev in snapshot.devices.items():
-            state = _METRIC_STATE.get(dev.state.name, "Unhealthy")
-            self.metrics.set_device_health(name, state, dev.reason)
+
+    def _pool_already_published(self) -> bool:
+        """Whether the API server holds a slice of this node's pool with devices (one cached read;
+        False when it cannot be asked: then the node is treated as fresh)."""
+        from dra_driver.kube_api import JsonApi, describe_error
+
+        cfg = self.config
+        try:
+            answer = JsonApi(self.api_client).request(
+                "GET", "/apis/resource.k8s.io/v1/resourceslices",
+                [("fieldSelector", f"spec.nodeName={cfg.node_name},spec.driver={cfg.driver_name}"),
+                 ("resourceVersion", "0")])
+        except Exception as exc:
+            log.info("pool_lookup_failed", node=cfg.node_name, error=describe_error(exc),
+                     detail="treated as a fresh node: devices are published as they pass validation")
+            return False
+        return any((item.get("spec") or {}).get("devices") for item in (answer or {}).get("items") or [])
 
     def refresh_devices(self) -> None:
         """Re-read the node: after a dynamic MIG change, or when NVML lists other GPUs than before.
