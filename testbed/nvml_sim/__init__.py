@@ -34,6 +34,7 @@ from testbed.nvml_sim.node_profiles import (
     parse_profile,
     profile_names,
 )
+from testbed.nvml_sim.sim_control import ControlChannel, start_from_env
 from testbed.nvml_sim.sim_faults import PROBE_BEHAVIOURS, SimFaults
 from testbed.nvml_sim.sim_state import SimProcess
 
@@ -79,6 +80,7 @@ class SimulatedNvml(DeviceApi, MigApi, EventApi):
         node_profile = load_profile(profile) if isinstance(profile, str) else profile
         super().__init__(node_profile, seed)
         self.faults = SimFaults(self)
+        self.control: ControlChannel | None = None  # the file fault channel, when open_simulated started one
 
     def __repr__(self) -> str:
         return f"SimulatedNvml({self.profile.name!r}, seed={self.seed!r})"
@@ -170,5 +172,8 @@ def backend() -> NvmlBackend:
 def open_simulated(spec: str) -> SimulatedNvml:
     """``"h200-141gb"`` or ``"4xh200@node-a"`` (profile, optional seed for unique UUIDs)."""
     name, _, seed = spec.partition("@")
-    return SimulatedNvml(name, seed=seed or None)
+    sim = SimulatedNvml(name, seed=seed or None)
+    # A plugin process started with $GPUREADY_SIM_CONTROL_DIR takes faults from files there (e2e tests).
+    sim.control = start_from_env(sim)
+    return sim
 
