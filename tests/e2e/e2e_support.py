@@ -179,7 +179,7 @@ def sim_device_nodes(profile: str) -> list[tuple[str, int, int]]:
     """The host device nodes the simulated node's CDI specs name: (path, major, minor).
 
     Read from the driver's own discovery, so the list follows the profile. The majors of the
-    dynamic nodes (nvidia-uvm...) are made up: nothing opens them, containerd only stats them.
+    dynamic nodes (nvidia-uvm..., nvidia-caps) are made up: nothing opens them, containerd only stats them.
     """
     out = subprocess.run([sys.executable, "-m", "dra_driver", "devices", "--nvml", f"sim:{profile}@{NODE}",
                           "-o", "json"], capture_output=True, check=True, cwd=REPO)
