@@ -106,13 +106,13 @@ class SimulatedNvml(DeviceApi, MigApi, EventApi):
     def probe_behaviour(self, uuid: str) -> str:
         """How the compute probe behaves on the GPU or MIG device with ``uuid``.
 
-        A GPU off the bus fails the probe (``wrong``): CUDA cannot run on a GPU the driver lost. A
+        A GPU off the bus or lost fails the probe (``wrong``): CUDA cannot run on a GPU the driver lost. A
         GPU-wide fault applies to its MIG devices; otherwise a MIG device behaves as its GPU
         instance's fault says (``faults.probe(i, b, gpu_instance_id=...)``).
         """
         with self._lock:
             for gpu in self.gpus:
-                if gpu.off_bus and (gpu.uuid == uuid or any(ci.uuid == uuid for _, ci in gpu.mig_devices())):
+                if (gpu.off_bus or gpu.lost) and (gpu.uuid == uuid or any(ci.uuid == uuid for _, ci in gpu.mig_devices())):
                     return "wrong"
                 if gpu.uuid == uuid:
                     return gpu.probe

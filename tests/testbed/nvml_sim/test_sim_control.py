@@ -87,3 +87,14 @@ def test_files_are_applied_in_the_order_sent(tmp_path: Path) -> None:
     assert sim.faults.off_bus == ()  # the return came after the fall
     assert sorted(p.name.split("-", 2)[2] for p in tmp_path.iterdir()) == [
         "fall_off_bus.json.done", "return_to_bus.json.done"]
+
+
+def test_a_lost_gpu_fails_the_compute_probe_until_cleared() -> None:
+    # CUDA cannot run on a GPU the driver lost: without this a lost GPU passed validation and came
+    # back after its hold-down while every NVML call on it still failed.
+    sim = SimulatedNvml("8xh100")
+    uuid = sim.gpus[2].uuid
+    sim.faults.gpu_lost(2)
+    assert sim.probe_behaviour(uuid) == "wrong"
+    sim.faults.clear(2)
+    assert sim.probe_behaviour(uuid) == "ok"
