@@ -8,7 +8,8 @@ same :class:`~testbed.nvml_sim.sim_faults.SimFaults` methods the in-process test
 looks to the plugin exactly as it does there (an XID event, ``GpuIsLost`` from calls, ...).
 
 A fault file is ``<anything>.json`` holding ``{"fault": "<SimFaults method>", "args": {...}}``,
-e.g. ``{"fault": "inject_xid", "args": {"gpu_index": 0, "xid": 79}}``. Files are applied in name
+e.g. ``{"fault": "inject_xid", "args": {"gpu_index": 0, "xid": 79}}``, or ``{"faults": [...]}`` of
+several such, applied together under the simulator's lock (:func:`send_faults`). Files are applied in name
 order (:func:`send_fault` names them by a counter and time, so in the order sent), each exactly once:
 the channel renames it to ``<name>.done``, or writes the error to ``<name>.error`` and removes it.
 :func:`send_fault` writes a file atomically and, by default, waits for that answer.
@@ -46,27 +47,44 @@ class FaultFileError(ValueError):
     """A fault file the channel cannot apply (bad JSON, unknown fault, bad arguments)."""
 
 
-def apply_fault_file(sim: SimulatedNvml, path: str) -> str:
-    """Apply one fault file to ``sim``; return a one-line description (raise FaultFileError if bad)."""
-    try:
-        with open(path) as f:
-            body = json.load(f)
-    except (OSError, ValueError) as e:
-        raise FaultFileError(f"{path}: not a JSON fault file: {e}") from e
-    if not isinstance(body, dict) or not isinstance(body.get("fault"), str):
-        raise FaultFileError(f"{path}: want {{\"fault\": <name>, \"args\": {{...}}}}, got {body!r}")
-    fault, args = body["fault"], body.get("args") or {}
-    if fault not in FAULTS:
+def _check(fault: Any, args: Any, path: str) -> dict[str, Any]:
+    if not isinstance(fault, str) or fault not in FAULTS:
         raise FaultFileError(f"{path}: unknown fault {fault!r}; one of {', '.join(sorted(FAULTS))}")
     if not isinstance(args, dict):
         raise FaultFileError(f"{path}: args must be an object, got {args!r}")
     if fault == "unknown_error" and args.get("functions") is not None:
         args = {**args, "functions": set(args["functions"])}
+    return args
+
+
+def apply_fault_file(sim: SimulatedNvml, path: str) -> str:
+    """Apply one fault file to ``sim``; return a one-line description (raise FaultFileError if bad).
+
+    ``{"faults": [{"fault": ..., "args": ...}, ...]}`` applies several at once, under the simulator's
+    lock: nothing in the plugin sees the GPU between them (XID 79 and the GPU lost are one event).
+    """
     try:
-        getattr(sim.faults, fault)(**args)
-    except (TypeError, ValueError, IndexError) as e:
-        raise FaultFileError(f"{path}: {fault}({args}) failed: {e}") from e
-    return f"{fault}({', '.join(f'{k}={v}' for k, v in sorted(args.items()))})"
+        with open(path) as f:
+            body = json.load(f)
+    except (OSError, ValueError) as e:
+        raise FaultFileError(f"{path}: not a JSON fault file: {e}") from e
+    if not isinstance(body, dict):
+        raise FaultFileError(f"{path}: want {{\"fault\": <name>, \"args\": {{...}}}}, got {body!r}")
+    steps = body["faults"] if isinstance(body.get("faults"), list) else [body]
+    checked: list[tuple[str, dict[str, Any]]] = []
+    for step in steps:
+        if not isinstance(step, dict):
+            raise FaultFileError(f"{path}: each fault must be an object, got {step!r}")
+        checked.append((str(step.get("fault")), _check(step.get("fault"), step.get("args") or {}, path)))
+    done = []
+    with sim._lock:
+        for fault, args in checked:
+            try:
+                getattr(sim.faults, fault)(**args)
+            except (TypeError, ValueError, IndexError) as e:
+                raise FaultFileError(f"{path}: {fault}({args}) failed: {e}") from e
+            done.append(f"{fault}({', '.join(f'{k}={v}' for k, v in sorted(args.items()))})")
+    return "; ".join(done)
 
 
 class ControlChannel:
@@ -131,18 +149,26 @@ def start_from_env(sim: SimulatedNvml) -> ControlChannel | None:
 
 
 def send_fault(directory: str, fault: str, wait_s: float | None = 10.0, **args: Any) -> str:
-    """Ask the simulated NVML polling ``directory`` to apply ``fault(**args)``; return the file's path.
+    """Ask the simulated NVML polling ``directory`` to apply ``fault(**args)``; return the file's path
+    (see :func:`send_faults`)."""
+    return send_faults(directory, [(fault, args)], wait_s)
+
+
+def send_faults(directory: str, faults: list[tuple[str, dict[str, Any]]], wait_s: float | None = 10.0) -> str:
+    """Ask the simulated NVML polling ``directory`` to apply ``faults`` (name, args) together, in
+    order, with nothing seeing the GPU in between; return the file's path.
 
     The file is written under a temporary name and renamed into place, so the channel never reads
     half of it. With ``wait_s`` (the default), wait until the channel answered: return on ``.done``,
     raise FaultFileError with its message on ``.error`` and TimeoutError when nothing answers.
     """
     os.makedirs(directory, exist_ok=True)
-    name = f"{time.time_ns():020d}-{next(_sent):04d}-{fault}.json"
+    label = "+".join(f for f, _ in faults)
+    name = f"{time.time_ns():020d}-{next(_sent):04d}-{label}.json"
     path = os.path.join(directory, name)
     tmp = os.path.join(directory, "." + name + ".tmp")
     with open(tmp, "w") as f:
-        json.dump({"fault": fault, "args": args}, f)
+        json.dump({"faults": [{"fault": f, "args": a} for f, a in faults]}, f)
     os.replace(tmp, path)
     if wait_s is None:
         return path

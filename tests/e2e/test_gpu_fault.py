@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from e2e_support import DRIVER, E2E, start_plugin, wait_for
 
-from testbed.nvml_sim.sim_control import send_fault
+from testbed.nvml_sim.sim_control import send_fault, send_faults
 
 pytestmark = pytest.mark.e2e
 
@@ -91,9 +91,9 @@ def gpu_ready(e2e: E2E, node: str) -> Any:
 
 
 def fault_off_the_bus(control_dir: str, gpu: int) -> None:
-    """XID 79 (an event the plugin gets at once), and every NVML call on the GPU fails until cleared."""
-    send_fault(control_dir, "inject_xid", gpu_index=gpu, xid=79)
-    send_fault(control_dir, "gpu_lost", gpu_index=gpu)
+    """XID 79 (an event the plugin gets at once), and every NVML call on the GPU (and the CUDA probe)
+    fails until cleared: both at once, so the plugin never probes the GPU between them."""
+    send_faults(control_dir, [("gpu_lost", {"gpu_index": gpu}), ("inject_xid", {"gpu_index": gpu, "xid": 79})])
 
 
 def test_faulted_gpu_is_withdrawn_new_pods_avoid_it_and_recovery_brings_it_back(e2e: E2E, namespace: str) -> None:

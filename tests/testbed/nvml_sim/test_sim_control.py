@@ -11,7 +11,13 @@ import pytest
 
 from kubelet_plugin.nvml import open_nvml
 from testbed.nvml_sim import SimulatedNvml
-from testbed.nvml_sim.sim_control import CONTROL_DIR_ENV, ControlChannel, FaultFileError, send_fault
+from testbed.nvml_sim.sim_control import (
+    CONTROL_DIR_ENV,
+    ControlChannel,
+    FaultFileError,
+    send_fault,
+    send_faults,
+)
 
 
 def _registered(sim: SimulatedNvml, gpu_index: int) -> object:
@@ -98,3 +104,18 @@ def test_a_lost_gpu_fails_the_compute_probe_until_cleared() -> None:
     assert sim.probe_behaviour(uuid) == "wrong"
     sim.faults.clear(2)
     assert sim.probe_behaviour(uuid) == "ok"
+
+
+def test_faults_sent_together_are_applied_together(tmp_path: Path) -> None:
+    sim = SimulatedNvml("8xh100")
+    channel = ControlChannel(sim, str(tmp_path))
+    send_faults(str(tmp_path), [("gpu_lost", {"gpu_index": 0}), ("inject_xid", {"gpu_index": 0, "xid": 79})],
+                wait_s=None)
+    sim.nvmlInit()
+    event_set = _registered(sim, 0)
+    assert channel.poll_once() == 1
+    assert sim.nvmlEventSetWait_v2(event_set, 100).eventData == 79 and sim.gpus[0].lost
+    # One bad step refuses the whole file: nothing of it is applied.
+    send_faults(str(tmp_path), [("clear", {"gpu_index": 0}), ("nope", {})], wait_s=None)
+    channel.poll_once()
+    assert sim.gpus[0].lost
