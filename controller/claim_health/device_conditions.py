@@ -59,14 +59,25 @@ def published_pools(slices: list[dict[str, Any]], driver: str) -> set[str]:
             for s in slices if (s.get("spec") or {}).get("driver") == driver}
 
 
+VALIDATING_PREFIX = "validating:"  # the plugin's GPUReady text for a device not validated yet
+
+
 def device_health(ref: DeviceRef, inventory: Inventory, pools: set[str], node_reasons: dict[str, str]
                   ) -> tuple[str, str]:
     """``("healthy" | "unhealthy" | "unknown", reason)`` for one allocated device.
+
+    A device the node says is still being validated (its plugin just started) is ``unknown``: no
+    condition is set or cleared, no pod is evicted.
 
     ``node_reasons``: ``"pool/device" -> reason`` from the Nodes' GPUReady conditions (the pool name
     is the node name).
     """
     node_text = node_reasons.get(f"{ref.pool}/{ref.device}")
+    if node_text is not None and node_text.lower().startswith(VALIDATING_PREFIX):
+        # A plugin that (re)starts publishes a device only once it has validated it: during a rolling
+        # update or after a crash the device is out of the slices and "Validating", which says
+        # nothing bad about it. Calling it unhealthy would mark running claims and evict their pods.
+        return "unknown", node_text
     if f"{ref.driver}/{ref.pool}" in inventory.incomplete_pools:
         return "unknown", "pool is being republished"
     dev = inventory.devices.get((ref.driver, ref.pool, ref.device))

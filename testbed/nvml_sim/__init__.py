@@ -34,6 +34,7 @@ from testbed.nvml_sim.node_profiles import (
     parse_profile,
     profile_names,
 )
+from testbed.nvml_sim.sim_control import ControlChannel, start_from_env
 from testbed.nvml_sim.sim_faults import PROBE_BEHAVIOURS, SimFaults
 from testbed.nvml_sim.sim_state import SimProcess
 
@@ -79,6 +80,7 @@ class SimulatedNvml(DeviceApi, MigApi, EventApi):
         node_profile = load_profile(profile) if isinstance(profile, str) else profile
         super().__init__(node_profile, seed)
         self.faults = SimFaults(self)
+        self.control: ControlChannel | None = None  # the file fault channel, when open_simulated started one
 
     def __repr__(self) -> str:
         return f"SimulatedNvml({self.profile.name!r}, seed={self.seed!r})"
@@ -104,13 +106,13 @@ class SimulatedNvml(DeviceApi, MigApi, EventApi):
     def probe_behaviour(self, uuid: str) -> str:
         """How the compute probe behaves on the GPU or MIG device with ``uuid``.
 
-        A GPU off the bus fails the probe (``wrong``): CUDA cannot run on a GPU the driver lost. A
+        A GPU off the bus or lost fails the probe (``wrong``): CUDA cannot run on a GPU the driver lost. A
         GPU-wide fault applies to its MIG devices; otherwise a MIG device behaves as its GPU
         instance's fault says (``faults.probe(i, b, gpu_instance_id=...)``).
         """
         with self._lock:
             for gpu in self.gpus:
-                if gpu.off_bus and (gpu.uuid == uuid or any(ci.uuid == uuid for _, ci in gpu.mig_devices())):
+                if (gpu.off_bus or gpu.lost) and (gpu.uuid == uuid or any(ci.uuid == uuid for _, ci in gpu.mig_devices())):
                     return "wrong"
                 if gpu.uuid == uuid:
                     return gpu.probe
@@ -170,5 +172,8 @@ def backend() -> NvmlBackend:
 def open_simulated(spec: str) -> SimulatedNvml:
     """``"h200-141gb"`` or ``"4xh200@node-a"`` (profile, optional seed for unique UUIDs)."""
     name, _, seed = spec.partition("@")
-    return SimulatedNvml(name, seed=seed or None)
+    sim = SimulatedNvml(name, seed=seed or None)
+    # A plugin process started with $GPUREADY_SIM_CONTROL_DIR takes faults from files there (e2e tests).
+    sim.control = start_from_env(sim)
+    return sim
 

@@ -122,6 +122,12 @@ class Cluster:
         assert self._admin is not None
         return self._admin
 
+    def issue_serving_cert(self, name: str, hosts: tuple[str, ...] = ("127.0.0.1",)) -> CertFiles:
+        """A serving certificate signed by the cluster CA for ``hosts`` (IPs), e.g. for a webhook the
+        API server calls: register it with ``caBundle`` = the cluster CA (:attr:`ca_file`)."""
+        assert self._pki is not None, "the cluster's certificates are made by start()"
+        return self._pki.issue(name, name, server=True, dns=("localhost",), ips=hosts)
+
     def log_path(self, component: str) -> str:
         """Where ``component``'s output goes."""
         return os.path.join(self.log_dir, f"{component}.log")

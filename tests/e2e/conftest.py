@@ -20,7 +20,17 @@ import uuid
 from collections.abc import Generator, Iterator
 
 import pytest
-from e2e_support import E2E, NODE, PROFILE, REPO, log_has, sim_device_nodes, start_plugin, wait_for
+from e2e_controller import RunningController, start_controller
+from e2e_support import (
+    E2E,
+    NODE,
+    PROFILE,
+    REPO,
+    SESSION_PLUGIN_ARGS,
+    sim_device_nodes,
+    start_plugin,
+    wait_for,
+)
 
 from testbed.realcluster import Cluster, ClusterConfig, ComponentError, MissingBinary, binaries
 
@@ -56,10 +66,10 @@ def e2e() -> Iterator[E2E]:
         from kubernetes import client as k
 
         api = cluster.api_client()
-        env = E2E(cluster=cluster, plugin=start_plugin(cluster), api=api, core=k.CoreV1Api(api),
-                  resource=k.ResourceV1Api(api))
-        env.plugin.wait_ready(lambda: log_has(env.plugin.log_path, "event=plugin_registered"), 60,
-                              "registered with the kubelet (its NotifyRegistrationStatus said registered)")
+        control_dir = os.path.join(cluster.dir, "sim-control", NODE)
+        env = E2E(cluster=cluster, plugin=start_plugin(cluster, extra_args=SESSION_PLUGIN_ARGS, control_dir=control_dir),
+                  api=api, core=k.CoreV1Api(api), resource=k.ResourceV1Api(api), control_dir=control_dir)
+        env.wait_plugin_registered(env.plugin)
         wait_for(f"{NODE}'s ResourceSlices with devices", env.slice_devices, 60)
         cluster.timings["e2e-ready"] = round(time.monotonic() - t0, 2)
         print(f"\ne2e cluster in {cluster.dir}: {cluster.timings}", file=sys.stderr)
@@ -70,6 +80,15 @@ def e2e() -> Iterator[E2E]:
     finally:
         _started.pop("cluster", None)
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def controller(e2e: E2E) -> Iterator[RunningController]:
+    """The gpuready controller as a process, its webhooks registered in the API server, placement
+    mode on: started by the first test that needs it, stopped (webhooks unregistered) at the end."""
+    running = start_controller(e2e.cluster)
+    yield running
+    running.stop(e2e.cluster)
 
 
 @pytest.fixture

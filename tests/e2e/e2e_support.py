@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if REPO not in sys.path:  # testbed/ is not an installed package; the suite runs from a checkout
     sys.path.insert(0, REPO)
 
+from testbed.nvml_sim.sim_control import CONTROL_DIR_ENV, send_fault  # noqa: E402
 from testbed.realcluster import Cluster, ComponentError  # noqa: E402
 from testbed.realcluster.kubelet_metrics import Operation, grpc_operations  # noqa: E402
 from testbed.realcluster.procs import Component  # noqa: E402
@@ -28,6 +29,9 @@ NODE = "node-a"
 # static MIG mode. (4xh200 has MIG on everywhere with no instances, so static mode publishes nothing.)
 PROFILE = "8xh100"
 DRIVER = "gpu.nvidia.com"
+# The session's plugin: a faulted GPU comes back 2 s after its cause clears, after one validation
+# (production: 60 s and three), so the fault tests see withdrawal and recovery in one run.
+SESSION_PLUGIN_ARGS = ("--hold-down", "2", "--recovery-passes", "1")
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0, interval: float = 0.2) -> Any:
@@ -57,6 +61,7 @@ class E2E:
     core: Any  # CoreV1Api
     resource: Any  # ResourceV1Api
     node: str = NODE
+    control_dir: str = ""  # the node's simulated NVML takes faults from files here (sim_control.py)
 
     @property
     def kubeconfig(self) -> str:
@@ -72,6 +77,36 @@ class E2E:
         """``kubectl apply`` a YAML document (or several); return kubectl's output."""
         args = ["apply", "-f", "-"] + (["--namespace", namespace] if namespace else [])
         return self.cluster.kubectl(*args, input_text=manifest)
+
+    def inject(self, fault: str, **args: Any) -> None:
+        """Apply a fault to the kubelet node's simulated NVML, in the running plugin process (see
+        testbed/nvml_sim/sim_control.py; ``fault`` names a SimFaults method, e.g. ``inject_xid``)."""
+        send_fault(self.control_dir, fault, **args)
+
+    def replace_plugin(self, new: Component, control_dir: str) -> Component:
+        """Make ``new`` (taking faults from ``control_dir``) the node's plugin that later tests use,
+        after a restart or a rolling update; return the old one."""
+        old, self.plugin, self.control_dir = self.plugin, new, control_dir
+        return old
+
+    def start_node_plugin(self, name: str, extra_args: Sequence[str] = (), launcher: Sequence[str] = ()) -> tuple[
+            Component, str]:
+        """Another plugin instance for the kubelet's node with the session's settings and a fault
+        directory of its own (two instances never read one): (the process, its fault directory)."""
+        control_dir = os.path.join(self.cluster.dir, "sim-control", name)
+        plugin = start_plugin(self.cluster, name=name, extra_args=(*SESSION_PLUGIN_ARGS, *extra_args),
+                              control_dir=control_dir, launcher=launcher)
+        return plugin, control_dir
+
+    def wait_plugin_registered(self, plugin: Component, timeout: float = 60.0) -> None:
+        """Wait until the kubelet confirmed ``plugin``'s registration (its NotifyRegistrationStatus)."""
+        plugin.wait_ready(lambda: log_has(plugin.log_path, "event=plugin_registered"), timeout,
+                          "registered with the kubelet (its NotifyRegistrationStatus said registered)")
+
+    def events_for(self, namespace: str, name: str) -> list[tuple[str, str]]:
+        """(reason, message) of the Events about the object ``name`` in ``namespace``."""
+        events = self.core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}")
+        return [(e.reason or "", e.message or "") for e in events.items]
 
     def pod(self, namespace: str, name: str) -> Any:
         """The Pod object as the API has it now."""
@@ -144,27 +179,36 @@ def sim_device_nodes(profile: str) -> list[tuple[str, int, int]]:
     """The host device nodes the simulated node's CDI specs name: (path, major, minor).
 
     Read from the driver's own discovery, so the list follows the profile. The majors of the
-    dynamic nodes (nvidia-uvm...) are made up: nothing opens them, containerd only stats them.
+    dynamic nodes (nvidia-uvm..., nvidia-caps) are made up: nothing opens them, containerd only stats them.
     """
     out = subprocess.run([sys.executable, "-m", "dra_driver", "devices", "--nvml", f"sim:{profile}@{NODE}",
                           "-o", "json"], capture_output=True, check=True, cwd=REPO)
     data = json.loads(out.stdout)
     nodes = [(f"/dev/nvidia{g['minor']}", 195, int(g["minor"])) for g in data["gpus"]]
+    # A MIG device's CDI edits name its nvidia-caps nodes (/dev/nvidia-caps/nvidia-cap<N>): minor N.
+    nodes += [(path, 508, int(path.rsplit("nvidia-cap", 1)[1]))
+              for g in data["gpus"] for m in g.get("mig_devices", []) for path in m.get("device_nodes", [])]
     for i, path in enumerate(data["control_device_nodes"]):
         nodes.append((path, 195, 255) if path == "/dev/nvidiactl" else (path, 511, i))
     return nodes
 
 
-def start_plugin(cluster: Cluster, node: str = NODE, profile: str = PROFILE) -> Component:
+def start_plugin(cluster: Cluster, node: str = NODE, profile: str = PROFILE, *, name: str = "",
+                 extra_args: Sequence[str] = (), control_dir: str = "", launcher: Sequence[str] = ()) -> Component:
     """Run ``python -m dra_driver kubelet-plugin`` for ``node`` as a real process; return it.
 
     For the kubelet's node its sockets go where that kubelet looks (``<root>/plugins_registry``,
     ``<root>/plugins/<driver>``). For a fake node (no kubelet) they go to a directory of its own:
     the plugin publishes that node's slices and waits for a registration that never comes.
+
+    ``name``: the component (and log file) name, for a second instance on one node (a rolling
+    update). ``extra_args``: more plugin flags. ``control_dir``: the simulated NVML takes faults
+    from files there (``GPUREADY_SIM_CONTROL_DIR``, see testbed/nvml_sim/sim_control.py).
+    ``launcher``: what runs instead of ``-m dra_driver`` (``-m testbed.crash_points ... --``).
     """
     root = cluster.kubelet_root if node == cluster.node_name else os.path.join(cluster.dir, "fake", node)
-    name = "gpuready-kubelet-plugin" + ("" if node == cluster.node_name else f"-{node}")
-    argv = [sys.executable, "-m", "dra_driver", "kubelet-plugin", "--node-name", node,
+    name = name or "gpuready-kubelet-plugin" + ("" if node == cluster.node_name else f"-{node}")
+    argv = [sys.executable, *(launcher or ("-m", "dra_driver")), "kubelet-plugin", "--node-name", node,
             "--nvml", f"sim:{profile}@{node}", "--kubeconfig", cluster.kubeconfig,
             "--registrar-dir", os.path.join(root, "plugins_registry"),
             "--plugin-dir", os.path.join(root, "plugins", DRIVER),
@@ -172,8 +216,11 @@ def start_plugin(cluster: Cluster, node: str = NODE, profile: str = PROFILE) -> 
             "--metrics-port", "0",
             # The plugin's default assumes /var/lib/kubelet; this kubelet's root dir is elsewhere.
             "--pod-resources-socket",
-            os.path.join(root, "pod-resources", "kubelet.sock") if node == cluster.node_name else ""]
-    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "NODE_NAME", "NVML")}
+            os.path.join(root, "pod-resources", "kubelet.sock") if node == cluster.node_name else "",
+            *extra_args]
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "NODE_NAME", "NVML", CONTROL_DIR_ENV)}
+    if control_dir:
+        env[CONTROL_DIR_ENV] = control_dir
     plugin = Component(name, argv, cluster.log_path(name), env=env, cwd=REPO).start()
     cluster.components[plugin.name] = plugin  # stopped with the cluster, its log in the failure report
     return plugin

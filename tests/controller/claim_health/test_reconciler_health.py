@@ -8,6 +8,7 @@ NVML and injects an XID.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import time
 from collections.abc import Iterator
@@ -156,3 +157,22 @@ def test_xid_on_a_real_plugin_reaches_the_claim_and_the_pod() -> None:
             assert (cond["type"], cond["status"], cond["reason"]) == ("Ready", "False", UNHEALTHY_REASON)
             [event] = wait_for("pod event", lambda: events(api, "job", "DeviceUnhealthy"))
             assert "gpu-0" in event["message"] and event["type"] == "Warning"
+
+
+def test_a_restarting_plugin_validating_the_gpu_again_is_not_a_fault(world: dict[str, Any]) -> None:
+    # Seen on real Kubernetes (tests/e2e/test_plugin_restarts.py): a new plugin instance (rolling
+    # update, restart after a crash) publishes a GPU again only after validating it, and meanwhile
+    # its GPUReady says "gpu-0: Validating: awaiting first validation". That is no fault of the GPU:
+    # the claim must get no Unhealthy condition and a pod with a controller must not be evicted.
+    api: KubeApi = world["api"]
+    owned_claim, owned_dev = start_pod(api, "owned", owned=True)
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    api.request("PATCH", f"/api/v1/nodes/{NODE}/status", content_type="application/merge-patch+json", body={
+        "status": {"conditions": [{"type": "GPUReady", "status": "False", "reason": "Validating",
+                                   "lastTransitionTime": stamp,
+                                   "message": f"1 of 8 GPU devices not ready: {owned_dev}: Validating: awaiting "
+                                              "first validation"}]}})
+    republish_node(api, NODE, "sim:8xh100", {owned_dev: "validating"}, generation=2)
+    time.sleep(3.0)  # more than one resync pass (2 s)
+    assert device_condition(api, owned_claim, owned_dev) is None
+    assert api.get(pod_path(NS, "owned")) is not None and not events(api, "owned", "DeviceUnhealthy")
