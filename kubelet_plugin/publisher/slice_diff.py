@@ -23,10 +23,14 @@ def comparable(obj: dict[str, Any]) -> tuple[Any, Any]:
 
 
 def carry_time_added(want: dict[str, Any], have: dict[str, Any]) -> None:
-    """Keep the server's ``timeAdded`` on taints that did not change (it records when they began)."""
-    old = {d["name"]: d.get("taints", []) for d in (have.get("spec") or {}).get("devices", [])}
-    for device in want["spec"].get("devices", []):
-        for taint in device.get("taints", []):
+    """Keep the server's ``timeAdded`` on taints that did not change (it records when they began).
+
+    Lists may come back as ``null``: kube-apiserver 1.34 stores a slice created without devices
+    (a pool before any GPU passed validation) as ``"devices": null``.
+    """
+    old = {d["name"]: d.get("taints") or [] for d in (have.get("spec") or {}).get("devices") or []}
+    for device in want["spec"].get("devices") or []:
+        for taint in device.get("taints") or []:
             for prior in old.get(device["name"], []):
                 same = all(prior.get(k) == taint.get(k) for k in ("key", "value", "effect"))
                 if same and "timeAdded" in prior:
