@@ -24,6 +24,8 @@ REPORT = ROOT / "docs" / "benchmarks.md"
 GPU_FIGURES = ROOT / "docs" / "benchmarks-gpu.jsonl"
 # One run of ``bench_kubelet`` with several ``--variant``s (each change's tree): what each change bought.
 VARIANT_FIGURES = ROOT / "docs" / "benchmarks-kubelet-variants.jsonl"
+# Every figure of the last full run, so the report can be re-rendered (--render-only) without rerunning.
+RESULTS = ROOT / "docs" / "benchmarks-results.jsonl"
 # Areas measured on real Kubernetes components (testbed/realcluster); every other area runs against
 # the stand-ins (local API server, simulated NVML, in-process gRPC client): micro-benchmarks.
 REAL_KUBELET_AREAS = ("kubelet",)
@@ -157,16 +159,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="comma-separated areas (default: all)")
     parser.add_argument("--stdout", action="store_true", help="print the report instead of writing it")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per benchmark module")
+    parser.add_argument("--render-only", action="store_true",
+                        help="rewrite the report from the last run's figures (docs/benchmarks-results.jsonl) and "
+                             "the variant and GPU files, running nothing")
     args = parser.parse_args(argv)
     areas = [a for a in discover() if not args.only or a in args.only.split(",")]
     results: dict[str, list[dict[str, object]]] = {}
     errors: dict[str, str] = {}
-    for area in areas:
+    if args.render_only:
+        for line in RESULTS.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                results.setdefault(str(row.pop("area")), []).append(row)
+    for area in [] if args.render_only else areas:
         print(f"running {area} ...", file=sys.stderr, flush=True)
         rows, error = run_one(area, args.quick, args.timeout)
         results[area] = rows
         if error:
             errors[area] = error
+    if not args.render_only and not args.stdout and not args.only and not args.quick:
+        RESULTS.write_text("".join(json.dumps({"area": a, **r}) + "\n" for a, rows in results.items() for r in rows))
     gpu_rows = []
     if GPU_FIGURES.exists():
         gpu_rows = [json.loads(x) for x in GPU_FIGURES.read_text().splitlines() if x.strip()]
