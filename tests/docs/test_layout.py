@@ -48,3 +48,12 @@ def test_modules_stay_small_enough_to_hold_one_concern() -> None:
     long = {str(p.relative_to(ROOT)): n for pkg in PACKAGES for p in _modules(pkg)
             if (n := len(p.read_text().splitlines())) > 550}
     assert not long, f"split these into one concern each: {long}"
+
+
+def test_test_file_names_are_unique() -> None:
+    # The test folders are not packages: two test files with one name break collection
+    # ("import file mismatch"), as tests/e2e/test_placement_mode.py did beside the controller's.
+    seen: dict[str, list[str]] = {}
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
