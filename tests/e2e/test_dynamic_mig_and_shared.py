@@ -14,7 +14,7 @@ from e2e_support import DRIVER, E2E, start_plugin, wait_for
 
 from dra_driver.quantity import parse_quantity
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("realcluster")]  # one real cluster per run
 
 NODE_B = "node-d"  # not node-b: the fake-node test's slices for node-b may still be being collected
 

@@ -9,7 +9,7 @@ import json
 import pytest
 from e2e_support import DRIVER, E2E, wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("realcluster")]  # one real cluster per run
 
 # A class of its own: deploy/deviceclasses has none with extendedResourceName, and one is enough
 # for the scheduler to map nvidia.com/gpu onto our devices.

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from e2e_support import DRIVER, E2E, start_plugin, wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("realcluster")]  # one real cluster per run
 
 FAKE = "node-b"
 MANIFEST = f"""

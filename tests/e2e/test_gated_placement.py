@@ -9,7 +9,7 @@ import pytest
 from e2e_controller import PLACEMENT_GATE, RunningController
 from e2e_support import DRIVER, E2E, log_has, wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("realcluster")]  # one real cluster per run
 
 MANIFEST = f"""
 apiVersion: resource.k8s.io/v1

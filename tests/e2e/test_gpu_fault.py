@@ -21,7 +21,7 @@ from e2e_support import DRIVER, E2E, start_plugin, wait_for
 
 from testbed.nvml_sim.sim_control import send_fault, send_faults
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("realcluster")]  # one real cluster per run
 
 TAINT_KEY = f"{DRIVER}/unhealthy"
 

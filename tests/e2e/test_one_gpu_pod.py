@@ -12,7 +12,7 @@ from e2e_support import DRIVER, E2E, wait_for
 
 from testbed.realcluster.kubelet_metrics import Operation
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("realcluster")]  # one real cluster per run
 
 # The container prints its environment and device nodes, then waits to be deleted (the trap makes
 # SIGTERM end it at once, so deletion does not wait out the grace period).

@@ -20,7 +20,7 @@ import pytest
 from e2e_controller import RunningController
 from e2e_support import E2E, wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("realcluster")]  # one real cluster per run
 
 POD = """
 apiVersion: resource.k8s.io/v1

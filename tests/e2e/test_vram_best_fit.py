@@ -11,7 +11,7 @@ from e2e_support import DRIVER, E2E, wait_for
 
 from dra_driver.quantity import parse_quantity
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("realcluster")]  # one real cluster per run
 
 GIB = 1024**3
 MANIFEST = """

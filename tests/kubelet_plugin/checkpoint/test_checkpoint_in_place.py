@@ -28,12 +28,13 @@ def test_writes_go_in_place_and_change_the_size_every_time(tmp_path: Path) -> No
     path = tmp_path / "checkpoint.json"
     store = CheckpointStore(str(path), "boot")
     store.open()
-    with store.update() as records:
-        records[_record(1).uid] = _record(1)  # first write: the file is created by rename
+    with store.update() as records:  # first write: the file is created by rename
+        for i in (1, 97, 98):  # bigger than what follows, whatever width the timestamps take
+            records[_record(i).uid] = _record(i)
     inode, sizes = path.stat().st_ino, [path.stat().st_size]
     for i in range(2, 6):
         with store.update() as records:
-            records.pop(_record(i - 1).uid, None)
+            records.clear()
             records[_record(i).uid] = _record(i)
         st = path.stat()
         assert st.st_ino == inode  # rewritten in place, not replaced
