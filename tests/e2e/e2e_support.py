@@ -230,3 +230,50 @@ def log_has(path: str, text: str) -> bool:
     """Whether the log file at ``path`` contains ``text`` yet."""
     with open(path, errors="replace") as f:
         return text in f.read()
+
+
+KEEP_RUNNING = "trap 'exit 0' TERM; while true; do sleep 1; done"
+
+
+def one_gpu_pod_manifest(pod: str, template: str = "", report: str = "", spec_extra: str = "") -> str:
+    """A ResourceClaimTemplate asking for one ``gpu.nvidia.com`` device and a busybox pod using it.
+
+    ``template`` defaults to the pod's name; ``report`` is shell run before the pod idles (its
+    output is what the test reads from the log); ``spec_extra`` is YAML lines added to the pod's
+    spec (indented two spaces, e.g. scheduling gates). The pod exits at once on SIGTERM, so deletion
+    does not wait out the grace period.
+    """
+    template = template or pod
+    command = f"{report}; {KEEP_RUNNING}" if report else KEEP_RUNNING
+    return f"""
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: {template}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: gpu.nvidia.com
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: {pod}
+spec:{spec_extra}
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 5
+  containers:
+  - name: main
+    image: registry.local/busybox:1
+    imagePullPolicy: Never
+    command: ["sh", "-c", {json.dumps(command)}]
+    resources:
+      claims:
+      - name: gpu
+  resourceClaims:
+  - name: gpu
+    resourceClaimTemplateName: {template}
+"""

@@ -7,44 +7,12 @@ from __future__ import annotations
 
 import pytest
 from e2e_controller import PLACEMENT_GATE, RunningController
-from e2e_support import DRIVER, E2E, log_has, wait_for
+from e2e_support import DRIVER, E2E, log_has, one_gpu_pod_manifest, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("realcluster")]  # one real cluster per run
 
-MANIFEST = f"""
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata:
-  name: placed-gpu
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly:
-          deviceClassName: gpu.nvidia.com
----
-apiVersion: v1
-kind: Pod
-metadata:
-  name: placed
-spec:
-  schedulingGates:
-  - name: {PLACEMENT_GATE}
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 5
-  containers:
-  - name: main
-    image: registry.local/busybox:1
-    imagePullPolicy: Never
-    command: ["sh", "-c", "trap 'exit 0' TERM; env; echo end-of-report; while true; do sleep 1; done"]
-    resources:
-      claims:
-      - name: gpu
-  resourceClaims:
-  - name: gpu
-    resourceClaimTemplateName: placed-gpu
-"""
+MANIFEST = one_gpu_pod_manifest("placed", template="placed-gpu", report="env; echo end-of-report",
+                                spec_extra=f"\n  schedulingGates:\n  - name: {PLACEMENT_GATE}")
 
 
 def _allocation_managers(claim: object, api: object) -> set[str]:

@@ -8,7 +8,7 @@ import glob
 import os
 
 import pytest
-from e2e_support import DRIVER, E2E, wait_for
+from e2e_support import DRIVER, E2E, one_gpu_pod_manifest, wait_for
 
 from testbed.realcluster.kubelet_metrics import Operation
 
@@ -16,38 +16,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("realcluster")]  # one re
 
 # The container prints its environment and device nodes, then waits to be deleted (the trap makes
 # SIGTERM end it at once, so deletion does not wait out the grace period).
-MANIFEST = """
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata:
-  name: one-gpu
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly:
-          deviceClassName: gpu.nvidia.com
----
-apiVersion: v1
-kind: Pod
-metadata:
-  name: one-gpu
-spec:
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 5
-  containers:
-  - name: main
-    image: registry.local/busybox:1
-    imagePullPolicy: Never
-    command: ["sh", "-c", "trap 'exit 0' TERM; env; echo devices: $(ls /dev); echo end-of-report; while true; do sleep 1; done"]
-    resources:
-      claims:
-      - name: gpu
-  resourceClaims:
-  - name: gpu
-    resourceClaimTemplateName: one-gpu
-"""
+MANIFEST = one_gpu_pod_manifest("one-gpu", report="env; echo devices: $(ls /dev); echo end-of-report")
 
 
 def _env_of(log: str) -> dict[str, str]:

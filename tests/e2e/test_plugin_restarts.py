@@ -18,42 +18,10 @@ import uuid
 
 import pytest
 from e2e_controller import RunningController
-from e2e_support import E2E, wait_for
+from e2e_support import E2E, one_gpu_pod_manifest, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("realcluster")]  # one real cluster per run
 
-POD = """
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata:
-  name: {name}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly:
-          deviceClassName: gpu.nvidia.com
----
-apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-spec:
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 5
-  containers:
-  - name: main
-    image: registry.local/busybox:1
-    imagePullPolicy: Never
-    command: ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"]
-    resources:
-      claims:
-      - name: gpu
-  resourceClaims:
-  - name: gpu
-    resourceClaimTemplateName: {name}
-"""
 
 
 def _claim_uid(e2e: E2E, namespace: str, pod: str) -> str:
@@ -86,7 +54,7 @@ def test_plugin_killed_during_prepare_then_the_kubelet_retries_and_the_pod_runs_
     e2e.replace_plugin(crashing, crash_dir)
     e2e.wait_plugin_registered(crashing)
 
-    e2e.apply(POD.format(name="crash"), namespace)
+    e2e.apply(one_gpu_pod_manifest("crash"), namespace)
     wait_for("the plugin to stop inside NodePrepareResources (after the CDI write)", lambda: os.path.exists(marker), 60)
     claim_uid = _claim_uid(e2e, namespace, "crash")
     assert glob.glob(os.path.join(e2e.cdi_dir, f"*{claim_uid}*")), "the crash point is after the CDI write"
@@ -117,7 +85,7 @@ def test_rolling_update_of_the_plugin_fails_no_prepare(e2e: E2E, namespace: str,
     pods: list[str] = []
 
     def create(name: str) -> None:
-        e2e.apply(POD.format(name=name), namespace)
+        e2e.apply(one_gpu_pod_manifest(name), namespace)
         pods.append(name)
 
     create("before-update")
