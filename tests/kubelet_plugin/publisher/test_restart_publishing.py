@@ -17,7 +17,9 @@ def test_a_restarted_plugin_keeps_the_published_pool_until_validation_has_a_verd
     with PluginHarness() as h:
         first = h.start_plugin(NODE, "sim:8xh100", health_mode="withdraw")
         wait_for("the first instance's validation", lambda: first.health_monitor.snapshot().validated, 20)
-        before = set(h.wait_published(NODE, {"gpu-0", "gpu-5"}))
+        assert first.publisher.wait_until_synced(20)  # the validated pool is on the server, not a step before it
+        before = set(h.published_devices(NODE))
+        assert {"gpu-0", "gpu-5"} <= before
         h.stop_plugin(NODE)
 
         sim = open_nvml(f"sim:8xh100@{NODE}")
