@@ -34,6 +34,14 @@ def _gpu_lost(nvml: Any, index: int) -> None:
     nvml.faults.gpu_lost(index)
 
 
+def _off_the_bus(nvml: Any, index: int) -> None:
+    # XID 79 is not a one-off: the GPU stays off the bus (GPU_IS_LOST from every call) until it is
+    # reset. Without the lasting loss a passing probe would start recovery by itself. Whichever the
+    # monitor sees first, the event or the loss on its next poll, names the fault.
+    nvml.faults.inject_xid(index, 79)
+    nvml.faults.gpu_lost(index)
+
+
 def _row_remap(nvml: Any, index: int) -> None:
     nvml.faults.row_remap_pending(index)
 
@@ -42,7 +50,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("xid79", "XID 79: the GPU falls off the bus",
              "The driver reports XID 79 (GPU has fallen off the bus). It needs a reset: the device must "
              "leave the cluster at once, so no new pod lands on it.",
-             _xid(79), True, "NVML XID event"),
+             _off_the_bus, True, "NVML XID event"),
     Scenario("gpu-lost", "GPU lost: NVML answers GPU_IS_LOST",
              "Every NVML call on the GPU now fails with GPU_IS_LOST, while the node itself stays Ready. "
              "The plugin's poll finds it and withdraws the device.",

@@ -75,3 +75,23 @@ def test_serve_keeps_the_cluster_up_for_kubectl_and_metrics() -> None:
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
     assert "stopped on SIGINT: every component is stopped and the work directory" in out
+
+
+def test_xid79_leaves_the_gpu_off_the_bus_until_the_reset() -> None:
+    # XID 79 alone would be a one-off event: a passing probe would then start recovery before the
+    # reset, and the story would show Recovering where a GPU off the bus is Unhealthy.
+    import pynvml
+
+    from kubelet_plugin.nvml import open_nvml
+    from testbed.demo.scenarios import SCENARIOS
+
+    sim = open_nvml("sim:8xh100")
+    event_set = sim.nvmlEventSetCreate()
+    handle = sim.nvmlDeviceGetHandleByIndex(2)
+    sim.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, event_set)
+    SCENARIOS["xid79"].inject(sim, 2)
+    assert sim.nvmlEventSetWait_v2(event_set, 100).eventData == 79
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        sim.nvmlDeviceGetName(handle)
+    sim.faults.clear(2)  # what the demo's recovery step does
+    assert sim.nvmlDeviceGetName(handle)
