@@ -233,7 +233,7 @@ class Informer:
         self.watches += 1
         try:
             buffer = b""
-            for chunk in response.stream(65536, decode_content=True):
+            for chunk in response.chunks(65536):
                 if self._stop.is_set():
                     return
                 buffer += chunk
@@ -245,7 +245,7 @@ class Informer:
                     return  # resync: hand every object to the handlers again, then resume
         finally:
             self._response = None
-            response.release_conn()
+            response.close()
 
     def _dispatch(self, event: dict[str, Any]) -> None:
         typ = str(event.get("type", ""))

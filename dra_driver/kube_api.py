@@ -5,24 +5,23 @@ Both daemons work on API objects as the server sends them (dicts): a round trip 
 know yet (1.36+ DRA fields), and merely importing them costs a node daemon 0.5 s and 20-30 MB. A
 :class:`JsonApi` takes a connection (:func:`connect` builds one from a kubeconfig or the pod's service
 account) or a ``kubernetes`` ``ApiClient`` (its settings, pool and auth are used as they are).
-Thread-safe: urllib3's pool is.
+Thread-safe: the transports are (:mod:`dra_driver.http_transport`).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 from urllib.parse import urlencode
 
-import urllib3
-
+from dra_driver.http_transport import ApiUnreachable, StreamingResponse, plain_words
 from dra_driver.kube_connection import KubeConfigError, KubeConnection, in_cluster, simple_kubeconfig
 
 REQUEST_TIMEOUT = (5.0, 15.0)  # connect, read: a hung API server must not hang a daemon's thread
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
-_RETRIES = urllib3.Retry(3, redirect=False)  # connection errors; reads only for idempotent methods
 
 
 class ApiError(Exception):
@@ -56,42 +55,35 @@ class JsonApi:
             self._connection = KubeConnection.of(self.api_client)
         return self._connection
 
-    def url(self, method: str, path: str, query: list[tuple[str, str]] | None = None,
-            content_type: str = JSON) -> tuple[str, dict[str, str]]:
-        """The full URL and headers (auth included) for a request."""
-        url = self.connection.host + path
-        if query:
-            url += "?" + urlencode(query)
+    def target(self, path: str, query: list[tuple[str, str]] | None = None,
+               content_type: str = JSON) -> tuple[str, dict[str, str]]:
+        """The request target (path and query) and headers (auth included)."""
+        target = path + ("?" + urlencode(query) if query else "")
         headers = {"Accept": JSON, "Content-Type": content_type, **self.connection.auth_headers()}
-        return url, headers
+        return target, headers
 
     def request(self, method: str, path: str, query: list[tuple[str, str]] | None = None,
                 body: Any = None, content_type: str = JSON) -> Any:
-        """One request; the decoded JSON answer, or :class:`ApiError`."""
-        url, headers = self.url(method, path, query, content_type)
+        """One request; the decoded JSON answer, :class:`ApiError` for an error answer, or
+        :class:`~dra_driver.http_transport.ApiUnreachable` for none."""
+        target, headers = self.target(path, query, content_type)
         payload = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
-        response = self.connection.pool.request(
-            method, url, body=payload, headers=headers, retries=_RETRIES,
-            timeout=urllib3.Timeout(connect=REQUEST_TIMEOUT[0], read=REQUEST_TIMEOUT[1]))
-        data = response.data
+        status, data = self.connection.transport.request(method, target, payload, headers, REQUEST_TIMEOUT)
         try:
             decoded = json.loads(data) if data else None
         except ValueError:
-            decoded = data.decode(errors="replace") if isinstance(data, bytes) else data
-        if not 200 <= response.status < 300:
-            raise ApiError(method, path, response.status, decoded)
+            decoded = data.decode(errors="replace")
+        if not 200 <= status < 300:
+            raise ApiError(method, path, status, decoded)
         return decoded
 
-    def open_stream(self, path: str, query: list[tuple[str, str]], read_timeout: float) -> Any:
-        """An open streaming GET (a watch): the urllib3 response, to be read chunk by chunk."""
-        url, headers = self.url("GET", path, query)
-        response = self.connection.pool.request(
-            "GET", url, headers=headers, preload_content=False, retries=_RETRIES,
-            timeout=urllib3.Timeout(connect=REQUEST_TIMEOUT[0], read=read_timeout),
-        )
+    def open_stream(self, path: str, query: list[tuple[str, str]], read_timeout: float) -> StreamingResponse:
+        """An open streaming GET (a watch), to be read chunk by chunk and closed."""
+        target, headers = self.target(path, query)
+        response = self.connection.transport.stream(target, headers, (REQUEST_TIMEOUT[0], read_timeout))
         if response.status != 200:
-            data = response.read()
-            response.release_conn()
+            data = response.read_all()
+            response.close()
             try:
                 body: Any = json.loads(data)
             except ValueError:
@@ -113,21 +105,27 @@ def describe_error(exc: BaseException) -> str:
         message = body.get("message", "") if isinstance(body, dict) else ""
         text = f"HTTP {status} {exc.reason or ''}".strip()
         return f"{text}: {message}" if message else text
-    if isinstance(exc, urllib3.exceptions.MaxRetryError | urllib3.exceptions.NewConnectionError
-                  | urllib3.exceptions.ProtocolError | urllib3.exceptions.TimeoutError):
+    if isinstance(exc, ApiUnreachable):
+        return str(exc)
+    if _is_urllib3_failure(exc):  # the kubernetes client's own calls (the controller, explain)
         pool = getattr(exc, "pool", None)
         where = f" at {pool.host}:{pool.port}" if pool is not None and getattr(pool, "host", None) else ""
         cause: BaseException = getattr(exc, "reason", None) or exc
-        detail = str(cause)
-        for marker, words in (("Connection refused", "connection refused"), ("timed out", "timed out"),
-                              ("Name or service not known", "host name not found"),
-                              ("No route to host", "no route to host"), ("CERTIFICATE_VERIFY_FAILED",
-                              "its TLS certificate is not trusted (check the kubeconfig's certificate-authority)")):
-            if marker in detail:
-                detail = words
-                break
-        return f"cannot reach the API server{where}: {detail}"
+        return f"cannot reach the API server{where}: {plain_words(str(cause))}"
     return f"{type(exc).__name__}: {exc}" if not str(exc).startswith(type(exc).__name__) else str(exc)
+
+
+def _is_urllib3_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is urllib3's no-answer error (checked without importing urllib3: the node
+    daemon never loads it, so its exceptions cannot reach it)."""
+    errors = sys.modules.get("urllib3.exceptions")
+    return errors is not None and isinstance(exc, errors.MaxRetryError | errors.NewConnectionError
+                                             | errors.ProtocolError | errors.TimeoutError)
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the API server gave no answer (either transport, or the kubernetes client)."""
+    return isinstance(exc, ConnectionError | TimeoutError) or _is_urllib3_failure(exc)
 
 
 def connect(kubeconfig: str = "", flag: str = "--kubeconfig") -> KubeConnection:

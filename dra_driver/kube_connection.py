@@ -3,7 +3,7 @@
 The node daemon sends a few raw JSON requests (:mod:`dra_driver.kube_api`); importing the
 ``kubernetes`` package for its configuration costs it about 0.5 s of start-up and 20-30 MB of
 resident memory on every node. So this module reads the two configurations a node daemon meets, with
-only urllib3 and PyYAML:
+only the standard library and PyYAML (requests go over :mod:`dra_driver.http_transport`):
 
 - **in a pod**: ``KUBERNETES_SERVICE_HOST``/``_PORT``, the service account's CA and token (the token
   file is read again every minute: bound tokens rotate);
@@ -23,18 +23,16 @@ import atexit
 import base64
 import os
 import shutil
-import ssl
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-import urllib3
+from dra_driver.http_transport import HttpTransport, Transport, Urllib3Transport
 
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 TOKEN_REREAD_S = 60.0
-_POOL_SIZE = 16  # as many connections as the daemons' busiest thread pool can use at once
 
 
 class KubeConfigError(ValueError):
@@ -42,12 +40,12 @@ class KubeConfigError(ValueError):
 
 
 class KubeConnection:
-    """The API server's base URL, a connection pool with its TLS settings, and the auth headers."""
+    """The API server's base URL, the transport that reaches it (TLS settings included), and the auth headers."""
 
-    def __init__(self, host: str, pool: urllib3.PoolManager, headers: Callable[[], dict[str, str]],
+    def __init__(self, host: str, transport: Transport, headers: Callable[[], dict[str, str]],
                  source: str = "") -> None:
         self.host = host.rstrip("/")
-        self.pool = pool
+        self.transport = transport
         self._headers = headers
         self.source = source  # where the settings came from, for messages
 
@@ -75,7 +73,8 @@ class KubeConnection:
                     out[setting["key"]] = setting["value"]
             return out
 
-        conn = cls(configuration.host, client.rest_client.pool_manager, headers, "kubernetes ApiClient")
+        conn = cls(configuration.host, Urllib3Transport(client.rest_client.pool_manager, configuration.host), headers,
+                   "kubernetes ApiClient")
         try:
             client._gpuready_connection = conn
         except AttributeError:
@@ -83,23 +82,10 @@ class KubeConnection:
         return conn
 
 
-def _pool(ca_file: str | None, ca_data: str | None, verify: bool, cert_file: str | None = None,
-          key_file: str | None = None, server_hostname: str | None = None) -> urllib3.PoolManager:
-    kwargs: dict[str, Any] = {"num_pools": 4, "maxsize": _POOL_SIZE, "block": False}
-    if verify:
-        kwargs["cert_reqs"] = ssl.CERT_REQUIRED
-        if ca_data:
-            kwargs["ca_cert_data"] = ca_data
-        elif ca_file:
-            kwargs["ca_certs"] = ca_file
-    else:
-        kwargs["cert_reqs"] = ssl.CERT_NONE
-        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
-    if cert_file:
-        kwargs["cert_file"], kwargs["key_file"] = cert_file, key_file
-    if server_hostname:
-        kwargs["server_hostname"] = server_hostname
-    return urllib3.PoolManager(**kwargs)
+def _transport(server: str, ca_file: str | None, ca_data: str | None, verify: bool, cert_file: str | None = None,
+               key_file: str | None = None, server_hostname: str | None = None) -> HttpTransport:
+    return HttpTransport(server, verify=verify, ca_file=ca_file if not ca_data else None, ca_data=ca_data or None,
+                         cert_file=cert_file, key_file=key_file, server_hostname=server_hostname)
 
 
 class TokenFile:
@@ -138,7 +124,8 @@ def in_cluster(service_account: str = SERVICE_ACCOUNT) -> KubeConnection:
     except OSError as exc:
         raise KubeConfigError(f"in-cluster: cannot read the service account token {token.path}: {exc.strerror}; "
                               "mount the service account (automountServiceAccountToken)") from exc
-    return KubeConnection(f"https://{host}:{port}", _pool(ca, None, True), token.headers, "in-cluster")
+    server = f"https://{host}:{port}"
+    return KubeConnection(server, _transport(server, ca, None, True), token.headers, "in-cluster")
 
 
 # Fields of a kubeconfig user this module reads; anything else goes to the kubernetes client.
@@ -164,7 +151,7 @@ def _private_dir() -> str:
 
 def _file_or_data(user: dict[str, Any], field: str, base: str, scratch: list[str]) -> str | None:
     """A path for ``field`` (relative to the kubeconfig) or its ``-data`` twin written to a private file:
-    urllib3 loads client certificates from files only."""
+    ``ssl`` loads client certificates from files only."""
     data = user.get(f"{field}-data")
     if data:
         if not scratch:
@@ -207,15 +194,15 @@ def simple_kubeconfig(path: str) -> KubeConnection | None:
     ca_file = os.path.join(base, cluster["certificate-authority"]) if cluster.get("certificate-authority") else None
     cert = _file_or_data(user, "client-certificate", base, scratch)
     key = _file_or_data(user, "client-key", base, scratch)
-    pool = _pool(ca_file, base64.b64decode(ca_data).decode() if ca_data else None,
-                 not cluster.get("insecure-skip-tls-verify", False), cert, key, cluster.get("tls-server-name"))
+    transport = _transport(server, ca_file, base64.b64decode(ca_data).decode() if ca_data else None,
+                           not cluster.get("insecure-skip-tls-verify", False), cert, key, cluster.get("tls-server-name"))
     if user.get("tokenFile"):
         token_file = TokenFile(os.path.join(base, user["tokenFile"]))
-        return KubeConnection(server, pool, token_file.headers, path)
+        return KubeConnection(server, transport, token_file.headers, path)
     fixed: dict[str, str] = {}
     if user.get("token"):
         fixed["authorization"] = f"Bearer {user['token']}"
     elif user.get("username"):
         basic = base64.b64encode(f"{user['username']}:{user.get('password', '')}".encode()).decode()
         fixed["authorization"] = f"Basic {basic}"
-    return KubeConnection(server, pool, lambda: dict(fixed), path)
+    return KubeConnection(server, transport, lambda: dict(fixed), path)

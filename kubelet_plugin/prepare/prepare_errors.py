@@ -7,9 +7,7 @@ prepare), and neither is an internal error of the plugin.
 
 from __future__ import annotations
 
-import urllib3.exceptions
-
-from dra_driver.kube_api import describe_error
+from dra_driver.kube_api import describe_error, is_unreachable
 from kubelet_plugin.prepare.claim_plan import PrepareError
 
 RETRY = "the kubelet retries the prepare; nothing was prepared"
@@ -36,6 +34,6 @@ def api_failure(exc: BaseException, namespace: str, name: str) -> PrepareError |
             return PrepareError("api_unavailable", f"reading {ref}: the API server is overloaded or failing "
                                 f"({detail}); {RETRY}")
         return PrepareError("api_error", f"reading {ref}: the API server answered {detail}; {RETRY}")
-    if isinstance(exc, (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError)):
+    if is_unreachable(exc):
         return PrepareError("api_unavailable", f"reading {ref}: {describe_error(exc)}; {RETRY}")
     return None

@@ -87,7 +87,7 @@ class SliceWatch:
         self._on_gap()  # whatever happened before this session opened was not seen
         try:
             buffer = b""
-            for chunk in response.stream(65536, decode_content=True):
+            for chunk in response.chunks(65536):
                 if stop.is_set():
                     return
                 buffer += chunk
@@ -98,7 +98,7 @@ class SliceWatch:
         finally:
             self._set_live(False)
             self._response = None
-            response.release_conn()
+            response.close()
             if not stop.is_set():
                 self._on_gap()
 

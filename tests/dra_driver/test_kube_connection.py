@@ -24,12 +24,13 @@ from dra_driver.kube_connection import (
 from testbed.apiserver import LocalApiServer
 
 
-def test_a_kubeconfig_is_read_without_the_kubernetes_package(tmp_path: Path) -> None:
+def test_a_kubeconfig_is_read_without_the_kubernetes_package_or_urllib3(tmp_path: Path) -> None:
+    # Each costs a node daemon memory and start-up: the node's connection is the standard library's.
     with LocalApiServer() as srv:
         path = srv.write_kubeconfig(str(tmp_path / "kc"))
         code = ("import sys; from dra_driver.kube_api import JsonApi, connect;"
                 f"print(JsonApi(connect({path!r})).request('GET', '/api/v1/namespaces')['kind']);"
-                "print(sorted(m for m in sys.modules if m.startswith('kubernetes')))")
+                "print(sorted(m for m in sys.modules if m.startswith(('kubernetes', 'urllib3'))))")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert out.splitlines() == ["NamespaceList", "[]"]
 
@@ -65,7 +66,7 @@ def test_token_basic_and_client_certificate_users(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump({**base, "users": [{"name": "u", "user": cert}]}))
     conn = simple_kubeconfig(str(path))
     assert conn is not None
-    cert_file = conn.pool.connection_pool_kw["cert_file"]
+    cert_file = conn.transport.cert_file  # type: ignore[attr-defined]
     assert Path(cert_file).read_bytes() == b"cert" and oct(os.stat(cert_file).st_mode & 0o777) == "0o600"
 
 
@@ -98,7 +99,7 @@ def test_a_kubernetes_api_client_is_used_as_it_is() -> None:
     with LocalApiServer() as srv:
         client = srv.api_client()
         conn = KubeConnection.of(client)
-        assert conn is KubeConnection.of(client) and conn.pool is client.rest_client.pool_manager
+        assert conn is KubeConnection.of(client) and conn.transport.pool is client.rest_client.pool_manager  # type: ignore[attr-defined]
         assert JsonApi(client).request("GET", "/api/v1/namespaces")["kind"] == "NamespaceList"
 
 
