@@ -1,4 +1,4 @@
-"""HTTP(S) to the API server over the standard library: one kept-alive connection per thread.
+"""HTTP(S) to the API server over the standard library: a few kept-alive connections, shared.
 
 The node daemon sends a handful of small JSON requests (a claim GET per prepare, a slice write per
 change) and holds one watch. urllib3 costs it 5 MB of resident memory and 70-80 ms of start-up
@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+MAX_IDLE = 8  # kept-alive connections kept for reuse (the daemons' busiest moments use a few at once)
 CONNECT_RETRIES = 3  # a refused or timed-out connect is tried again at once, like urllib3's Retry(3)
 _IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 
@@ -124,7 +125,11 @@ class _Stream:
 
 
 class HttpTransport:
-    """``http.client`` to one API server; each thread keeps its own connection alive between requests."""
+    """``http.client`` to one API server over kept-alive connections that every thread shares.
+
+    A connection is taken for one request and given back after it (the most recently used first:
+    gRPC handler threads change from call to call, and a new TLS connection costs milliseconds).
+    """
 
     def __init__(self, server: str, *, verify: bool = True, ca_file: str | None = None, ca_data: str | None = None,
                  cert_file: str | None = None, key_file: str | None = None,
@@ -137,7 +142,8 @@ class HttpTransport:
         self.cert_file, self.key_file, self.server_hostname = cert_file, key_file, server_hostname
         self._context: ssl.SSLContext | None = None
         self._context_lock = threading.Lock()
-        self._local = threading.local()
+        self._idle: list[http.client.HTTPConnection] = []
+        self._idle_lock = threading.Lock()
 
     def _tls(self) -> ssl.SSLContext:
         # Built at the first connection, so a bad certificate fails the request that needs it, named.
@@ -179,25 +185,37 @@ class HttpTransport:
             detail = "timed out"
         return ApiUnreachable(self.host, self.port, plain_words(detail))
 
-    def _pooled(self, timeout: tuple[float, float]) -> tuple[http.client.HTTPConnection, bool]:
-        """This thread's kept-alive connection (if the server has not closed it), else a new one."""
-        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
-        if conn is not None and conn.sock is not None:
-            readable, _, _ = select.select([conn.sock], [], [], 0)
-            if not readable:  # an idle connection with something to read was closed (or is broken)
-                conn.sock.settimeout(timeout[1])
+    def _take(self, timeout: tuple[float, float]) -> tuple[http.client.HTTPConnection, bool]:
+        """A kept-alive connection the server has not closed, else a new one; (connection, reused)."""
+        while True:
+            with self._idle_lock:
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                return self._connect(timeout), False
+            sock = conn.sock
+            if sock is not None and not select.select([sock], [], [], 0)[0]:
+                sock.settimeout(timeout[1])
                 return conn, True
-            conn.close()
-        conn = self._connect(timeout)
-        self._local.conn = conn
-        return conn, False
+            conn.close()  # an idle connection with something to read was closed (or is broken)
+
+    def _give_back(self, conn: http.client.HTTPConnection) -> None:
+        with self._idle_lock:
+            if len(self._idle) < MAX_IDLE:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def idle_connections(self) -> int:
+        """How many kept-alive connections wait for the next request."""
+        with self._idle_lock:
+            return len(self._idle)
 
     def request(self, method: str, target: str, body: bytes | None, headers: Mapping[str, str],
                 timeout: tuple[float, float]) -> tuple[int, bytes]:
-        """One request on this thread's connection; a kept-alive connection the server dropped under
-        us is replaced once (for any method while sending, for idempotent ones while answering)."""
+        """One request on a kept-alive connection; one the server dropped under us is replaced once
+        (for any method while sending, for idempotent ones while answering)."""
         for attempt in (0, 1):
-            conn, reused = self._pooled(timeout)
+            conn, reused = self._take(timeout)
             sent = False
             try:
                 conn.request(method, target, body=body, headers=dict(headers))
@@ -206,13 +224,13 @@ class HttpTransport:
                 data = response.read()
             except (OSError, http.client.HTTPException) as exc:
                 conn.close()
-                self._local.conn = None
                 if attempt == 0 and reused and (not sent or method in _IDEMPOTENT):
                     continue
                 raise self._unreachable(exc) from exc
             if response.will_close:
                 conn.close()
-                self._local.conn = None
+            else:
+                self._give_back(conn)
             return response.status, data
         raise AssertionError("unreachable")
 
