@@ -1,10 +1,11 @@
 """The kubelet plugin daemon of one node: discovery, health, slices, DRA gRPC, registration.
 
-Concurrency model: **threads**, and only threads. gRPC requests run on the DRA server's thread pool
-(``grpc_workers`` threads; each open health stream holds one); the health monitor, the slice
-publisher, the VRAM accounting check, the MPS daemon watch and the registration retry timer run their
-own daemon threads;
-/metrics scrapes run on the metrics server's thread. Shared state is guarded by locks: per-claim
+Concurrency model: **threads**. gRPC requests run on a pool of ``grpc_workers`` threads; gRPC's
+transport is grpc.aio on one event-loop thread (:mod:`kubelet_plugin.kubelet_grpc.grpc_loop`; the
+synchronous server woke every 200 ms), where the only plugin code is the health streams' wait for
+the next change (coroutines: an open stream holds no thread). The
+health monitor, the slice publisher, the VRAM accounting check, the MPS daemon watch and the
+registration retry timer run their own daemon threads; /metrics scrapes run on the metrics server's thread. Shared state is guarded by locks: per-claim
 locks plus the checkpoint lock in :class:`~kubelet_plugin.prepare.preparer.Preparer`, ``_state_lock`` here
 for the current health view, and ``_devices_lock`` to re-read the node after a dynamic MIG change or
 when the health poll finds NVML listing other GPUs (``self.devices`` and ``self.device_index`` are
@@ -66,6 +67,7 @@ if TYPE_CHECKING:
     import grpc
 
     from kubelet_plugin.checkpoint.recovery import RecoveryReport
+    from kubelet_plugin.kubelet_grpc.grpc_loop import GrpcLoop
     from kubelet_plugin.kubelet_grpc.registration import RegistrationServer
     from kubelet_plugin.metrics.gpu_collector import DeviceAllocation
     from kubelet_plugin.metrics.pod_resources_client import PodResourcesCache
@@ -103,7 +105,8 @@ class KubeletPlugin:
         self.preparer: Preparer | None = None
         self.registration: RegistrationServer | None = None
         self.recovery: RecoveryReport | None = None
-        self._server: grpc.Server | None = None
+        self._grpc_loop: GrpcLoop | None = None
+        self._server: grpc.aio.Server | None = None
         self._metrics_server: Any = None
         # /healthz and /readyz on the metrics port (kubelet_plugin.liveness): DRA socket, loops, registration.
         self.probes = PluginProbes(self, node=config.node_name)
@@ -193,7 +196,8 @@ class KubeletPlugin:
         self._serve_dra()
         from kubelet_plugin.kubelet_grpc.registration import RegistrationServer
 
-        self.registration = RegistrationServer(self.paths.registration, cfg.driver_name, self.paths.dra,
+        assert self._grpc_loop is not None
+        self.registration = RegistrationServer(self._grpc_loop, self.paths.registration, cfg.driver_name, self.paths.dra,
                                                health=cfg.health_stream, retry_initial=cfg.registration_retry,
                                                node=cfg.node_name)
         self.registration.start()
@@ -268,9 +272,12 @@ class KubeletPlugin:
         if self.registration is not None:
             self.registration.stop()
         self.broadcaster.stop()
-        if self._server is not None:
-            self._server.stop(grace=1.0).wait(2.0)
+        if self._server is not None and self._grpc_loop is not None:
+            self._grpc_loop.stop(self._server, grace=1.0)
             self._server = None
+        if self._grpc_loop is not None:
+            self._grpc_loop.close()
+            self._grpc_loop = None
         remove_stale_socket(self.paths.dra)
         if self.vram is not None:
             self.vram.stop()
@@ -511,10 +518,12 @@ class KubeletPlugin:
 
     def _serve_dra(self) -> None:
         from kubelet_plugin.kubelet_grpc.dra_server import serve_dra
+        from kubelet_plugin.kubelet_grpc.grpc_loop import GrpcLoop
 
         assert self.preparer is not None
-        self._server = serve_dra(self.paths.dra, self.preparer, self.broadcaster, self.metrics,
-                                 workers=self.config.grpc_workers, health_stream=self.config.health_stream,
+        self._grpc_loop = GrpcLoop(self.config.grpc_workers, f"grpc-{self.config.node_name}")
+        self._server = serve_dra(self._grpc_loop, self.paths.dra, self.preparer, self.broadcaster, self.metrics,
+                                 health_stream=self.config.health_stream,
                                  node=self.config.node_name)
         log.info("dra_socket_serving", socket=self.paths.dra, node=self.config.node_name)
 

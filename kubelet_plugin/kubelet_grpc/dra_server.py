@@ -1,5 +1,6 @@
 """The DRA socket's gRPC server: the DRA service (v1 and v1beta1) and the health stream (v1 and
-v1alpha1) on one Unix socket, served by a pool of worker threads.
+v1alpha1) on one Unix socket, on the plugin's :class:`~kubelet_plugin.kubelet_grpc.grpc_loop.GrpcLoop`
+(handlers on its pool of worker threads).
 
 Imported only when the plugin is ready to serve (after its first ResourceSlice is on its way), so
 gRPC's import does not delay the slice.
@@ -8,12 +9,12 @@ gRPC's import does not delay the slice.
 from __future__ import annotations
 
 import os
-from concurrent import futures
 from typing import Any
 
 import grpc
 
 from kubelet_plugin.kubelet_grpc.dra_service import DraServicer
+from kubelet_plugin.kubelet_grpc.grpc_loop import GrpcLoop
 from kubelet_plugin.kubelet_grpc.health_stream import HealthBroadcaster, HealthServicer
 from kubelet_plugin.kubelet_grpc.sockets import remove_stale_socket
 from proto import (
@@ -28,12 +29,17 @@ from proto import (
 )
 
 
-def serve_dra(socket_path: str, preparer: Any, broadcaster: HealthBroadcaster, metrics: Any, *, workers: int,
-              health_stream: bool, node: str) -> grpc.Server:
+def serve_dra(loop: GrpcLoop, socket_path: str, preparer: Any, broadcaster: HealthBroadcaster, metrics: Any, *,
+              health_stream: bool, node: str) -> grpc.aio.Server:
     """Start serving on ``socket_path`` (a stale socket file is replaced); returns the running server."""
     os.makedirs(os.path.dirname(socket_path), exist_ok=True)
     remove_stale_socket(socket_path)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"dra-{node}"))
+    return loop.serve(socket_path, lambda server: _add_servicers(server, preparer, broadcaster, metrics,
+                                                                 health_stream, node))
+
+
+def _add_servicers(server: grpc.aio.Server, preparer: Any, broadcaster: HealthBroadcaster, metrics: Any,
+                   health_stream: bool, node: str) -> None:
     dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraServicer(preparer, dra_v1_pb2, metrics), server)
     dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DraServicer(preparer, dra_v1beta1_pb2, metrics), server)
     if health_stream:
@@ -42,6 +48,3 @@ def serve_dra(socket_path: str, preparer: Any, broadcaster: HealthBroadcaster, m
             HealthServicer(broadcaster, health_v1_pb2, on_stream, node=node), server)
         health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
             HealthServicer(broadcaster, health_v1alpha1_pb2, on_stream, node=node), server)
-    server.add_insecure_port(f"unix://{socket_path}")
-    server.start()
-    return server

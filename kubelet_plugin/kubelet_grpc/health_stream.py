@@ -2,15 +2,19 @@
 
 The kubelet treats an entry older than its timeout (30 s by default) as Unknown, so every open
 stream gets the full device list on connect, on every change, and at least every ``interval``
-seconds (20 s by default). Each stream runs in its own gRPC server thread, waiting on one condition
-variable that :meth:`HealthBroadcaster.publish` signals.
+seconds (20 s by default). Each stream is a coroutine on the gRPC loop
+(:mod:`kubelet_plugin.kubelet_grpc.grpc_loop`), asleep until :meth:`HealthBroadcaster.publish`
+wakes it or its resend is due: an open stream holds no thread, and one the kubelet closes is
+cancelled at once.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the broadcaster runs before the gRPC server exists; only the servicer needs grpc
@@ -28,64 +32,56 @@ def _key(entries: tuple[HealthStreamEntry, ...]) -> tuple[tuple[str, str, str, s
 
 
 class HealthBroadcaster:
-    """Holds the current snapshot and wakes every open stream when it changes."""
+    """Holds the current snapshot and tells every open stream when it changes."""
 
     def __init__(self, interval: float = 20.0, timeout_seconds: int = 0) -> None:
         self.interval = interval
         # Entries carry a staleness timeout comfortably longer than the resend interval.
         self.timeout_seconds = timeout_seconds or max(30, int(interval * 2.5))
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._snapshot: tuple[HealthStreamEntry, ...] = ()
-        self._version = 0
         self._stopped = False
+        self._listeners: set[Callable[[], None]] = set()
 
     def publish(self, entries: Iterable[HealthStreamEntry]) -> None:
         """Replace the snapshot; open streams send it at once if health or a message changed."""
         new = tuple(entries)
-        with self._cond:
+        with self._lock:
             if _key(new) == _key(self._snapshot):
                 return
             self._snapshot = new
-            self._version += 1
-            self._cond.notify_all()
+            listeners = tuple(self._listeners)
+        for notify in listeners:
+            notify()
 
     def snapshot(self) -> tuple[HealthStreamEntry, ...]:
         """The current entries."""
-        with self._cond:
+        with self._lock:
             return self._snapshot
+
+    @property
+    def stopped(self) -> bool:
+        """Whether :meth:`stop` was called (open streams end)."""
+        return self._stopped
 
     def stop(self) -> None:
         """End every open stream."""
-        with self._cond:
+        with self._lock:
             self._stopped = True
-            self._cond.notify_all()
+            listeners = tuple(self._listeners)
+        for notify in listeners:
+            notify()
 
-    def wake(self) -> None:
-        """Wake every waiting stream so it looks again (a stream ended: its thread must go)."""
-        with self._cond:
-            self._cond.notify_all()
-
-    def watch(self, is_active: Callable[[], bool],
-              poll_s: float = 1.0) -> Iterator[tuple[HealthStreamEntry, ...]]:
-        """Yield the snapshot at once, on every change and every ``interval`` seconds.
-
-        Between sends it sleeps at most ``poll_s`` before asking ``is_active`` again. A caller that
-        calls :meth:`wake` when its stream ends (the gRPC termination callback does) passes
-        ``poll_s=interval``: an idle node then wakes once per resend, not every second.
-        """
-        seen = -1
-        next_send = 0.0
-        while True:
-            with self._cond:
-                while not self._stopped and self._version == seen and time.monotonic() < next_send:
-                    self._cond.wait(min(poll_s, max(0.0, next_send - time.monotonic())))
-                    if not is_active():
-                        return
-                if self._stopped:
-                    return
-                seen, entries = self._version, self._snapshot
-            next_send = time.monotonic() + self.interval
-            yield entries
+    @contextlib.contextmanager
+    def listening(self, notify: Callable[[], None]) -> Any:
+        """Call ``notify`` (from the publishing thread) on every change and at stop, while inside."""
+        with self._lock:
+            self._listeners.add(notify)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._listeners.discard(notify)
 
 
 class HealthServicer:
@@ -114,17 +110,23 @@ class HealthServicer:
             for e in entries
         ])
 
-    def NodeWatchResources(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-        """Stream full snapshots until the kubelet goes away or the plugin stops."""
+    async def NodeWatchResources(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        """Stream full snapshots until the kubelet goes away (the call is cancelled) or the plugin stops."""
+        loop = asyncio.get_running_loop()
+        changed = asyncio.Event()
+
+        def notify() -> None:  # from the thread that published
+            loop.call_soon_threadsafe(changed.set)
+
         self.on_stream(1)
         log.info("health_stream_opened", api=self.api, node=self.node)
-        # The termination callback wakes the stream's thread at once when the kubelet goes away, so
-        # the stream may sleep until its next resend instead of polling is_active() every second.
-        woken = context.add_callback(self.broadcaster.wake)
         try:
-            poll = self.broadcaster.interval if woken else 1.0
-            for entries in self.broadcaster.watch(context.is_active, poll_s=poll):
-                yield self.message(entries)
+            with self.broadcaster.listening(notify):
+                while not self.broadcaster.stopped:
+                    changed.clear()  # before reading: a change from here on wakes the wait below
+                    yield self.message(self.broadcaster.snapshot())
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(changed.wait(), self.broadcaster.interval)
         finally:
             self.on_stream(-1)
             log.info("health_stream_closed", api=self.api, node=self.node)

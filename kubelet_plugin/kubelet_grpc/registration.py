@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent import futures
 from typing import Any
 
 import grpc
 
 from dra_driver.logs import get_logger
+from kubelet_plugin.kubelet_grpc.grpc_loop import GrpcLoop
 from kubelet_plugin.kubelet_grpc.sockets import remove_stale_socket
 from proto import pluginregistration_pb2, pluginregistration_pb2_grpc
 
@@ -35,8 +35,9 @@ def supported_versions(health: bool) -> list[str]:
 class RegistrationServer(pluginregistration_pb2_grpc.RegistrationServicer):
     """Serves the registration socket; re-creates it after a rejection."""
 
-    def __init__(self, socket_path: str, driver_name: str, endpoint: str, health: bool = True,
+    def __init__(self, loop: GrpcLoop, socket_path: str, driver_name: str, endpoint: str, health: bool = True,
                  retry_initial: float = 1.0, retry_max: float = 30.0, node: str = "") -> None:
+        self.loop = loop
         self.socket_path = socket_path
         self.node = node or None  # in log lines (None: left out)
         self.driver_name = driver_name
@@ -47,7 +48,7 @@ class RegistrationServer(pluginregistration_pb2_grpc.RegistrationServicer):
         self.registered = threading.Event()
         self.last_error = ""
         self.rejections = 0
-        self._server: grpc.Server | None = None
+        self._server: grpc.aio.Server | None = None
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._retry_timer: threading.Timer | None = None
@@ -59,18 +60,15 @@ class RegistrationServer(pluginregistration_pb2_grpc.RegistrationServicer):
                 return
             os.makedirs(os.path.dirname(self.socket_path), exist_ok=True)
             remove_stale_socket(self.socket_path)
-            server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="registration"))
-            pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(self, server)
-            server.add_insecure_port(f"unix://{self.socket_path}")
-            server.start()
-            self._server = server
+            self._server = self.loop.serve(
+                self.socket_path, lambda server: pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(self, server))
         log.info("registration_socket_created", socket=self.socket_path, driver=self.driver_name, node=self.node)
 
     def _close(self) -> None:
         with self._lock:
             server, self._server = self._server, None
         if server is not None:
-            server.stop(grace=None)
+            self.loop.stop(server, grace=None)
         # Only our own socket: another instance (rolling update) has a different file name.
         remove_stale_socket(self.socket_path)
 

@@ -119,7 +119,8 @@ def test_healthz_turns_503_when_the_dra_grpc_server_is_stopped() -> None:
     with PluginHarness() as h:
         plugin, port = _start(h, "n1")
         assert _get(port, "/healthz") == (200, "ok\n")
-        plugin._server.stop(None).wait(5)
+        assert plugin._grpc_loop is not None and plugin._server is not None
+        plugin._grpc_loop.stop(plugin._server, None)
         body, seconds = _wait_for("healthz with no DRA server", lambda: _get(port, "/healthz"), 503,
                                   contains=f"DRA socket {plugin.paths.dra} is not answering", timeout=15)
         assert "UNAVAILABLE" in body and seconds < 10, (body, seconds)
