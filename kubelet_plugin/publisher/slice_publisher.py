@@ -211,8 +211,10 @@ class SlicePublisher:
             with self._lock:
                 if self._desired_version != version:
                     continue  # something newer arrived during the pass: go again at once
-            if not self._wake.wait(wait):
-                self._cache = None  # the periodic resync: compare with a fresh list
+            if not self._wake.wait(wait) and not self._view_trusted():
+                # The periodic resync lists afresh only when the watch is down: a live watch has
+                # shown every change, and it restarts (with a list) every few minutes anyway.
+                self._cache = None
 
     def _report_pass(self, started: float, ok: bool) -> None:
         if self._on_pass is None:

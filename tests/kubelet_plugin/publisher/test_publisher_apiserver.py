@@ -166,6 +166,19 @@ def test_slice_deleted_is_recreated_within_one_resync_without_the_watch(
     assert wait_for(lambda: len(server_slices(srv)) == 1, 1.0 + 5.0)
 
 
+def test_resyncs_with_a_live_watch_send_no_list(srv: LocalApiServer,
+                                                started: Callable[..., SlicePublisher]) -> None:
+    # An idle node's periodic resync trusts the watched view (idle CPU and API server load); the
+    # deletion test above shows a live watch still brings changes back.
+    make_node(srv)
+    pub = started(resync=0.2)
+    publish(pub, build_pool(eight_h200(), NODE, DRIVER))
+    assert wait_for(lambda: pub.stats().passes >= 2, 5.0)
+    lists, passes = pub.stats().lists, pub.stats().passes
+    assert wait_for(lambda: pub.stats().passes >= passes + 5, 5.0)
+    assert pub.stats().lists == lists, pub.stats()
+
+
 def test_conflicts_and_server_errors_are_retried_and_end_consistent(
         srv: LocalApiServer, started: Callable[..., SlicePublisher]) -> None:
     make_node(srv)
