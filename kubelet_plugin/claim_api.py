@@ -19,6 +19,7 @@ from dra_driver.kube_api import ApiError, JsonApi, describe_error
 from dra_driver.logs import get_logger
 
 if TYPE_CHECKING:
+    from kubelet_plugin.claim_prefetch import ClaimPrefetch
     from kubelet_plugin.metrics import PreparedClaim
 
 log = get_logger(__name__)
@@ -36,6 +37,11 @@ class KubeClaims:
     def __init__(self, api_client: Any, driver_name: str) -> None:
         self.api = JsonApi(api_client)
         self.driver_name = driver_name
+        self.prefetch: ClaimPrefetch | None = None  # claims read when their pod reached the node
+
+    def read_ahead(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The claim from the API server's watch cache (what :class:`ClaimPrefetch` keeps)."""
+        return self._read(CLAIMS.format(ns=namespace, name=name), [("resourceVersion", "0")])
 
     def get(self, namespace: str, name: str, uid: str = "") -> dict[str, Any] | None:
         """The claim as JSON, or None when it does not exist (other API errors raise).
@@ -46,6 +52,10 @@ class KubeClaims:
         UID, no allocation yet) is read again the consistent way.
         """
         path = CLAIMS.format(ns=namespace, name=name)
+        if uid and self.prefetch is not None:
+            ahead = self.prefetch.take(namespace, name, uid)
+            if ahead is not None:
+                return ahead
         if uid:
             cached = self._read(path, [("resourceVersion", "0")])
             if cached is not None and (cached.get("metadata") or {}).get("uid") == uid \

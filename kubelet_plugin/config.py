@@ -39,6 +39,7 @@ class PluginConfig:
     metrics_host: str = "0.0.0.0"
     write_mig_status: bool = True  # write created MIG UUIDs into the claim's status.devices
     health_stream: bool = True  # serve and advertise the kubelet health service
+    claim_prefetch: bool = False  # read claims when their pod reaches the node (kubelet_plugin.claim_prefetch)
     xid_ignore: frozenset[int] = frozenset()  # XIDs never to withdraw for, beyond the catalogue's
     xid_fatal: frozenset[int] = frozenset()  # XIDs always to withdraw for, beyond the catalogue's
     revalidate_interval: float = 0.0  # re-probe healthy GPUs this often (0 = only at start/recovery)

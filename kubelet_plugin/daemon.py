@@ -3,9 +3,10 @@
 Concurrency model: **threads**. gRPC requests run on a pool of ``grpc_workers`` threads; gRPC's
 transport is grpc.aio on one event-loop thread (:mod:`kubelet_plugin.kubelet_grpc.grpc_loop`; the
 synchronous server woke every 200 ms), where the only plugin code is the health streams' wait for
-the next change (coroutines: an open stream holds no thread). The
-health monitor, the slice publisher, the VRAM accounting check, the MPS daemon watch and the
-registration retry timer run their own daemon threads; /metrics scrapes run on the metrics server's thread. Shared state is guarded by locks: per-claim
+the next change (coroutines: an open stream holds no thread). The health monitor, the slice
+publisher, the claim prefetch (a watch of this node's pods), the VRAM accounting check, the MPS
+daemon watch and the registration retry timer run their own daemon threads; /metrics scrapes run
+on the metrics server's thread. Shared state is guarded by locks: per-claim
 locks plus the checkpoint lock in :class:`~kubelet_plugin.prepare.preparer.Preparer`, ``_state_lock`` here
 for the current health view, and ``_devices_lock`` to re-read the node after a dynamic MIG change or
 when the health poll finds NVML listing other GPUs (``self.devices`` and ``self.device_index`` are
@@ -67,6 +68,7 @@ if TYPE_CHECKING:
     import grpc
 
     from kubelet_plugin.checkpoint.recovery import RecoveryReport
+    from kubelet_plugin.claim_prefetch import ClaimPrefetch
     from kubelet_plugin.kubelet_grpc.grpc_loop import GrpcLoop
     from kubelet_plugin.kubelet_grpc.registration import RegistrationServer
     from kubelet_plugin.metrics.gpu_collector import DeviceAllocation
@@ -106,6 +108,7 @@ class KubeletPlugin:
         self.registration: RegistrationServer | None = None
         self.recovery: RecoveryReport | None = None
         self._grpc_loop: GrpcLoop | None = None
+        self.claim_prefetch: ClaimPrefetch | None = None
         self._server: grpc.aio.Server | None = None
         self._metrics_server: Any = None
         # /healthz and /readyz on the metrics port (kubelet_plugin.liveness): DRA socket, loops, registration.
@@ -181,13 +184,20 @@ class KubeletPlugin:
         from kubelet_plugin.prepare.preparer import Preparer, PrepareSettings
 
         self._open_checkpoint()
+        claims = KubeClaims(self.api_client, cfg.driver_name)
+        if cfg.claim_prefetch:
+            from kubelet_plugin.claim_prefetch import ClaimPrefetch
+
+            claims.prefetch = self.claim_prefetch = ClaimPrefetch(claims.api, cfg.node_name, cfg.driver_name,
+                                                                  claims.read_ahead)
+            self.claim_prefetch.start()
         mounts = driver_mounts(cfg.cdi_driver_root, find_driver_files(cfg.driver_root))
         self.preparer = Preparer(
             PrepareSettings(driver_name=cfg.driver_name, pool=cfg.node_name, cdi_root=cfg.cdi_root,
                             control_device_nodes=tuple(self.devices.control_device_nodes),
                             driver_mounts=tuple(mounts), write_mig_status=cfg.write_mig_status,
                             taint_mode=cfg.health_mode == "taint", driver_root=cfg.driver_root),
-            self.checkpoint, KubeClaims(self.api_client, cfg.driver_name),
+            self.checkpoint, claims,
             devices=lambda: self.device_index, unhealthy=self._unhealthy_for_prepare,
             mig=NvmlMigOps(self.nvml, on_change=self.refresh_devices, node=cfg.node_name) if cfg.dynamic_mig else None)
         self._follow_fallback()  # the publisher may have met a cluster without taints already
@@ -279,6 +289,8 @@ class KubeletPlugin:
             self._grpc_loop.close()
             self._grpc_loop = None
         remove_stale_socket(self.paths.dra)
+        if self.claim_prefetch is not None:
+            self.claim_prefetch.stop()
         if self.vram is not None:
             self.vram.stop()
         if self.health_monitor is not None:
@@ -319,6 +331,7 @@ class KubeletPlugin:
         # A raw-JSON client for the two calls it makes: CoreV1Api would cost ~20 MB resident.
         self.node_status = NodeStatusReporter(self.api_client, cfg.node_name, core=NodeStatusApi(self.api_client))
         self.node_status.start()
+        from kubelet_plugin.health.metered_prober import MeteredProber
         from kubelet_plugin.health.probe_runner import prober_for
 
         self.health_monitor = HealthMonitor(self.nvml, self.devices, cfg.health_policy(),
@@ -526,22 +539,3 @@ class KubeletPlugin:
                                  health_stream=self.config.health_stream,
                                  node=self.config.node_name)
         log.info("dra_socket_serving", socket=self.paths.dra, node=self.config.node_name)
-
-
-class MeteredProber:
-    """A validation prober that reports each probe's duration and result to the plugin's metrics.
-
-    Recorded per probed device (``target.label``: the GPU, or the MIG device probed), not per name
-    the result decides, so a dynamic-MIG GPU's dozens of placements do not multiply the series.
-    """
-
-    def __init__(self, inner: Any, metrics: PluginMetrics) -> None:
-        self.inner = inner
-        self.metrics = metrics
-
-    def probe(self, target: Any, timeout_s: float) -> Any:
-        """Probe through the wrapped prober, then record the result."""
-        result = self.inner.probe(target, timeout_s)
-        step = "" if result.ok else ("timeout" if result.code == "ProbeTimedOut" else "cuda")
-        self.metrics.observe_validation(target.label, result.seconds, result.ok, step)
-        return result

@@ -107,6 +107,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="resend the kubelet health snapshot at least this often, seconds (env HEALTH_INTERVAL)")
     a("--health-stream", default=_env("HEALTH_STREAM", "true"), choices=["true", "false"],
       help="serve the kubelet device health stream (env HEALTH_STREAM)")
+    a("--claim-prefetch", default=_env("CLAIM_PREFETCH", "false"), choices=["true", "false"],
+      help="watch this node's pods and read their claims before the kubelet prepares them; needs list "
+           "and watch on pods (env CLAIM_PREFETCH)")
     a("--xid-ignore", default=_env("XID_IGNORE", ""),
       help="comma list of XIDs that never withdraw a GPU, beyond the catalogue (env XID_IGNORE)")
     a("--xid-fatal", default=_env("XID_FATAL", ""),
@@ -207,7 +210,8 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         host_driver_root=args.host_driver_root, nvml=args.nvml, mig_mode=args.mig_mode,
         shared_gpus=_shared(args.shared_gpus), health_mode=args.health_mode, pod_uid=args.pod_uid,
         health_interval=_number(args, "--health-interval"), metrics_port=_port(_number(args, "--metrics-port")),
-        health_stream=args.health_stream == "true", xid_ignore=_xids("--xid-ignore", args.xid_ignore),
+        health_stream=args.health_stream == "true", claim_prefetch=getattr(args, "claim_prefetch", "false") == "true",
+        xid_ignore=_xids("--xid-ignore", args.xid_ignore),
         xid_fatal=_xids("--xid-fatal", args.xid_fatal), revalidate_interval=_number(args, "--revalidate-interval"),
         probe_timeout=_number(args, "--probe-timeout"), recovery_passes=_number(args, "--recovery-passes"),
         hold_down=_number(args, "--hold-down"), proc_root=args.proc_root,

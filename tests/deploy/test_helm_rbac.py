@@ -220,6 +220,13 @@ def test_plugin_drops_what_a_turned_off_feature_would_use() -> None:
     assert rbac_allows(objs, plugin, "create", "resource.k8s.io", "resourceslices")
 
 
+def test_claim_prefetch_is_the_one_way_to_list_pods() -> None:
+    objs = _render_objs({"kubeletPlugin": {"claimPrefetch": True}})
+    plugin = _service_account_user(objs, "kubelet-plugin")
+    assert rbac_allows(objs, plugin, "list", "", "pods") and rbac_allows(objs, plugin, "watch", "", "pods")
+    assert not rbac_allows(objs, plugin, "delete", "", "pods")
+
+
 def test_controller_rbac_is_least_privilege(world: dict[str, Any]) -> None:
     objs, ctrl = world["objs"], world["controller"]
     for resource in ("resourceslices", "deviceclasses", "resourceclaims", "resourceclaimtemplates",
