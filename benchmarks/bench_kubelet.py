@@ -13,7 +13,8 @@ kubelet, built from Kubernetes' own modules), with the plugin as its own process
 
 Side by side: ``python -m benchmarks.bench_kubelet --variant before=/path/to/old/checkout
 --variant now=.`` runs each tree's plugin (``PYTHONPATH=<tree> python -m dra_driver``) on the same
-cluster, one after the other, and prints one JSON line per figure and variant.
+cluster, one after the other, and prints one JSON line per figure and variant;
+``--variant prefetch=.,CLAIM_PREFETCH=true`` adds to a variant's environment.
 """
 
 from __future__ import annotations
@@ -58,10 +59,20 @@ def _pod(name: str) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Variant:
-    """A checkout whose plugin is measured: ``name=tree`` on the command line."""
+    """A checkout whose plugin is measured: ``name=tree[,KEY=VALUE...]`` on the command line (the
+    pairs go into the plugin's environment, e.g. ``CLAIM_PREFETCH=true``)."""
 
     name: str
     tree: str
+    env: tuple[tuple[str, str], ...] = ()
+
+    @staticmethod
+    def parse(text: str) -> Variant:
+        """``name=tree[,KEY=VALUE...]``."""
+        name, _, rest = text.partition("=")
+        tree, *pairs = rest.split(",")
+        env = tuple((key, value) for key, _, value in (p.partition("=") for p in pairs))
+        return Variant(name, tree, env)
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -166,7 +177,7 @@ class KubeletBench:
         work = tempfile.mkdtemp(prefix=f"bench-{variant.name}-", dir=self.cluster.dir)
         log_path = os.path.join(work, "plugin.log")
         env = {**{k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "NODE_NAME", "NVML")},
-               "PYTHONPATH": os.path.abspath(variant.tree)}
+               "PYTHONPATH": os.path.abspath(variant.tree), **dict(variant.env)}
         argv = [sys.executable, "-m", "dra_driver", "kubelet-plugin", "--node-name", self.node,
                 "--nvml", f"sim:{PROFILE}@{self.node}", "--kubeconfig", self.cluster.kubeconfig,
                 "--registrar-dir", os.path.join(self.cluster.kubelet_root, "plugins_registry"),
@@ -274,7 +285,7 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=60.0, metavar="SECONDS")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
-    variants = [Variant(*v.split("=", 1)) for v in args.variant] or None
+    variants = [Variant.parse(v) for v in args.variant] or None
     report(run(args.quick, variants, args.pods, args.idle))
 
 
