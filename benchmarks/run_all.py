@@ -125,16 +125,23 @@ def render(results: dict[str, list[dict[str, object]]], errors: dict[str, str],
     ]
     if variant_rows:
         out += ["", "### What each change bought (one cluster, the variants run one after another)", "",
-                "`python -m benchmarks.bench_kubelet --variant NAME=TREE ...`: each column is the plugin from",
-                "one checkout, in the order the changes landed; recorded in `docs/benchmarks-kubelet-variants.jsonl`.",
-                "", *_variant_table(variant_rows)]
+                "`python -m benchmarks.bench_kubelet --variant NAME=TREE[,ENV=VALUE] ...`: each column is the",
+                "plugin from one checkout, in the order the changes landed; recorded in",
+                "`docs/benchmarks-kubelet-variants.jsonl`. Compare columns within a run only: on this 2-core",
+                "machine a figure moves by 1-3 ms from run to run, and the first variant meets a fresh cluster."]
+        runs: dict[str, list[dict[str, object]]] = {}
+        for r in variant_rows:
+            runs.setdefault(str(r.get("run", "")), []).append(r)
+        for run, rows in runs.items():
+            out += ["", *([f"{run}:", ""] if run else []), *_variant_table(rows)]
     out += [
         "",
         "## Micro-benchmarks (against the stand-ins)",
         "",
         "These run against the project's local API server, simulated NVML and an in-process gRPC client:",
         "they track the code's own cost from change to change, not what a user sees under a real kubelet",
-        "(compare prepare here with the kubelet's figure above).",
+        "(compare prepare here with the kubelet's figure above). Figures of the last full run",
+        "(`docs/benchmarks-results.jsonl`).",
         "",
         *_table(micro),
     ]
