@@ -316,6 +316,12 @@ class VramAccountant:
         A claim is warned about once per crossing: it is warned again only after its use has fallen
         back under the request (or the claim went away) and risen over it again.
         """
+        if report is None and not self._claims():
+            # Nothing prepared, nothing can be over its request: an idle node reads no GPU's
+            # processes and asks the kubelet for nothing every interval.
+            with self._lock:
+                self._reported = set()
+            return []
         report = report or self.report()
         over = [c for c in report.claims if c.over_request and c.processes]
         keys = {(c.claim.claim_uid, c.device) for c in over}

@@ -368,3 +368,19 @@ def test_claims_provider_reads_pods_and_requests_from_the_api_and_follows_deleti
     assert provider() == []
     resource.create_namespaced_resource_claim("golden", body)
     assert provider() == []
+
+
+def test_an_idle_node_checks_nothing(sim_node: tuple[Any, Any]) -> None:
+    # No prepared claim: the periodic check neither lists GPU processes nor asks the kubelet.
+    sim, node = sim_node
+    asked: list[int] = []
+
+    def pod_resources() -> None:
+        asked.append(1)
+
+    def no_process_reads(*args: Any) -> Any:
+        raise AssertionError("an idle check read the GPUs' processes")
+
+    accountant = VramAccountant(sim, lambda: node, lambda: [], pod_resources=pod_resources)
+    accountant.device_processes = no_process_reads  # type: ignore[method-assign]
+    assert accountant.check() == [] and asked == []
