@@ -10,7 +10,6 @@ cancelled at once.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import threading
 import time
@@ -112,6 +111,8 @@ class HealthServicer:
 
     async def NodeWatchResources(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         """Stream full snapshots until the kubelet goes away (the call is cancelled) or the plugin stops."""
+        import asyncio  # here: the broadcaster is imported before the first slice, asyncio is not needed then
+
         loop = asyncio.get_running_loop()
         changed = asyncio.Event()
 
