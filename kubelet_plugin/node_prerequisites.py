@@ -78,6 +78,21 @@ def problem_with(directory: NodeDirectory) -> str | None:
     return None
 
 
+def creatable_under(directory: NodeDirectory) -> str | None:
+    """For a directory that does not exist yet: the existing directory above it where the plugin
+    can create it at start (writable, not read-only), or None. Changes nothing."""
+    path = os.path.abspath(directory.path)
+    if os.path.lexists(path):
+        return None
+    parent = os.path.dirname(path)
+    while not os.path.lexists(parent) and parent != "/":
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or os.statvfs(parent).f_flag & os.ST_RDONLY \
+            or not os.access(parent, os.W_OK | os.X_OK):
+        return None
+    return parent
+
+
 def _file_above(path: str) -> bool:
     parent = os.path.dirname(os.path.abspath(path))
     while parent and parent != "/":

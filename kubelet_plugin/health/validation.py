@@ -28,7 +28,7 @@ from kubelet_plugin.health.nvml_checks import NvmlUnavailable, check_driver, che
 from kubelet_plugin.health.probe_runner import COVERED, Prober
 from kubelet_plugin.health.state import Fault
 from kubelet_plugin.health.topology import node_topology
-from kubelet_plugin.node_prerequisites import NodeDirectory, problem_with
+from kubelet_plugin.node_prerequisites import NodeDirectory, creatable_under, problem_with
 
 
 class CheckStatus(StrEnum):
@@ -182,10 +182,16 @@ def check_container_stage(devices: NodeDevices, config: ValidationConfig) -> lis
         results.append(CheckResult("node", "container", CheckStatus.SKIP, "device nodes not checked"))
     if config.cdi_dir is not None:
         # Checked without writing anything: a check must not change what it checks.
-        problem = problem_with(NodeDirectory("--cdi-dir", "CDI_ROOT", config.cdi_dir,
-                                             "one CDI spec per prepared claim", "CDIRootUnusable"))
+        cdi = NodeDirectory("--cdi-dir", "CDI_ROOT", config.cdi_dir, "one CDI spec per prepared claim",
+                            "CDIRootUnusable")
+        problem = problem_with(cdi)
+        under = creatable_under(cdi) if problem is not None else None
         if problem is None:
             results.append(CheckResult("node", "cdi", CheckStatus.PASS, f"{config.cdi_dir} is writable"))
+        elif under is not None:  # the plugin creates its directories at start (ensure_directories)
+            results.append(CheckResult("node", "cdi", CheckStatus.PASS,
+                                       f"{config.cdi_dir} does not exist yet; the plugin creates it at start "
+                                       f"({under} is writable)"))
         else:
             results.append(CheckResult("node", "cdi", CheckStatus.FAIL,
                                        f"CDI directory {config.cdi_dir} is not writable: {problem}"))

@@ -69,10 +69,16 @@ def test_device_nodes_cdi_and_plugin_checks(capsys: pytest.CaptureFixture[str], 
     rc, lines = run(capsys, "--nvml", "sim:h100-80gb", "--dev-root", str(dev), "--cdi-dir", str(tmp_path / "c2"))
     assert rc == 1
     assert f"{dev}/dev/nvidia0 is missing" in line(lines, "node", "container")
-    # A missing CDI directory is reported with the flag, and validate does not create it.
+    # A missing CDI directory the plugin can create at start passes, saying so; validate does not create it.
     cdi_line = line(lines, "node", "cdi")
-    assert cdi_line.startswith("FAIL") and f"--cdi-dir {tmp_path / 'c2'} (env CDI_ROOT): No such file" in cdi_line
+    assert cdi_line.startswith("PASS") and "does not exist yet; the plugin creates it at start" in cdi_line
     assert not (tmp_path / "c2").exists()
+    # One it cannot create (a file where a directory belongs) fails, named with the flag.
+    (tmp_path / "file").write_text("x")
+    rc, lines = run(capsys, "--nvml", "sim:h100-80gb", "--dev-root", str(dev), "--cdi-dir",
+                    str(tmp_path / "file" / "cdi"))
+    cdi_line = line(lines, "node", "cdi")
+    assert rc == 1 and cdi_line.startswith("FAIL") and f"--cdi-dir {tmp_path / 'file' / 'cdi'} (env CDI_ROOT)" in cdi_line
 
 
 def test_bad_arguments_are_explained(capsys: pytest.CaptureFixture[str]) -> None:
