@@ -18,7 +18,6 @@ Objects in the caches are shared, read-only dicts: copy before changing one.
 
 from __future__ import annotations
 
-import json
 import random
 import threading
 import time
@@ -36,7 +35,7 @@ from controller.api_client import (
 )
 from controller.planning import Inventory, Skipped, build_inventory
 from controller.planning.cluster_inventory import SliceCache
-from dra_driver.kube_api import describe_error
+from dra_driver.kube_api import describe_error, unblock, watch_events
 from dra_driver.logs import get_logger
 
 log = get_logger(__name__)
@@ -154,12 +153,7 @@ class Informer:
     def stop(self) -> None:
         """Stop the thread (closes the open watch)."""
         self._stop.set()
-        response = self._response
-        if response is not None:
-            try:
-                response.shutdown()
-            except Exception:
-                pass
+        unblock(self._response)
         if self._thread is not None:
             self._thread.join(timeout=5)
 
@@ -232,15 +226,11 @@ class Informer:
         self._response = response
         self.watches += 1
         try:
-            buffer = b""
-            for chunk in response.chunks(65536):
+            for events in watch_events(response):
                 if self._stop.is_set():
                     return
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
-                    if line.strip():
-                        self._dispatch(json.loads(line))
+                for event in events:
+                    self._dispatch(event)
                 if time.monotonic() >= self._next_resync:
                     return  # resync: hand every object to the handlers again, then resume
         finally:

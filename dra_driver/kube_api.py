@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlencode
 
@@ -90,6 +91,29 @@ class JsonApi:
                 body = data.decode(errors="replace")
             raise ApiError("GET", path, response.status, body)
         return response
+
+
+def watch_events(response: StreamingResponse) -> Iterator[list[dict[str, Any]]]:
+    """A watch stream's events as they arrive: one list per chunk read (empty while a line is still
+    incomplete), so a caller can look at its stop flag between reads."""
+    buffer = b""
+    for chunk in response.chunks(65536):
+        buffer += chunk
+        events = []
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            if line.strip():
+                events.append(json.loads(line))
+        yield events
+
+
+def unblock(response: StreamingResponse | None) -> None:
+    """End a read of ``response`` in progress in another thread (stopping a watch); never raises."""
+    if response is not None:
+        try:
+            response.shutdown()
+        except Exception:
+            pass
 
 
 def describe_error(exc: BaseException) -> str:

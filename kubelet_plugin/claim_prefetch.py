@@ -15,14 +15,13 @@ falls back to the GET. Memory is bounded: claims of pods that went away are drop
 
 from __future__ import annotations
 
-import json
 import random
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from dra_driver.kube_api import ApiError, JsonApi, describe_error
+from dra_driver.kube_api import ApiError, JsonApi, describe_error, unblock, watch_events
 from dra_driver.logs import get_logger
 
 log = get_logger(__name__)
@@ -74,12 +73,7 @@ class ClaimPrefetch:
     def stop(self) -> None:
         """Stop watching (unblocks the open watch)."""
         self._stop.set()
-        response = self._response
-        if response is not None:
-            try:
-                response.shutdown()
-            except Exception:
-                pass
+        unblock(self._response)
         if self._thread is not None:
             self._thread.join(timeout=5)
 
@@ -124,15 +118,11 @@ class ClaimPrefetch:
         response = self._api.open_stream(PODS, query, WATCH_TIMEOUT_SECONDS + 30)
         self._response = response
         try:
-            buffer = b""
-            for chunk in response.chunks(65536):
+            for events in watch_events(response):
                 if self._stop.is_set():
                     return
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
-                    if line.strip():
-                        self._on_event(json.loads(line))
+                for event in events:
+                    self._on_event(event)
         finally:
             self._response = None
             response.close()

@@ -7,12 +7,12 @@ then would any change by someone else have been reported.
 
 from __future__ import annotations
 
-import json
 import random
 import threading
 from collections.abc import Callable
 from typing import Any
 
+from dra_driver.kube_api import unblock, watch_events
 from dra_driver.logs import get_logger
 
 from .slice_requests import SLICES_PATH, WATCH_TIMEOUT_SECONDS, ApiError, RawHttp
@@ -47,12 +47,7 @@ class SliceWatch:
 
     def shutdown(self) -> None:
         """Unblock a read in progress (``run`` then returns once its stop event is set)."""
-        response = self._response
-        if response is not None:
-            try:
-                response.shutdown()
-            except Exception:
-                pass
+        unblock(self._response)
 
     def run(self, stop: threading.Event) -> None:
         """List for a resourceVersion, watch from it, and start over whenever the stream ends."""
@@ -86,15 +81,11 @@ class SliceWatch:
         self._set_live(True)
         self._on_gap()  # whatever happened before this session opened was not seen
         try:
-            buffer = b""
-            for chunk in response.chunks(65536):
+            for events in watch_events(response):
                 if stop.is_set():
                     return
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
-                    if line.strip():
-                        self._dispatch(json.loads(line))
+                for event in events:
+                    self._dispatch(event)
         finally:
             self._set_live(False)
             self._response = None
