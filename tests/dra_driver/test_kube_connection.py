@@ -4,6 +4,7 @@ Against the local API server over a real socket."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -33,6 +34,27 @@ def test_a_kubeconfig_is_read_without_the_kubernetes_package_or_urllib3(tmp_path
                 "print(sorted(m for m in sys.modules if m.startswith(('kubernetes', 'urllib3'))))")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert out.splitlines() == ["NamespaceList", "[]"]
+
+
+def test_a_json_kubeconfig_is_read_without_pyyaml_and_a_yaml_one_still_is(tmp_path: Path) -> None:
+    # JSON is YAML too; read as JSON, the daemon skips PyYAML's import (its in-cluster path has none).
+    with LocalApiServer() as srv:
+        config = srv.kubeconfig()
+        (tmp_path / "kc.json").write_text(json.dumps(config, indent=1))
+        (tmp_path / "kc.yaml").write_text(yaml.safe_dump(config))
+        # A YAML flow mapping also opens with '{' (unquoted keys): not JSON, still a kubeconfig.
+        (tmp_path / "kc.flow").write_text(yaml.safe_dump(config, default_flow_style=True))
+        code = ("import sys; from dra_driver.kube_api import JsonApi, connect;"
+                "print(JsonApi(connect(sys.argv[1])).request('GET', '/api/v1/namespaces')['kind'], "
+                "'yaml' in sys.modules)")
+        answers = {name: subprocess.run([sys.executable, "-c", code, str(tmp_path / name)], capture_output=True,
+                                        text=True, timeout=60).stdout.strip()
+                   for name in ("kc.json", "kc.yaml", "kc.flow")}
+    assert answers == {"kc.json": "NamespaceList False", "kc.yaml": "NamespaceList True",
+                       "kc.flow": "NamespaceList True"}
+    (tmp_path / "bad").write_text("{not: [closed")
+    with pytest.raises(KubeConfigError, match=r"bad: not readable as a kubeconfig"):
+        simple_kubeconfig(str(tmp_path / "bad"))
 
 
 def test_an_exec_credential_kubeconfig_goes_to_the_kubernetes_client(tmp_path: Path) -> None:
