@@ -7,13 +7,21 @@ real probe runs a PTX kernel through libcuda on every GPU and MIG device and che
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 
 import pytest
 
-from kubelet_plugin.health.cuda_probe import ProbeError, expected, inputs, verify
-from kubelet_plugin.health.probe_runner import CudaProber, SimulatedProber, run_probe_process
+from kubelet_plugin.health.cuda_probe import ProbeError, expected, inputs, json_line, parse_args, verify
+from kubelet_plugin.health.probe_runner import (
+    CUDA_PROBE_SCRIPT,
+    CudaProber,
+    SimulatedProber,
+    run_probe_process,
+)
 from kubelet_plugin.health.topology import ProbeTarget, node_topology
 from kubelet_plugin.nvml import discover, open_nvml
 
@@ -49,7 +57,34 @@ def test_wrong_result_and_ok() -> None:
 
 def test_a_crashing_probe_reports_its_last_words() -> None:
     r = run_probe_process(["--uuid", "GPU-x", "--no-such-flag"], env(), timeout_s=20)
-    assert not r.ok and "exited with status 2" in r.reason and "unrecognized arguments" in r.reason
+    assert not r.ok and "exited with status 2" in r.reason and "unknown argument '--no-such-flag'" in r.reason
+    r = run_probe_process(["--uuid", "GPU-x", "--simulate", "maybe"], env(), timeout_s=20)
+    assert not r.ok and "--simulate 'maybe': expected one of ok, wrong, hang" in r.reason
+    r = run_probe_process(["--simulate=ok"], env(), timeout_s=20)
+    assert not r.ok and "--uuid is required" in r.reason
+
+
+def test_the_result_line_is_json_whatever_the_error_says() -> None:
+    # CUDA's and the driver's words go into the line the plugin parses: quotes, backslashes,
+    # control characters and non-ASCII must all come through.
+    nasty = 'cuInit: "CUDA_ERROR" \\ at C:\\x\ttab\nnewline \x00 \x1f caf\u00e9 \u2028'
+    for result in ({"ok": False, "error": nasty}, {"ok": True, "seconds": 0.25, "device": "NVIDIA H200"},
+                   {"ok": True, "seconds": 3, "device": ""}):
+        assert json.loads(json_line(result)) == result
+    assert parse_args(["--uuid=GPU-1", "--simulate", "hang"]) == ("GPU-1", "hang")
+    assert parse_args(["--uuid", "MIG-2"]) == ("MIG-2", None)
+
+
+def test_the_probe_child_loads_nothing_it_does_not_need() -> None:
+    # One child per GPU at start-up, before the first ResourceSlice: json, argparse (both load re)
+    # and ctypes (only a real CUDA probe needs it) would triple its start-up.
+    code = ("import runpy, sys; sys.argv = ['cuda_probe.py', '--uuid', 'GPU-1', '--simulate', 'ok']\n"
+            "try:\n    runpy.run_path(sys.argv_path, run_name='__main__')\nexcept SystemExit as e:\n    code = e.code\n"
+            "print(code, sorted(m for m in ('json', 'argparse', 'ctypes') if m in sys.modules), file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", code.replace("sys.argv_path", repr(CUDA_PROBE_SCRIPT))],
+                         capture_output=True, text=True, timeout=60)
+    assert json.loads(out.stdout)["ok"] is True
+    assert out.stderr.strip() == "0 []"
 
 
 def test_real_probe_without_a_driver_says_so() -> None:
