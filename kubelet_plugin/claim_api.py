@@ -8,9 +8,9 @@ validators), ``ResourceV1Api`` about 4 MB.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -172,7 +172,7 @@ def emit_node_event(api_client: Any, node_name: str, reason: str, message: str,
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     body = {
         "apiVersion": "v1", "kind": "Event",
-        "metadata": {"name": f"{node_name}.{uuid.uuid4().hex[:16]}", "namespace": "default"},
+        "metadata": {"name": f"{node_name}.{os.urandom(8).hex()}", "namespace": "default"},  # no uuid import
         "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_name},
         "reason": reason, "message": message[:1024], "type": event_type,
         "source": {"component": COMPONENT, "host": node_name},

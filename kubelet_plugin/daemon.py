@@ -20,7 +20,9 @@ GPUReady) until it returns or the plugin restarts; a GPU that appears (back from
 at start) is validated by the health monitor and published once it passes, without a restart.
 
 Start order (:meth:`KubeletPlugin.start`): check the node's directories -> discover devices ->
-start publishing slices and the health monitor (validation probes run from here on) -> wait, at
+start the health monitor (validation probes run from here on) -> ask the API server whether this
+node's pool is already published (a restart holds it until validated) -> start publishing slices
+and the GPUReady condition -> wait, at
 most a second, for the first ResourceSlice with devices (the scheduler needs it before any prepare
 can come, so it gets the CPU; the modules below are imported only after it) -> open the
 checkpoint (quarantine a corrupt one, with an Event) and recover it -> serve the DRA socket (DRA v1
@@ -61,8 +63,8 @@ from kubelet_plugin.node_prerequisites import (
     first_problem,
     node_directories,
 )
-from kubelet_plugin.prepare.claim_plan import NodeDevice, index_devices
-from kubelet_plugin.publisher import SlicePublisher
+from kubelet_plugin.prepare.node_devices import NodeDevice, index_devices
+from kubelet_plugin.publisher import SlicePublisher, pool_has_devices
 
 if TYPE_CHECKING:
     import grpc
@@ -77,6 +79,8 @@ if TYPE_CHECKING:
     from kubelet_plugin.prepare.preparer import Preparer
 
 log = get_logger(__name__)
+
+HOLD_DECISION_WAIT_S = 60.0  # a health snapshot waits at most this for start-up's hold decision
 
 # Health monitor states -> the states the metrics export (Unknown counts as not healthy).
 _METRIC_STATE = {"HEALTHY": "Healthy", "UNHEALTHY": "Unhealthy", "RECOVERING": "Recovering",
@@ -134,6 +138,8 @@ class KubeletPlugin:
         self._listed_cache: tuple[NodeDevices, SliceOptions, frozenset[str]] | None = None  # under _apply_lock
         self._last_snapshot: Any = None
         self._hold_until_validated = False  # set in start(): a restart keeps the pool until validated
+        self._hold_decided = threading.Event()  # cleared in start() until _hold_until_validated is known
+        self._hold_decided.set()
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -158,19 +164,25 @@ class KubeletPlugin:
             mig_gate(self.nvml).journal_dir = journal
             if destroy_leftover_probe_instances(self.nvml, journal, cfg.node_name):
                 self.refresh_devices()
-        # A restart or a rolling update: the cluster already sees this node's devices (the old
-        # instance's pool). Publishing before validation finishes would withdraw every device still
-        # Validating from running pods' view and fight the old instance's writes, so the pool keeps
-        # what it lists until the first validation round has a verdict for every device. A fresh
-        # node publishes each device as soon as it passes (first slice sooner).
-        self._hold_until_validated = self._pool_already_published()
-        # Publishing and validation first: they need nothing below, and the validation probes run
-        # while the checkpoint is recovered and the gRPC servers come up (first slice sooner).
+        # Validation and publishing first: they need nothing below, and the validation probes (child
+        # processes, the slowest step before a device may be published) start before anything
+        # else, so they run while the rest of start-up does (first slice sooner).
         self.publisher = SlicePublisher(self.api_client, cfg.node_name, cfg.driver_name,
                                         on_pass=self.metrics.observe_publish,
                                         on_fields_dropped=self._on_gates_off)
+        self._hold_decided.clear()  # health callbacks wait for the decision below before publishing
+        try:
+            self._start_validation()
+            # A restart or a rolling update: the cluster already sees this node's devices (the old
+            # instance's pool). Publishing before validation finishes would withdraw every device
+            # still Validating from running pods' view and fight the old instance's writes, so the
+            # pool keeps what it lists until the first validation round has a verdict for every
+            # device. A fresh node publishes each device as soon as it passes (first slice sooner).
+            self._hold_until_validated = pool_has_devices(self.api_client, cfg.node_name, cfg.driver_name)
+        finally:
+            self._hold_decided.set()
         self.publisher.start()
-        self._start_health()
+        self._start_reporting()
         # The scheduler needs the slice before anything below matters (no prepare can come for a
         # device it has not seen), so the first publish gets the CPU: the rest of start-up, and its
         # imports (checkpoint, CDI, gRPC, metrics collectors), waits for it, at most a second.
@@ -319,55 +331,50 @@ class KubeletPlugin:
                 "CDI spec remains get their record rebuilt at start-up, so their devices stay taken "
                 "(docs/troubleshooting.md, section 8).")
 
-    def _start_health(self) -> None:
+    def _start_validation(self) -> None:
+        """Start the health monitor (its first validation round starts the probes); nothing with
+        ``--health-mode off``. Its snapshots wait in :meth:`apply_health` until ``_hold_decided``."""
         cfg = self.config
         if cfg.health_mode == "off":
-            self.set_unhealthy({})
             return
         from kubelet_plugin.health import HealthMonitor
+        from kubelet_plugin.health.metered_prober import MeteredProber
         from kubelet_plugin.health.node_status import NodeStatusReporter
+        from kubelet_plugin.health.probe_runner import prober_for
+        from kubelet_plugin.health.validation import device_node_check
 
         assert self.devices is not None
-        # A raw-JSON client for the two calls it makes: CoreV1Api would cost ~20 MB resident.
+        # Made (not started) before the monitor, so no transition's Event is missed. A raw-JSON
+        # client for the two calls it makes: CoreV1Api would cost ~20 MB resident.
         self.node_status = NodeStatusReporter(self.api_client, cfg.node_name, core=NodeStatusApi(self.api_client))
-        self.node_status.start()
-        from kubelet_plugin.health.metered_prober import MeteredProber
-        from kubelet_plugin.health.probe_runner import prober_for
-
         self.health_monitor = HealthMonitor(self.nvml, self.devices, cfg.health_policy(),
                                             prober=MeteredProber(prober_for(self.nvml), self.metrics),
                                             on_change=self.apply_health, dynamic_mig=cfg.dynamic_mig,
                                             node_name=cfg.node_name, on_xid=self.metrics.record_xid,
-                                            device_nodes=self._device_node_check(),
+                                            device_nodes=device_node_check(cfg, self.nvml),
                                             on_inventory_change=self.refresh_devices)
         self.health_monitor.start()
-        self.apply_health(self.health_monitor.snapshot())
 
-    def _device_node_check(self) -> Any:
-        """The health monitor's device-node check (a ValidationConfig), or None when not checked.
-
-        NVML can answer for a GPU whose /dev/nvidia<minor> (or /dev/nvidiactl, /dev/nvidia-uvm) is
-        missing or cannot be opened, and then every container given the GPU fails: such a GPU is
-        unhealthy. A simulated node has no device nodes, so it is checked only against an explicit
-        --dev-root (a fake tree), and the skip is said in the log.
-        """
-        from kubelet_plugin.health.validation import ValidationConfig
-
-        cfg = self.config
-        from kubelet_plugin.nvml import is_simulated
-
-        simulated = is_simulated(self.nvml)
-        root = cfg.device_node_root(simulated)
-        if root is None:
-            why = ("--dev-root off" if cfg.dev_root == "off"
-                   else "simulated NVML: its GPUs have no device nodes; set --dev-root to check a tree")
-            log.info("device_node_check_skipped", node=cfg.node_name, reason=why)
-            return None
-        log.info("device_node_check_enabled", node=cfg.node_name, dev_root=root)
-        return ValidationConfig(dev_root=root, cdi_dir=None)
+    def _start_reporting(self) -> None:
+        """Publish the health known now and start writing GPUReady (the publisher is running)."""
+        if self.health_monitor is None:
+            self.set_unhealthy({})
+            return
+        assert self.node_status is not None
+        self.node_status.start()
+        with self._apply_lock:
+            # Read under the lock: a snapshot the monitor delivers after this one is newer, so the
+            # last one applied is always the current health (a snapshot taken before the lock could
+            # land after a newer delivery and withdraw a device that had just passed).
+            snapshot = self.health_monitor.snapshot()
+            self._apply_health_locked(replace(snapshot, prerequisite=self._prerequisite))
 
     def apply_health(self, snapshot: Any) -> None:
-        """Health monitor callback: republish slices and the kubelet health stream."""
+        """Health monitor callback: republish slices and the kubelet health stream.
+
+        During start-up it waits until the plugin has decided whether to hold the pool (a lookup on
+        the API server, under a second; the health monitor starts before it so the probes run)."""
+        self._hold_decided.wait(HOLD_DECISION_WAIT_S)
         with self._apply_lock:
             self._apply_health_locked(replace(snapshot, prerequisite=self._prerequisite))
 
@@ -399,23 +406,6 @@ class KubeletPlugin:
                 for name in gpu_topology(gpu, self.config.dynamic_mig).device_names:
                     unhealthy.setdefault(name, "awaiting validation")
         self._publish(unhealthy, devices)
-
-    def _pool_already_published(self) -> bool:
-        """Whether the API server holds a slice of this node's pool with devices (one cached read;
-        False when it cannot be asked: then the node is treated as fresh)."""
-        from dra_driver.kube_api import JsonApi, describe_error
-
-        cfg = self.config
-        try:
-            answer = JsonApi(self.api_client).request(
-                "GET", "/apis/resource.k8s.io/v1/resourceslices",
-                [("fieldSelector", f"spec.nodeName={cfg.node_name},spec.driver={cfg.driver_name}"),
-                 ("resourceVersion", "0")])
-        except Exception as exc:
-            log.info("pool_lookup_failed", node=cfg.node_name, error=describe_error(exc),
-                     detail="treated as a fresh node: devices are published as they pass validation")
-            return False
-        return any((item.get("spec") or {}).get("devices") for item in (answer or {}).get("items") or [])
 
     def refresh_devices(self) -> None:
         """Re-read the node: after a dynamic MIG change, or when NVML lists other GPUs than before.

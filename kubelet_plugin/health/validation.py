@@ -23,12 +23,15 @@ from enum import StrEnum
 from typing import Any
 
 from dra_driver.devices import Gpu, NodeDevices
+from dra_driver.logs import get_logger
 from kubelet_plugin.health.mig_probe import run_target
 from kubelet_plugin.health.nvml_checks import NvmlUnavailable, check_driver, check_gpu
 from kubelet_plugin.health.probe_runner import COVERED, Prober
 from kubelet_plugin.health.state import Fault
 from kubelet_plugin.health.topology import node_topology
 from kubelet_plugin.node_prerequisites import NodeDirectory, creatable_under, problem_with
+
+log = get_logger(__name__)
 
 
 class CheckStatus(StrEnum):
@@ -261,3 +264,23 @@ def validate_node(nvml: Any, devices: NodeDevices, prober: Prober, config: Valid
     results.extend(check_unreadable(devices))
     results.extend(check_gpu_stage(nvml, devices, prober, config, dynamic_mig, temporary_mig))
     return ValidationReport(tuple(results))
+
+
+def device_node_check(config: Any, nvml: Any) -> ValidationConfig | None:
+    """The health monitor's device-node check for a plugin's ``config``, or None when not checked.
+
+    NVML can answer for a GPU whose /dev/nvidia<minor> (or /dev/nvidiactl, /dev/nvidia-uvm) is
+    missing or cannot be opened, and then every container given the GPU fails: such a GPU is
+    unhealthy. A simulated node has no device nodes, so it is checked only against an explicit
+    --dev-root (a fake tree), and the skip is said in the log.
+    """
+    from kubelet_plugin.nvml import is_simulated
+
+    root = config.device_node_root(is_simulated(nvml))
+    if root is None:
+        why = ("--dev-root off" if config.dev_root == "off"
+               else "simulated NVML: its GPUs have no device nodes; set --dev-root to check a tree")
+        log.info("device_node_check_skipped", node=config.node_name, reason=why)
+        return None
+    log.info("device_node_check_enabled", node=config.node_name, dev_root=root)
+    return ValidationConfig(dev_root=root, cdi_dir=None)

@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dra_driver.devices import Gpu, MigDevice, MigMode, MigPlacement, NodeDevices
 from dra_driver.opaque_config import (
     DeviceConfig,
     OpaqueConfigError,
@@ -26,6 +25,7 @@ from dra_driver.opaque_config import (
 )
 from kubelet_plugin.cdi.cdi_spec import qualified_device_id
 from kubelet_plugin.checkpoint.schema import PreparedDeviceRecord
+from kubelet_plugin.prepare.node_devices import NodeDevice
 
 
 class PrepareError(Exception):
@@ -34,52 +34,6 @@ class PrepareError(Exception):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
-
-
-@dataclass(frozen=True)
-class NodeDevice:
-    """A device this node can prepare: a whole GPU, an existing MIG device, or a MIG placement."""
-
-    name: str
-    kind: str  # "gpu" | "mig" | "placement" (dynamic MIG: created at prepare time)
-    gpu: Gpu
-    mig: MigDevice | None = None
-    placement: MigPlacement | None = None
-
-    @property
-    def config_type(self) -> str:
-        """``gpu`` or ``mig``: which opaque config kind applies."""
-        return "gpu" if self.kind == "gpu" else "mig"
-
-    @property
-    def memory_bytes(self) -> int:
-        """Memory of the device (for config checks)."""
-        if self.mig is not None:
-            return self.mig.memory_bytes
-        if self.placement is not None:
-            return self.placement.profile.memory_bytes
-        return self.gpu.memory_bytes
-
-
-def index_devices(node: NodeDevices, dynamic_mig: bool) -> dict[str, NodeDevice]:
-    """Every preparable device of a node by published name.
-
-    Static MIG: existing MIG devices, and whole GPUs whose MIG mode is off. Dynamic MIG: whole GPUs
-    plus every placement of MIG-enabled GPUs (the instance is created when a claim is prepared).
-    """
-    result: dict[str, NodeDevice] = {}
-    for gpu in node.gpus:
-        if dynamic_mig or gpu.mig_mode != MigMode.ENABLED:
-            result[gpu.name] = NodeDevice(gpu.name, "gpu", gpu)
-        if gpu.mig_mode != MigMode.ENABLED:
-            continue
-        if dynamic_mig:
-            for placement in gpu.placements():
-                result[placement.name] = NodeDevice(placement.name, "placement", gpu, placement=placement)
-        else:
-            for mig in gpu.mig_devices:
-                result[mig.name] = NodeDevice(mig.name, "mig", gpu, mig=mig)
-    return result
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ from dra_driver.kube_api import describe_error
 from dra_driver.logs import get_logger
 from kubelet_plugin.checkpoint.schema import ClaimRecord, MigRecord
 from kubelet_plugin.checkpoint.store import CheckpointStore
-from kubelet_plugin.prepare.claim_plan import ClaimPlan, NodeDevice, PrepareError
+from kubelet_plugin.prepare.claim_plan import ClaimPlan, PrepareError
+from kubelet_plugin.prepare.node_devices import NodeDevice
 from kubelet_plugin.prepare.prepare_types import ClaimSource, MigOps, PrepareSettings
 from kubelet_plugin.prepare.whole_gpu_instance import (
     full_instance_record,

@@ -40,8 +40,9 @@ from kubelet_plugin.mps.control_daemon import MpsControl, MpsControlSettings, pr
 from kubelet_plugin.mps.mps_dirs import plan_record
 from kubelet_plugin.mps.mps_plan import MpsOps, check_claim, claim_mps_devices
 from kubelet_plugin.node_prerequisites import NodeDirectory, describe_os_error
-from kubelet_plugin.prepare.claim_plan import ClaimPlan, NodeDevice, PrepareError, answer_for, plan_claim
+from kubelet_plugin.prepare.claim_plan import ClaimPlan, PrepareError, answer_for, plan_claim
 from kubelet_plugin.prepare.mig_instances import MigSteps, planned_mig
+from kubelet_plugin.prepare.node_devices import NodeDevice
 from kubelet_plugin.prepare.prepare_errors import api_failure
 from kubelet_plugin.prepare.prepare_types import ClaimOutcome, ClaimSource, MigOps, PrepareSettings
 from kubelet_plugin.prepare.unpreparer import UnprepareSteps

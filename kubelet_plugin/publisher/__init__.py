@@ -36,7 +36,7 @@ from __future__ import annotations
 from dra_driver.slices import node_owner_reference
 
 from .slice_publisher import NODE_RETRY_SECONDS, WRITE_PARALLELISM, PublisherStats, SlicePublisher
-from .slice_requests import SLICES_PATH, ApiError
+from .slice_requests import SLICES_PATH, ApiError, pool_has_devices
 
 __all__ = [
     "NODE_RETRY_SECONDS",
@@ -46,4 +46,5 @@ __all__ = [
     "PublisherStats",
     "SlicePublisher",
     "node_owner_reference",
+    "pool_has_devices",
 ]

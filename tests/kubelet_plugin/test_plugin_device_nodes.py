@@ -91,7 +91,7 @@ def test_a_gpu_whose_device_node_is_missing_is_withdrawn_naming_the_path_and_ret
 
 
 def test_a_simulated_node_without_a_dev_root_skips_the_check_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
-    with PluginHarness() as h, caplog.at_level(logging.INFO, logger="kubelet_plugin.daemon"):
+    with PluginHarness() as h, caplog.at_level(logging.INFO, logger="kubelet_plugin.health.validation"):
         plugin = h.start_plugin("nodev", "sim:h100-80gb", health_mode="withdraw")
         assert plugin.health_monitor.wait_validated(60)
         assert plugin.health_monitor.snapshot().unhealthy() == {}
