@@ -26,12 +26,13 @@ from testbed.apiserver import LocalApiServer
 
 
 def test_a_kubeconfig_is_read_without_the_kubernetes_package_or_urllib3(tmp_path: Path) -> None:
-    # Each costs a node daemon memory and start-up: the node's connection is the standard library's.
+    # Each costs a node daemon memory and start-up: the node's connection is the standard library's
+    # (and an ASCII host name does not load the idna codec, with unicodedata, on the first request).
     with LocalApiServer() as srv:
         path = srv.write_kubeconfig(str(tmp_path / "kc"))
         code = ("import sys; from dra_driver.kube_api import JsonApi, connect;"
                 f"print(JsonApi(connect({path!r})).request('GET', '/api/v1/namespaces')['kind']);"
-                "print(sorted(m for m in sys.modules if m.startswith(('kubernetes', 'urllib3'))))")
+                "print(sorted(m for m in sys.modules if m.startswith(('kubernetes', 'urllib3', 'encodings.idna'))))")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert out.splitlines() == ["NamespaceList", "[]"]
 
