@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from dra_driver.devices import NodeDevices
 from dra_driver.logs import get_logger
 from dra_driver.slices import SliceOptions, build_pool, listed_device_names
-from kubelet_plugin.checkpoint.store import CheckpointStore, read_boot_id
+from kubelet_plugin.checkpoint.boot_id import read_boot_id
 from kubelet_plugin.claim_api import KubeClaims, NodeStatusApi, PodEventsApi, PreparedClaims, emit_node_event
 from kubelet_plugin.config import PluginConfig
 from kubelet_plugin.feature_fallback import PublishFallback
@@ -70,6 +70,7 @@ if TYPE_CHECKING:
     import grpc
 
     from kubelet_plugin.checkpoint.recovery import RecoveryReport
+    from kubelet_plugin.checkpoint.store import CheckpointStore
     from kubelet_plugin.claim_prefetch import ClaimPrefetch
     from kubelet_plugin.kubelet_grpc.grpc_loop import GrpcLoop
     from kubelet_plugin.kubelet_grpc.registration import RegistrationServer
@@ -101,8 +102,8 @@ class KubeletPlugin:
         self.boot_id = config.boot_id or read_boot_id()
         self.devices: NodeDevices | None = None
         self.device_index: dict[str, NodeDevice] = {}
-        self.checkpoint = CheckpointStore(config.checkpoint_path, self.boot_id, self.metrics.checkpoint_written,
-                                          node=config.node_name)
+        self._checkpoint: CheckpointStore | None = None  # made on first use (:attr:`checkpoint`)
+        self._checkpoint_lock = threading.Lock()
         self._own_metrics = metrics is None
         self.broadcaster = HealthBroadcaster(interval=config.health_interval)
         self.publisher: SlicePublisher | None = None
@@ -140,6 +141,22 @@ class KubeletPlugin:
         self._hold_until_validated = False  # set in start(): a restart keeps the pool until validated
         self._hold_decided = threading.Event()  # cleared in start() until _hold_until_validated is known
         self._hold_decided.set()
+
+    @property
+    def checkpoint(self) -> CheckpointStore:
+        """The checkpoint store, made on first use: its modules (codec, hashing, salvage) load after the
+        first ResourceSlice, which does not need them."""
+        store = self._checkpoint
+        if store is None:
+            with self._checkpoint_lock:
+                if self._checkpoint is None:
+                    from kubelet_plugin.checkpoint.store import CheckpointStore
+
+                    cfg = self.config
+                    self._checkpoint = CheckpointStore(cfg.checkpoint_path, self.boot_id,
+                                                       self.metrics.checkpoint_written, node=cfg.node_name)
+                store = self._checkpoint
+        return store
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:

@@ -36,26 +36,14 @@ from typing import Any
 
 from dra_driver.logs import get_logger
 from kubelet_plugin.checkpoint.atomic_files import atomic_write
+from kubelet_plugin.checkpoint.boot_id import BOOT_ID_PATH, read_boot_id
 from kubelet_plugin.checkpoint.codec import CheckpointCorrupt, decode_full, encode
 from kubelet_plugin.checkpoint.salvage import Salvage
 from kubelet_plugin.checkpoint.schema import ClaimRecord
 
 log = get_logger(__name__)
 
-BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
-
-
-def read_boot_id(path: str = BOOT_ID_PATH) -> str:
-    """This boot's ID; ``GPUREADY_BOOT_ID`` overrides it (tests simulate a reboot with it)."""
-    override = os.environ.get("GPUREADY_BOOT_ID")
-    if override:
-        return override
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return "unknown"
-
+__all__ = ["BOOT_ID_PATH", "CheckpointStore", "read_boot_id"]
 
 READ_RETRIES = 3  # a file another instance left unreadable is read again this many times before salvage
 COMPACT_SLACK = 64 * 1024  # trailing padding tolerated before the file is rewritten at its real size
