@@ -8,7 +8,8 @@ kubelet, built from Kubernetes' own modules), with the plugin as its own process
   ``dra_grpc_operations_duration_seconds`` (its count and sum before and after each call: one pod
   at a time, so each difference is one call);
 - plugin start (process exec) to its first ResourceSlice with devices on the API server, the median
-  over ``--starts`` starts (default 5; each on a node with no slices, a fresh plugin directory);
+  over ``--starts`` starts (default 5; each on a node with no slices, a fresh plugin directory; the
+  variants take turns, after one uncounted start each);
 - the plugin's resident memory after the pods;
 - its CPU time over a minute with nothing to do.
 
@@ -197,15 +198,23 @@ class KubeletBench:
             raise
         return proc, log_path, port, time.monotonic() - started
 
-    def measure(self, variant: Variant, pods: int, idle_s: float, starts: int = 1) -> list[BenchResult]:
-        """Run one variant's plugin and take every figure; the first slice over ``starts`` plugin starts."""
-        first_slices = []
-        for _ in range(starts - 1):  # extra starts for the first-slice figure alone (one sample is noisy)
-            proc, _log, _port, seconds = self._launch(variant)
-            _stop(proc)
-            first_slices.append(seconds)
-        proc, log_path, port, seconds = self._launch(variant)
-        first_slices.append(seconds)
+    def first_slices(self, variants: list[Variant], starts: int) -> dict[str, list[float]]:
+        """Seconds from exec to the first ResourceSlice with devices, ``starts`` times per variant,
+        the variants taking turns (so a cluster that slows down over the run weighs on all alike),
+        after one start per variant that is not counted (a checkout's first start compiles its modules)."""
+        seconds: dict[str, list[float]] = {v.name: [] for v in variants}
+        for round_ in range(starts + 1):
+            for variant in variants:
+                proc, _log, _port, took = self._launch(variant)
+                _stop(proc)
+                if round_:
+                    seconds[variant.name].append(took)
+                time.sleep(1.0)  # the kubelet notices the plugin gone before the next one starts
+        return seconds
+
+    def measure(self, variant: Variant, pods: int, idle_s: float, first_slices: list[float]) -> list[BenchResult]:
+        """Run one variant's plugin and take every figure (``first_slices``: from :meth:`first_slices`)."""
+        proc, log_path, port, _took = self._launch(variant)
         self.metrics_port = port
         try:
             self._wait("kubelet registration", lambda: b"plugin_registered" in Path(log_path).read_bytes())
@@ -291,9 +300,10 @@ def run(quick: bool = False, variants: list[Variant] | None = None, pods: int | 
     with Cluster(binaries.find()) as cluster:
         bench = KubeletBench(cluster)
         try:
+            first = bench.first_slices(variants, starts or (1 if quick else 5))
             for variant in variants:
                 results += bench.measure(variant, pods or (5 if quick else 20), idle_s or (10.0 if quick else 60.0),
-                                         starts or (1 if quick else 5))
+                                         first[variant.name])
         finally:
             bench.close()
     return results
