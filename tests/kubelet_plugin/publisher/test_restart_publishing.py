@@ -44,3 +44,30 @@ def test_a_fresh_node_publishes_each_device_as_it_passes() -> None:
         h.start_plugin(NODE, sim, probe_timeout=5.0, health_mode="withdraw")
         devices = h.wait_published(NODE, {"gpu-1"}, timeout=4.0)
         assert "gpu-0" not in devices and time.monotonic() - started < 5.0
+
+
+def test_a_restart_holds_the_pool_even_when_validation_beats_the_pool_lookup() -> None:
+    # Start-up runs the probes before it asks whether the pool is already published; health snapshots
+    # must wait for that answer. Here the API server answers the lookup after 0.8 s, long after the
+    # first probes pass: a snapshot applied before the answer would publish the pool without the
+    # devices still validating (gpu-0 hangs), withdrawing them from running pods.
+    with PluginHarness() as h:
+        first = h.start_plugin(NODE, "sim:8xh100", health_mode="withdraw")
+        wait_for("the first instance's validation", lambda: first.health_monitor.snapshot().validated, 20)
+        assert first.publisher.wait_until_synced(20)
+        before = set(h.published_devices(NODE))
+        h.stop_plugin(NODE)
+
+        sim = open_nvml(f"sim:8xh100@{NODE}")
+        sim.faults.probe(0, "hang")
+        h.server.faults.add_latency(0.8, verb="list", resource="resourceslices")
+        try:
+            started = time.monotonic()
+            h.start_plugin(NODE, sim, probe_timeout=4.0, health_mode="withdraw")
+        finally:
+            h.server.faults.clear()
+        while time.monotonic() - started < 3.0:  # inside gpu-0's probe timeout
+            assert set(h.published_devices(NODE)) == before, "a snapshot was published before the hold decision"
+            time.sleep(0.05)
+        wait_for("gpu-0 withdrawn after its probe timed out", lambda: "gpu-0" not in h.published_devices(NODE), 20)
+        assert set(h.published_devices(NODE)) == before - {"gpu-0"}
