@@ -12,14 +12,23 @@ Several plugins in one process (the demo) each have their own loop: nothing here
 from __future__ import annotations
 
 import asyncio
+import errno
 import threading
+import time
 from collections.abc import Callable
 from concurrent import futures
 from typing import Any
 
 import grpc
 
+from dra_driver.logs import get_logger
+
+log = get_logger(__name__)
+
 START_TIMEOUT_S = 10.0
+# grpc closes its poller's socket when a server stops; a read of it already queued on the loop then
+# fails with EBADF. Within this many seconds of a stop that is shutdown noise, not a fault.
+STOP_NOISE_S = 5.0
 
 
 class GrpcLoop:
@@ -28,8 +37,20 @@ class GrpcLoop:
     def __init__(self, workers: int, name: str) -> None:
         self._pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
         self._loop = asyncio.new_event_loop()
+        self._loop.set_exception_handler(self._loop_error)
+        self._last_stop = float("-inf")  # monotonic time of the last server stop (begun or ended)
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"{name}-loop", daemon=True)
         self._thread.start()
+
+    def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """An exception no coroutine handled, as one structured event (asyncio's own handler writes a
+        multi-line record without the plugin's fields); grpc's EBADF right after a server stop is debug."""
+        exc = context.get("exception")
+        noise = (isinstance(exc, OSError) and exc.errno == errno.EBADF
+                 and time.monotonic() - self._last_stop < STOP_NOISE_S)
+        (log.debug if noise else log.error)(
+            "grpc_loop_error", message=str(context.get("message", "")), error=repr(exc) if exc else None,
+            reason="a queued read of grpc's poller socket, closed as a server stopped" if noise else None)
 
     def _run(self, coro: Any, timeout: float) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
@@ -51,7 +72,11 @@ class GrpcLoop:
         """Stop one server: in-flight calls get ``grace`` seconds, then are cancelled."""
         if self._loop.is_closed():
             return
-        self._run(server.stop(grace), (grace or 0.0) + 5.0)
+        self._last_stop = time.monotonic()
+        try:
+            self._run(server.stop(grace), (grace or 0.0) + 5.0)
+        finally:
+            self._last_stop = time.monotonic()
 
     def close(self) -> None:
         """Stop the loop thread and the handler pool (after every server is stopped)."""
