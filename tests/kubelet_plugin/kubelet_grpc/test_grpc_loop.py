@@ -44,8 +44,10 @@ def test_loop_errors_are_one_event_and_a_stopping_servers_ebadf_is_debug(caplog:
                                                "exception": RuntimeError("boom")})
     finally:
         loop.close()
-    assert _events(caplog) == [
+    events = _events(caplog)
+    # (The real race may add a debug event of its own as the server stops: only errors are counted.)
+    assert [e for e in events if e[0] >= logging.WARNING] == [
         (logging.ERROR, "grpc_loop_error", repr(bad_fd)),  # no server stopping: a fault, said as one
-        (logging.DEBUG, "grpc_loop_error", repr(bad_fd)),  # right after a stop: grpc closed its poller socket
         (logging.ERROR, "grpc_loop_error", "RuntimeError('boom')"),  # anything else stays an error
     ]
+    assert (logging.DEBUG, "grpc_loop_error", repr(bad_fd)) in events  # right after a stop: grpc closed its socket
