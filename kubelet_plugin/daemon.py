@@ -22,9 +22,9 @@ at start) is validated by the health monitor and published once it passes, witho
 Start order (:meth:`KubeletPlugin.start`): check the node's directories -> discover devices ->
 start the health monitor (validation probes run from here on) -> ask the API server whether this
 node's pool is already published (a restart holds it until validated) -> start publishing slices
-and the GPUReady condition -> wait, at
-most a second, for the first ResourceSlice with devices (the scheduler needs it before any prepare
-can come, so it gets the CPU; the modules below are imported only after it) -> open the
+and the GPUReady condition -> wait, at most a second, for the first ResourceSlice with devices
+(the scheduler needs it before any prepare can come, so it gets the CPU; the modules below are
+imported only after it) -> open the
 checkpoint (quarantine a corrupt one, with an Event) and recover it -> serve the DRA socket (DRA v1
 + v1beta1, health v1 + v1alpha1) -> only then create the registration socket, so the kubelet never
 finds a plugin that cannot answer. gRPC and the kubelet-facing modules are imported only at the
@@ -383,8 +383,7 @@ class KubeletPlugin:
             # Read under the lock: a snapshot the monitor delivers after this one is newer, so the
             # last one applied is always the current health (a snapshot taken before the lock could
             # land after a newer delivery and withdraw a device that had just passed).
-            snapshot = self.health_monitor.snapshot()
-            self._apply_health_locked(replace(snapshot, prerequisite=self._prerequisite))
+            self._apply_health_locked(self.health_monitor.snapshot())
 
     def apply_health(self, snapshot: Any) -> None:
         """Health monitor callback: republish slices and the kubelet health stream.
@@ -393,9 +392,10 @@ class KubeletPlugin:
         the API server, under a second; the health monitor starts before it so the probes run)."""
         self._hold_decided.wait(HOLD_DECISION_WAIT_S)
         with self._apply_lock:
-            self._apply_health_locked(replace(snapshot, prerequisite=self._prerequisite))
+            self._apply_health_locked(snapshot)
 
     def _apply_health_locked(self, snapshot: Any) -> None:
+        snapshot = replace(snapshot, prerequisite=self._prerequisite)
         devices = self.devices
         assert devices is not None
         # What GPUReady and the Node's Events call published must be what the pool lists.

@@ -141,9 +141,9 @@ class _Cuda:
 
 
 def run_cuda_probe(uuid: str) -> dict[str, object]:
+    """Run the probe on the one device CUDA sees; raise ProbeError on any failure."""
     import ctypes
 
-    """Run the probe on the one device CUDA sees; raise ProbeError on any failure."""
     start = time.monotonic()
     cuda = _Cuda()
     cuda.call("cuInit", 0)
