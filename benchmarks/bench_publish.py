@@ -34,7 +34,7 @@ import kubernetes
 from benchmarks.common import BenchResult, report, summarize
 from dra_driver.devices import MIB, Gpu, MigMode, MigPlacementRange, MigProfile, NodeDevices
 from dra_driver.slices import SliceOptions, build_pool
-from kubelet_plugin.publisher import SlicePublisher
+from kubelet_plugin.kubelet.slice_publisher import SlicePublisher
 
 DRIVER = "gpu.nvidia.com"
 DYNAMIC = SliceOptions(mig_mode="dynamic")

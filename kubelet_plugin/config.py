@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 DEFAULT_DRIVER = "gpu.nvidia.com"
 DEFAULT_REGISTRAR_DIR = "/var/lib/kubelet/plugins_registry"
@@ -39,13 +38,17 @@ class PluginConfig:
     metrics_host: str = "0.0.0.0"
     write_mig_status: bool = True  # write created MIG UUIDs into the claim's status.devices
     health_stream: bool = True  # serve and advertise the kubelet health service
-    claim_prefetch: bool = False  # read claims when their pod reaches the node (kubelet_plugin.claim_prefetch)
+    claim_prefetch: bool = False  # read claims when their pod reaches the node (kubelet_plugin.kubelet.claims)
     xid_ignore: frozenset[int] = frozenset()  # XIDs never to withdraw for, beyond the catalogue's
     xid_fatal: frozenset[int] = frozenset()  # XIDs always to withdraw for, beyond the catalogue's
     revalidate_interval: float = 0.0  # re-probe healthy GPUs this often (0 = only at start/recovery)
     probe_timeout: float = 30.0
     recovery_passes: int = 3
     hold_down: float = 60.0
+    # How often the health monitor polls what NVML reports without an event (lost GPU, remapped
+    # rows), and how long one NVML event wait lasts; not flags (tests and the demo poll faster).
+    health_poll_interval: float = 10.0
+    health_event_wait_ms: int = 1000
     proc_root: str = "/proc"  # where the host's /proc is visible (VRAM accounting: PID -> pod)
     vram_interval: float = 15.0  # VRAM-over-request check period, seconds (0 = no periodic check)
     # Where the GPU device nodes (/dev/nvidia<minor>, /dev/nvidiactl, ...) are checked at run time:
@@ -119,14 +122,6 @@ class PluginConfig:
         if self.dev_root:
             return self.dev_root
         return None if simulated or self.nvml != "real" else "/"
-
-    def health_policy(self) -> Any:
-        """The health monitor's policy from these settings (ValueError names the conflicting XIDs)."""
-        from kubelet_plugin.health import HealthPolicy
-
-        return HealthPolicy(extra_fatal_xids=self.xid_fatal, extra_ignored_xids=self.xid_ignore,
-                            required_passes=self.recovery_passes, hold_down_s=self.hold_down,
-                            probe_timeout_s=self.probe_timeout, revalidate_interval_s=self.revalidate_interval)
 
     @property
     def cdi_driver_root(self) -> str:

@@ -31,9 +31,9 @@ from dra_driver.logs import get_logger
 if TYPE_CHECKING:  # grpc is imported at the first probe: the plugin publishes its slices before that
     import grpc
 
-    from kubelet_plugin.kubelet_grpc.registration import RegistrationServer
-    from kubelet_plugin.kubelet_grpc.sockets import SocketPaths
-    from kubelet_plugin.publisher import SlicePublisher
+    from kubelet_plugin.kubelet.registration import RegistrationServer
+    from kubelet_plugin.kubelet.slice_publisher import SlicePublisher
+    from kubelet_plugin.kubelet.sockets import SocketPaths
 
 log = get_logger(__name__)
 
@@ -42,13 +42,13 @@ DEFAULT_TIMEOUT_S = 2.0  # below the chart's probe timeoutSeconds (3), so the pl
 DEFAULT_CACHE_S = 1.0
 
 
-class ProbedPlugin(Protocol):
-    """What the probes read from a :class:`~kubelet_plugin.daemon.KubeletPlugin`."""
+class ProbedKubeletSide(Protocol):
+    """What the probes read from the kubelet side (:class:`~kubelet_plugin.kubelet.helper.KubeletHelper`)."""
 
     paths: SocketPaths
     registration: RegistrationServer | None
-    publisher: SlicePublisher | None
-    health_monitor: Any  # kubelet_plugin.health.HealthMonitor (has dead_threads()) or None
+    @property
+    def publisher(self) -> SlicePublisher | None: ...
 
 
 class DraSocketCheck:
@@ -122,11 +122,13 @@ def publish_problem(publisher: SlicePublisher | None) -> str:
 class PluginProbes:
     """The ``health`` callable for :func:`kubelet_plugin.metrics.serve_metrics`: path -> (status, reason)."""
 
-    def __init__(self, plugin: ProbedPlugin, timeout_s: float = DEFAULT_TIMEOUT_S, cache_s: float = DEFAULT_CACHE_S,
+    def __init__(self, kubelet: ProbedKubeletSide, health_monitor: Callable[[], Any],
+                 timeout_s: float = DEFAULT_TIMEOUT_S, cache_s: float = DEFAULT_CACHE_S,
                  clock: Callable[[], float] = time.monotonic, node: str = "") -> None:
-        self.plugin = plugin
+        self.kubelet = kubelet
+        self.health_monitor = health_monitor  # the HealthMonitor (has dead_threads()) or None
         self.cache_s = cache_s
-        self.dra = DraSocketCheck(plugin.paths.dra, timeout_s)
+        self.dra = DraSocketCheck(kubelet.paths.dra, timeout_s)
         self._clock = clock
         self._node = node or None
         self._lock = threading.Lock()  # one check at a time: a burst waits for it and reads its answer
@@ -156,8 +158,8 @@ class PluginProbes:
 
     def readiness_problem(self) -> str:
         """Why /readyz fails ("" when ready): not live, not registered, or slices not published yet."""
-        problems = [self.liveness_problem(), registration_problem(self.plugin.registration),
-                    publish_problem(self.plugin.publisher)]
+        problems = [self.liveness_problem(), registration_problem(self.kubelet.registration),
+                    publish_problem(self.kubelet.publisher)]
         return "; ".join(p for p in problems if p)
 
     def close(self) -> None:
@@ -167,7 +169,7 @@ class PluginProbes:
 
     def _check_live(self) -> str:
         dead: list[str] = []
-        for part in (self.plugin.health_monitor, self.plugin.publisher):
+        for part in (self.health_monitor(), self.kubelet.publisher):
             if part is not None:
                 dead.extend(part.dead_threads())
         if dead:

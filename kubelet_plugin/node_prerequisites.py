@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -132,3 +133,37 @@ class NodePrerequisiteError(RuntimeError):
 
     Not a configuration error: a missing hostPath can appear later, so the start is retried.
     """
+
+
+class PrerequisiteWatch:
+    """Checks the node's directories every ``interval`` seconds on its own thread: a CDI root unmounted
+    at run time withdraws every device within one interval, and its return publishes them again.
+
+    ``on_change(previous, problem)`` is called when the first problem changes (None: all usable), and
+    once at start when there already is one.
+    """
+
+    def __init__(self, directories: Sequence[NodeDirectory], current: Problem | None,
+                 on_change: Callable[[Problem | None, Problem | None], None], interval: float = 10.0) -> None:
+        self.directories = directories
+        self.current = current
+        self.on_change = on_change
+        self.interval = interval
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        """Start the watch thread."""
+        threading.Thread(target=self._run, name="node-prerequisites", daemon=True).start()
+
+    def stop(self) -> None:
+        """Stop at the next wake-up."""
+        self._stop.set()
+
+    def _run(self) -> None:
+        if self.current is not None:
+            self.on_change(None, self.current)
+        while not self._stop.wait(self.interval):
+            problem = first_problem(self.directories)
+            if problem != self.current:
+                previous, self.current = self.current, problem
+                self.on_change(previous, problem)

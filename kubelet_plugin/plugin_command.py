@@ -21,6 +21,7 @@ from kubelet_plugin.config import (
     DEFAULT_REGISTRAR_DIR,
     PluginConfig,
 )
+from kubelet_plugin.health.policy import policy_from_config
 
 log = get_logger(__name__)
 
@@ -303,7 +304,7 @@ def run(args: argparse.Namespace) -> int:
     """Run until SIGTERM/SIGINT; exit 2 for bad configuration."""
     try:
         config = config_from_args(args)
-        config.health_policy()
+        policy_from_config(config)  # conflicting XID lists are a configuration error
     except ValueError as exc:
         return _invalid_configuration(exc, args.node_name or None)
     _limit_malloc_arenas()

@@ -2,7 +2,7 @@
 
 ``build_pool(devices, node_name, driver_name, options, unhealthy)`` returns the pool's slices;
 ``SliceSpec.to_k8s(generation, node_uid)`` gives each one's resource.k8s.io/v1 JSON. The publisher
-(:mod:`kubelet_plugin.publisher`) writes them to the API server.
+(:mod:`kubelet_plugin.kubelet.slice_publisher`) writes them to the API server.
 """
 
 from __future__ import annotations

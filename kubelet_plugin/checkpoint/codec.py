@@ -30,9 +30,8 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kubelet_plugin.checkpoint.record_json import RecordError
 from kubelet_plugin.checkpoint.salvage import Salvage, salvage
-from kubelet_plugin.checkpoint.schema import ClaimRecord
+from kubelet_plugin.checkpoint.schema import ClaimRecord, RecordError
 
 CURRENT_VERSION = 1
 CHECKPOINT_VERSION = CURRENT_VERSION  # the version this plugin writes

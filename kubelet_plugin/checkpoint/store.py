@@ -16,7 +16,7 @@ even by a restarted plugin, stops exactly that daemon and a repeated prepare nev
 others are logged with why; start-up recovery then rebuilds records of claims whose CDI spec exists
 but whose record was lost, so no device a running pod holds is handed to another claim.
 
-Records are read strictly (every field type-checked, :mod:`kubelet_plugin.checkpoint.record_json`) but
+Records are read strictly (every field type-checked, :mod:`kubelet_plugin.checkpoint.schema`) but
 forward-compatibly: unknown keys, a newer plugin's fields, are kept and written back unchanged.
 Paths in a record are never trusted: the CDI spec and MPS directories are derived from the UID.
 

@@ -8,12 +8,10 @@ once per ``health_check_timeout_seconds`` (the kubelet marks silent devices Unkn
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 from kubelet_plugin.health.snapshot import HealthSnapshot
 from kubelet_plugin.health.state import HealthState
-
-MESSAGE_LIMIT = 1024  # the kubelet truncates longer messages to 1021 characters + "..."
+from kubelet_plugin.kubelet.health_stream import HealthStreamEntry, truncate_message
 
 # Recovering devices are still withdrawn: to a pod they are unhealthy. Validating ones have never
 # been published, so nothing runs on them: unknown.
@@ -24,22 +22,6 @@ _STREAM_HEALTH = {
     HealthState.UNKNOWN: "UNKNOWN",
     HealthState.VALIDATING: "UNKNOWN",
 }
-
-
-@dataclass(frozen=True)
-class HealthStreamEntry:
-    """One ``DeviceHealth`` entry: pool, device, health enum name, message, last update (Unix s)."""
-
-    pool_name: str
-    device_name: str
-    health: str  # "HEALTHY" | "UNHEALTHY" | "UNKNOWN" (the proto enum's names)
-    message: str
-    last_updated_time: int
-
-
-def truncate_message(message: str, limit: int = MESSAGE_LIMIT) -> str:
-    """Fit a message in the kubelet's limit the way the kubelet would cut it."""
-    return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
 def health_stream_entries(snapshot: HealthSnapshot, pool_name: str,

@@ -268,7 +268,7 @@ class NodeStatusReporter:
         # ``core``: anything with CoreV1Api's patch_node_status/create_namespaced_event (the plugin
         # passes a raw-JSON one: constructing CoreV1Api costs a daemon ~20 MB of resident memory).
         if core is None:
-            from kubelet_plugin.claim_api import NodeStatusApi
+            from kubelet_plugin.node_api import NodeStatusApi
 
             core = NodeStatusApi(api_client)
         self._core = core

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kubelet_plugin.config import PluginConfig
 from kubelet_plugin.health.xid import XidDecision, classify_xid
 
 
@@ -70,3 +71,11 @@ class HealthPolicy:
     def recheck_interval_s(self) -> float:
         """How often a device that is not healthy is re-validated: N passes spread over the hold-down."""
         return max(0.01, self.hold_down_s / self.required_passes) if self.hold_down_s else 0.01
+
+
+def policy_from_config(config: PluginConfig) -> HealthPolicy:
+    """The health monitor's policy from the plugin's settings (ValueError names the conflicting XIDs)."""
+    return HealthPolicy(extra_fatal_xids=config.xid_fatal, extra_ignored_xids=config.xid_ignore,
+                        required_passes=config.recovery_passes, hold_down_s=config.hold_down,
+                        probe_timeout_s=config.probe_timeout, revalidate_interval_s=config.revalidate_interval,
+                        poll_interval_s=config.health_poll_interval, event_wait_ms=config.health_event_wait_ms)

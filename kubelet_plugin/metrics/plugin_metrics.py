@@ -14,12 +14,19 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dra_driver import __version__
 
+if TYPE_CHECKING:
+    from kubelet_plugin.health.snapshot import HealthSnapshot
+
 HEALTH_STATES: tuple[str, ...] = ("Healthy", "Unhealthy", "Recovering", "Validating")
+# Health monitor states -> the states exported (Unknown counts as not healthy).
+_MONITOR_STATE = {"HEALTHY": "Healthy", "UNHEALTHY": "Unhealthy", "RECOVERING": "Recovering",
+                  "VALIDATING": "Validating", "UNKNOWN": "Unhealthy"}
 """The device health states exported (the health state machine, docs/architecture.md; ``Validating`` before the first pass)."""
 
 # Prepare/unprepare of a whole GPU is a CDI file write plus a checkpoint fsync: 1-100 ms normally,
@@ -148,6 +155,16 @@ class PluginMetrics:
             self.device_unhealthy_reason.labels(self.node, device, reason or state).set(1)
         if previous is None or previous[0] != state:
             self.device_health_transitions.labels(self.node, device, state).inc()
+
+    def observe_health(self, snapshot: HealthSnapshot) -> None:
+        """Health fan-out subscriber: every tracked device's state, and the series of devices no longer
+        tracked dropped (a MIG instance destroyed at unprepare, a static MIG layout changed)."""
+        with self._lock:
+            gone = [d for d in self._health if d not in snapshot.devices]
+        for device in gone:
+            self.forget_device(device)
+        for name, dev in snapshot.devices.items():
+            self.set_device_health(name, _MONITOR_STATE.get(dev.state.name, "Unhealthy"), dev.reason)
 
     def forget_device(self, device: str) -> None:
         """Drop every per-device series of a device that no longer exists (e.g. a MIG device destroyed)."""

@@ -1,10 +1,10 @@
 """What a claim's MPS daemon should be, decided without touching anything (pure, no I/O).
 
-From a prepared claim's plan: which devices share through MPS (:func:`claim_mps_devices`), the
+From a claim's MPS devices (:class:`MpsDevice`, chosen by :func:`kubelet_plugin.prepare.mps_claims.claim_mps_devices`): the
 daemon-wide defaults they must agree on (:func:`claim_defaults`), the record completed with device
 UUIDs and limits (:func:`with_devices`) and the control commands that apply them
 (:func:`control_commands`). :class:`MpsOps` is the port to the daemon itself
-(:class:`kubelet_plugin.mps.control_daemon.MpsControl`); :mod:`kubelet_plugin.mps.claim_daemons`
+(:class:`kubelet_plugin.mps.control_daemon.MpsControl`); :mod:`kubelet_plugin.prepare.mps_claims`
 puts the two together for prepare and unprepare.
 """
 
@@ -16,7 +16,6 @@ from typing import Protocol
 
 from dra_driver.opaque_config import MpsSettings
 from kubelet_plugin.checkpoint.schema import MpsRecord
-from kubelet_plugin.prepare.claim_plan import ClaimPlan, PrepareError
 
 MPS_FIELD = "sharing.strategy: MPS"
 
@@ -89,30 +88,3 @@ def control_commands(record: MpsRecord) -> list[str]:
         if uuid in record.pinned_limits_mib:
             commands.append(f"set_default_device_pinned_mem_limit {uuid} {record.pinned_limits_mib[uuid]}M")
     return commands
-
-
-def claim_mps_devices(plan: ClaimPlan) -> list[MpsDevice]:
-    """The claim's devices whose effective config says sharing.strategy: MPS (each once)."""
-    result: dict[str, MpsDevice] = {}
-    for d in plan.devices:
-        sharing = d.config.sharing
-        if sharing is not None and sharing.strategy == "MPS":
-            result.setdefault(d.device.name, MpsDevice(d.device.name, sharing.mps))
-    return list(result.values())
-
-
-def check_claim(ops: MpsOps, plan: ClaimPlan) -> None:
-    """Before any state exists: refuse an MPS claim this node cannot serve (no binary, conflicting limits).
-
-    Raises :class:`~kubelet_plugin.prepare.claim_plan.PrepareError` naming the claim and the field.
-    """
-    devices = claim_mps_devices(plan)
-    if not devices:
-        return
-    ref = f"ResourceClaim {plan.namespace}/{plan.name}"
-    try:
-        claim_defaults(devices, ref)
-        ops.locate()
-    except MpsError as exc:
-        raise PrepareError(exc.reason, str(exc) if exc.reason == "invalid_config" else f"{ref}: {MPS_FIELD}: {exc}") \
-            from exc

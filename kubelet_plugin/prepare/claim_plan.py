@@ -24,16 +24,8 @@ from dra_driver.opaque_config import (
     parse_config,
 )
 from kubelet_plugin.cdi.cdi_spec import qualified_device_id
-from kubelet_plugin.checkpoint.schema import PreparedDeviceRecord
+from kubelet_plugin.kubelet.driver import PreparedDevice, PrepareError
 from kubelet_plugin.prepare.node_devices import NodeDevice
-
-
-class PrepareError(Exception):
-    """A claim cannot be prepared; ``reason`` is a short word for metrics, the message is for people."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -131,10 +123,10 @@ def plan_claim(claim: Mapping[str, Any], uid: str, namespace: str, name: str, dr
     return ClaimPlan(uid=uid, namespace=namespace, name=name, devices=tuple(planned))
 
 
-def answer_for(plan: ClaimPlan, driver: str) -> list[PreparedDeviceRecord]:
+def answer_for(plan: ClaimPlan, driver: str) -> list[PreparedDevice]:
     """The devices of the NodePrepareResources answer (request names without ``/<subrequest>``)."""
     return [
-        PreparedDeviceRecord(request_names=[d.request.split("/", 1)[0]], pool_name=d.pool,
+        PreparedDevice(request_names=[d.request.split("/", 1)[0]], pool_name=d.pool,
                              device_name=d.device.name,
                              cdi_device_ids=[qualified_device_id(driver, plan.uid, d.device.name)],
                              share_id=d.share_id)

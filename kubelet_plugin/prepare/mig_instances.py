@@ -1,4 +1,5 @@
-"""Dynamic MIG steps of a prepare and an unprepare (mixed into :class:`kubelet_plugin.prepare.preparer.Preparer`).
+"""Dynamic MIG steps of a prepare and an unprepare (:class:`MigInstances`, held by
+:class:`kubelet_plugin.prepare.preparer.Preparer` and its :class:`~kubelet_plugin.prepare.unpreparer.Unpreparer`).
 
 Creating the MIG instances a claim's placements name, the full-size instance a whole MIG-enabled GPU
 needs (shared by the claims of that GPU, see :mod:`kubelet_plugin.prepare.whole_gpu_instance`), recording each as soon
@@ -7,7 +8,7 @@ as it exists so a crash can destroy it, and publishing/withdrawing their UUIDs i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 
 from dra_driver.devices import MigDevice
@@ -15,9 +16,10 @@ from dra_driver.kube_api import describe_error
 from dra_driver.logs import get_logger
 from kubelet_plugin.checkpoint.schema import ClaimRecord, MigRecord
 from kubelet_plugin.checkpoint.store import CheckpointStore
-from kubelet_plugin.prepare.claim_plan import ClaimPlan, PrepareError
+from kubelet_plugin.kubelet.driver import PrepareError
+from kubelet_plugin.prepare.claim_plan import ClaimPlan
 from kubelet_plugin.prepare.node_devices import NodeDevice
-from kubelet_plugin.prepare.prepare_types import ClaimSource, MigOps, PrepareSettings
+from kubelet_plugin.prepare.prepare_types import ClaimStatus, MigOps, PrepareSettings
 from kubelet_plugin.prepare.whole_gpu_instance import (
     full_instance_record,
     full_placement,
@@ -38,17 +40,19 @@ def planned_mig(node: NodeDevice) -> MigRecord | None:
                      placement_start=node.placement.placement.start)
 
 
-class MigSteps:
-    """The MIG half of :class:`~kubelet_plugin.prepare.preparer.Preparer` (its attributes are set there)."""
+class MigInstances:
+    """Creates a claim's MIG instances, records each in the checkpoint as soon as it exists, and
+    writes or drops their UUIDs in the claim's ``status.devices``."""
 
-    settings: PrepareSettings
-    checkpoint: CheckpointStore
-    claims: ClaimSource
-    mig: MigOps | None
-    devices: Callable[[], Mapping[str, NodeDevice]]
-    _lock_dir: str
+    def __init__(self, settings: PrepareSettings, checkpoint: CheckpointStore, claim_status: ClaimStatus,
+                 mig: MigOps | None, lock_dir: str) -> None:
+        self.settings = settings
+        self.checkpoint = checkpoint
+        self.claim_status = claim_status
+        self.ops = mig
+        self._lock_dir = lock_dir
 
-    def _full_instances(self, plan: ClaimPlan) -> list[MigRecord]:
+    def full_instances(self, plan: ClaimPlan) -> list[MigRecord]:
         """Records of the full-size instances this plan's whole MIG-enabled GPUs need (one per GPU)."""
         result: dict[str, MigRecord] = {}
         for d in plan.devices:
@@ -64,19 +68,20 @@ class MigSteps:
             result[gpu.name] = full_instance_record(gpu, placement)
         return list(result.values())
 
-    def _create_mig(self, plan: ClaimPlan, record: ClaimRecord) -> dict[str, MigDevice]:
+    def create(self, plan: ClaimPlan, record: ClaimRecord) -> dict[str, MigDevice]:
+        """Create the instances ``record`` plans (placements, and whole GPUs' full-size instances)."""
         created: dict[str, MigDevice] = {}
         placements = [d.device for d in plan.devices if d.device.placement is not None]
         wholes = [m for m in record.mig if m.whole_gpu]
         if not placements and not wholes:
             return created
-        if self.mig is None:
+        if self.ops is None:
             raise PrepareError("mig_unsupported", "dynamic MIG placement allocated but this plugin has no "
                                "MIG support; run it with --mig-mode dynamic")
         for device in placements:
             assert device.placement is not None
             try:
-                mig = self.mig.create(device.gpu, device.placement)
+                mig = self.ops.create(device.gpu, device.placement)
             except Exception as exc:  # NVML's reason (overlap, no permission, MIG off) for the user
                 raise PrepareError("mig_create_failed", f"ResourceClaim {plan.namespace}/{plan.name}: "
                                    f"creating MIG device {device.name} failed: {exc}") from exc
@@ -95,16 +100,16 @@ class MigSteps:
 
     def _full_instance(self, plan: ClaimPlan, whole: MigRecord) -> MigDevice:
         """Create (or, when other claims share the GPU, reuse) a whole GPU's full-size instance."""
-        assert self.mig is not None
+        assert self.ops is not None
         gpu = next(d.device.gpu for d in plan.devices if d.device.name == whole.device)
         with gpu_locks(self._lock_dir, [gpu.name]):
             users = other_users(self.checkpoint.records(), plan.uid, whole)
-            mig = self.mig.existing(whole) if users else None
+            mig = self.ops.existing(whole) if users else None
             if mig is None:
                 placement = full_placement(gpu)
                 assert placement is not None  # checked when the record was made
                 try:
-                    mig = self.mig.create(gpu, placement)
+                    mig = self.ops.create(gpu, placement)
                 except Exception as exc:  # NVML's reason (an instance already there, no permission)
                     raise PrepareError("mig_create_failed", f"ResourceClaim {plan.namespace}/{plan.name}: "
                                        f"creating the full-size MIG instance {placement.profile.name} that "
@@ -123,7 +128,8 @@ class MigSteps:
                     for m in rec.mig])
         return mig
 
-    def _write_mig_status(self, plan: ClaimPlan, created: Mapping[str, MigDevice]) -> None:
+    def write_status(self, plan: ClaimPlan, created: Mapping[str, MigDevice]) -> None:
+        """Publish the created instances' UUIDs in the claim's ``status.devices`` (best effort)."""
         if not self.settings.write_mig_status:
             return
         entries = [
@@ -135,11 +141,11 @@ class MigSteps:
             for d in plan.devices if d.device.name in created
         ]
         try:
-            self.claims.write_device_status(plan.namespace, plan.name, plan.uid, entries)
+            self.claim_status.write_device_status(plan.namespace, plan.name, plan.uid, entries)
         except Exception as exc:  # status is informational: older servers or RBAC may refuse it
             log.warning("claim_status_write_failed", claim_uid=plan.uid, node=self.settings.pool, error=describe_error(exc))
 
-    def _remove_mig_status(self, record: ClaimRecord) -> None:
+    def remove_status(self, record: ClaimRecord) -> None:
         """Drop the ``status.devices`` entries prepare wrote for the MIG devices just destroyed.
 
         Best effort: the instances are gone and the record dropped; a failure is logged, never returned.
@@ -148,7 +154,7 @@ class MigSteps:
         if not self.settings.write_mig_status:
             return
         try:
-            self.claims.remove_device_status(record.namespace, record.name, record.uid, self.settings.pool,
+            self.claim_status.remove_device_status(record.namespace, record.name, record.uid, self.settings.pool,
                                              [m.device for m in record.mig])
         except Exception as exc:
             log.warning("claim_status_cleanup_failed", claim_uid=record.uid, node=self.settings.pool,

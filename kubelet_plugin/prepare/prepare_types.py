@@ -1,22 +1,21 @@
-"""The types shared by prepare and unprepare: settings, the per-claim outcome, and the two ports
-(the API server's claims, NVML's MIG instances). Re-exported by :mod:`kubelet_plugin.prepare.preparer`."""
+"""The types shared by prepare and unprepare: the node-wide settings and the two ports (the claim's
+status on the API server, NVML's MIG instances). The per-claim outcome is the kubelet side's
+(:class:`kubelet_plugin.kubelet.driver.ClaimOutcome`)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from dra_driver.devices import Gpu, MigDevice, MigPlacement
-from kubelet_plugin.checkpoint.schema import MigRecord, PreparedDeviceRecord
+from kubelet_plugin.cdi.cdi_spec import spec_file_name
+from kubelet_plugin.checkpoint.schema import MigRecord
 
 
-class ClaimSource(Protocol):
-    """Where claims come from (the API server)."""
-
-    def get(self, namespace: str, name: str, uid: str = "") -> dict[str, Any] | None:
-        """The claim as JSON, or None when it does not exist; ``uid``: the claim a prepare expects
-        (a source may then answer from a cache when the cached claim is that one, allocated)."""
+class ClaimStatus(Protocol):
+    """This driver's entries in a claim's ``status.devices`` (the API server; dynamic MIG's UUIDs)."""
 
     def write_device_status(self, namespace: str, name: str, uid: str, entries: list[dict[str, Any]]) -> None:
         """Set this driver's ``status.devices`` entries of a claim (best effort)."""
@@ -60,12 +59,6 @@ class PrepareSettings:
     mps_start_timeout: float = 10.0
     mps_private_shm: bool | None = None  # None: MPS_PRIVATE_SHM (default true)
 
-
-@dataclass(frozen=True)
-class ClaimOutcome:
-    """The result of preparing or unpreparing one claim: an answer or an error message."""
-
-    devices: tuple[PreparedDeviceRecord, ...] = ()
-    error: str = ""
-    reason: str = ""
-
+    def spec_path(self, uid: str) -> str:
+        """Where a claim's CDI spec lives: derived from the UID, never read from a record."""
+        return os.path.join(self.cdi_root, spec_file_name(self.driver_name, uid))

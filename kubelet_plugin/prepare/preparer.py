@@ -1,57 +1,56 @@
 """NodePrepareResources / NodeUnprepareResources: per-claim work, checkpointed in two phases.
 
+:class:`Preparer` is the GPU driver behind the kubelet side (:class:`kubelet_plugin.kubelet.driver.DraDriver`):
+the kubelet side has already read the claim. It is composed of :class:`~kubelet_plugin.prepare.claim_locks.ClaimLocks`,
+:class:`~kubelet_plugin.prepare.mig_instances.MigInstances` (dynamic MIG),
+:class:`~kubelet_plugin.prepare.unpreparer.Unpreparer` and an MPS port.
+
 Concurrency (threads, see :mod:`kubelet_plugin.daemon`): each claim has its own lock, so a prepare
 and an unprepare of one claim never interleave, while different claims proceed in parallel. The
 only shared critical section is the checkpoint update (check that no other claim holds a device,
-then record phase 1), which is short; fetching the claim from the API server, creating MIG
-instances and writing the CDI spec happen outside it.
+then record phase 1), which is short; creating MIG instances and writing the CDI spec happen
+outside it.
 
-Order of a prepare: fetch the claim (outside any lock) -> resolve it against this node
+Order of a prepare: the kubelet side reads the claim (outside any lock) -> resolve it against this node
 (:func:`kubelet_plugin.prepare.claim_plan.plan_claim`) -> checkpoint phase 1 ``PrepareStarted`` naming what
 is about to be created -> create dynamic MIG instances -> start the claim's MPS control daemon
 (``sharing.strategy: MPS``, :mod:`kubelet_plugin.mps.control_daemon`) -> write the CDI spec -> checkpoint phase 2
 ``PrepareCompleted`` with the answer. Unprepare undoes them in reverse (the MPS daemon stops before its
 MIG instance goes). A failure after phase 1 undoes what was done and drops the
 record, so the kubelet's retry starts clean; a crash after phase 1 is undone at the next start
-(:mod:`kubelet_plugin.checkpoint.recovery`).
+(:mod:`kubelet_plugin.prepare.recovery`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
-import threading
 import time
-import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from dra_driver.logs import get_logger
-from kubelet_plugin.cdi.cdi_spec import CdiDevice, claim_spec, spec_file_name
+from kubelet_plugin.cdi.cdi_spec import CdiDevice, claim_spec
 from kubelet_plugin.checkpoint.atomic_files import atomic_write
 from kubelet_plugin.checkpoint.schema import ClaimRecord, ClaimState, MpsRecord
-from kubelet_plugin.checkpoint.spec_recovery import claim_ref, mismatch_problem, read_spec
 from kubelet_plugin.checkpoint.store import CheckpointStore
-from kubelet_plugin.mps.claim_daemons import revive_claim, start_for_claim
+from kubelet_plugin.kubelet.driver import ClaimOutcome, ClaimRef, PrepareError
 from kubelet_plugin.mps.control_daemon import MpsControl, MpsControlSettings, private_shm_default
 from kubelet_plugin.mps.mps_dirs import plan_record
-from kubelet_plugin.mps.mps_plan import MpsOps, check_claim, claim_mps_devices
+from kubelet_plugin.mps.mps_plan import MpsOps
 from kubelet_plugin.node_prerequisites import NodeDirectory, describe_os_error
-from kubelet_plugin.prepare.claim_plan import ClaimPlan, PrepareError, answer_for, plan_claim
-from kubelet_plugin.prepare.mig_instances import MigSteps, planned_mig
+from kubelet_plugin.prepare.claim_locks import ClaimLocks
+from kubelet_plugin.prepare.claim_plan import ClaimPlan, answer_for, plan_claim
+from kubelet_plugin.prepare.mig_instances import MigInstances, planned_mig
+from kubelet_plugin.prepare.mps_claims import check_claim, claim_mps_devices, revive_claim, start_for_claim
 from kubelet_plugin.prepare.node_devices import NodeDevice
-from kubelet_plugin.prepare.prepare_errors import api_failure
-from kubelet_plugin.prepare.prepare_types import ClaimOutcome, ClaimSource, MigOps, PrepareSettings
-from kubelet_plugin.prepare.unpreparer import UnprepareSteps
-
-__all__ = ["ClaimOutcome", "ClaimSource", "MigOps", "PrepareError", "PrepareSettings", "Preparer"]
+from kubelet_plugin.prepare.prepare_types import ClaimStatus, MigOps, PrepareSettings
+from kubelet_plugin.prepare.spec_recovery import claim_ref, mismatch_problem, read_spec
+from kubelet_plugin.prepare.unpreparer import Unpreparer
 
 log = get_logger(__name__)
-
-LOCK_STRIPES = 64
 
 
 def _occupancy(device: NodeDevice) -> set[str]:
@@ -64,74 +63,75 @@ def _occupancy(device: NodeDevice) -> set[str]:
     return {device.name}
 
 
-class Preparer(MigSteps, UnprepareSteps):
-    """Prepares and unprepares claims; safe to call from many threads.
+class Preparer:
+    """Prepares and unprepares claims for the kubelet side; safe to call from many threads."""
 
-    The MIG steps live in :mod:`kubelet_plugin.prepare.mig_instances`, unprepare in :mod:`kubelet_plugin.prepare.unpreparer`.
-    """
-
-    def __init__(self, settings: PrepareSettings, checkpoint: CheckpointStore, claims: ClaimSource,
+    def __init__(self, settings: PrepareSettings, checkpoint: CheckpointStore, claim_status: ClaimStatus,
                  devices: Callable[[], Mapping[str, NodeDevice]],
                  unhealthy: Callable[[], Mapping[str, str]], mig: MigOps | None = None,
                  on_change: Callable[[], None] | None = None, mps: MpsOps | None = None) -> None:
         self.settings = settings
         self.checkpoint = checkpoint
-        self.claims = claims
         self.devices = devices
         self.unhealthy = unhealthy
-        self.mig = mig
         self.on_change = on_change or (lambda: None)
-        self._locks: dict[str, list[Any]] = {}  # uid -> [Lock, users]
         self._data_dir = os.path.dirname(checkpoint.path) or "."
-        self._lock_dir = os.path.join(self._data_dir, "locks")
-        self._locks_mutex = threading.Lock()
-        self.mps: MpsOps = mps or MpsControl(MpsControlSettings(
+        self.locks = ClaimLocks(os.path.join(self._data_dir, "locks"))
+        self.mig = MigInstances(settings, checkpoint, claim_status, mig, self.locks.lock_dir)
+        self.unpreparer = Unpreparer(settings, checkpoint, self.locks, self.mig, mps or MpsControl(MpsControlSettings(
             binary=settings.mps_control,
             driver_root=settings.driver_root or os.environ.get("NVIDIA_DRIVER_ROOT", "") or "/",
-            start_timeout=settings.mps_start_timeout, node=settings.pool))
+            start_timeout=settings.mps_start_timeout, node=settings.pool)), self._data_dir, self.on_change)
         self._mps_private_shm = (settings.mps_private_shm if settings.mps_private_shm is not None
                                  else private_shm_default())
 
-    # --- locks ------------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def claim_lock(self, uid: str) -> Iterator[None]:
-        """Serialize all work on one claim, in this process and across plugin instances.
+    @property
+    def pool(self) -> str:
+        """This node's pool name (the node name)."""
+        return self.settings.pool
 
-        In-process: one lock per claim (dropped once nobody uses it). Across instances (a rolling
-        update runs two, and the kubelet may call either): an exclusive ``flock`` on one of
-        ``LOCK_STRIPES`` files chosen by the claim UID, so different claims rarely wait for each other.
-        """
-        with self._locks_mutex:
-            entry = self._locks.setdefault(uid, [threading.Lock(), 0])
-            entry[1] += 1
-        try:
-            with entry[0]:
-                stripe = zlib.crc32(uid.encode()) % LOCK_STRIPES
-                os.makedirs(self._lock_dir, exist_ok=True)
-                fd = os.open(os.path.join(self._lock_dir, f"claims-{stripe}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-                    yield
-                finally:
-                    os.close(fd)  # releases the flock
-        finally:
-            with self._locks_mutex:
-                entry[1] -= 1
-                if entry[1] == 0:
-                    del self._locks[uid]
+    @property
+    def mps(self) -> MpsOps:
+        """The MPS daemons' port, shared with unprepare (tests swap it for a short-timeout one)."""
+        return self.unpreparer.mps
+
+    @mps.setter
+    def mps(self, ops: MpsOps) -> None:
+        self.unpreparer.mps = ops
+
+    def claim_lock(self, uid: str) -> contextlib.AbstractContextManager[None]:
+        """The claim's lock (:class:`~kubelet_plugin.prepare.claim_locks.ClaimLocks`)."""
+        return self.locks.hold(uid)
 
     def spec_path(self, uid: str) -> str:
         """Where a claim's CDI spec lives."""
-        return os.path.join(self.settings.cdi_root, spec_file_name(self.settings.driver_name, uid))
+        return self.settings.spec_path(uid)
+
+    def prepared_count(self) -> int:
+        """How many claims the checkpoint holds."""
+        return len(self.checkpoint.records())
+
+    def unprepare(self, ref: ClaimRef) -> ClaimOutcome:
+        """Undo a prepare (:meth:`Unpreparer.unprepare`); never raises."""
+        return self.unpreparer.unprepare(ref)
+
+    def undo(self, record: ClaimRecord) -> None:
+        """Undo what ``record`` says was done, then drop it (:meth:`Unpreparer.undo`)."""
+        self.unpreparer.undo(record)
 
     # --- prepare ----------------------------------------------------------------------------------
-    def prepare(self, namespace: str, name: str, uid: str) -> ClaimOutcome:
-        """Prepare one claim; never raises (errors are returned per claim)."""
+    def recorded(self, ref: ClaimRef) -> ClaimOutcome | None:
+        """The answer of a completed prepare, without the claim (lock-free; its spec must be on disk)."""
         try:
-            recorded = self._recorded_answer(uid, namespace, name, locked=False)
-            if recorded is not None:
-                return recorded
-            plan = self._plan(namespace, name, uid)
+            return self._recorded_answer(ref.uid, ref.namespace, ref.name, locked=False)
+        except PrepareError as exc:
+            return self._failed(ref, exc)
+
+    def prepare(self, ref: ClaimRef, claim: dict[str, Any]) -> ClaimOutcome:
+        """Prepare one claim read by the kubelet side; never raises (errors are returned per claim)."""
+        uid, namespace, name = ref.uid, ref.namespace, ref.name
+        try:
+            plan = self._plan(claim, ref)
             with self.claim_lock(uid):
                 recorded = self._recorded_answer(uid, namespace, name, locked=True)
                 if recorded is not None:
@@ -143,31 +143,26 @@ class Preparer(MigSteps, UnprepareSteps):
                     self.undo(stale)
                 return self._prepare_locked(plan)
         except PrepareError as exc:
-            log.warning("claim_prepare_failed", claim_uid=uid, claim=f"{namespace}/{name}",
-                        node=self.settings.pool, reason=exc.reason, error=str(exc))
-            return ClaimOutcome(error=str(exc), reason=exc.reason)
+            return self._failed(ref, exc)
         except Exception as exc:  # a bug or an I/O failure: fail this claim, keep serving the others
             log.error("claim_prepare_error", exc_info=True, claim_uid=uid, node=self.settings.pool)
             return ClaimOutcome(error=f"internal error preparing ResourceClaim {namespace}/{name}: {exc}",
                                 reason="internal")
 
-    def _plan(self, namespace: str, name: str, uid: str) -> ClaimPlan:
-        """Fetch the claim (API failures mapped to their own reasons) and resolve it against this node."""
-        try:
-            claim = self.claims.get(namespace, name, uid)
-        except Exception as exc:
-            mapped = api_failure(exc, namespace, name)
-            if mapped is None:
-                raise
-            raise mapped from exc
-        if claim is None:
-            raise PrepareError("claim_not_found", f"ResourceClaim {namespace}/{name} not found")
+    def _failed(self, ref: ClaimRef, exc: PrepareError) -> ClaimOutcome:
+        log.warning("claim_prepare_failed", claim_uid=ref.uid, claim=f"{ref.namespace}/{ref.name}",
+                    node=self.settings.pool, reason=exc.reason, error=str(exc))
+        return ClaimOutcome(error=str(exc), reason=exc.reason)
+
+    def _plan(self, claim: dict[str, Any], ref: ClaimRef) -> ClaimPlan:
+        """Resolve the fetched claim against this node (devices, health, config, MPS)."""
         unhealthy = self.unhealthy()
-        plan = plan_claim(claim, uid, namespace, name, self.settings.driver_name, self.settings.pool,
+        plan = plan_claim(claim, ref.uid, ref.namespace, ref.name, self.settings.driver_name, self.settings.pool,
                           self.devices(), {} if self.settings.taint_mode else unhealthy)
         if self.settings.taint_mode:
             self._warn_tainted(plan, unhealthy)
-        check_claim(self.mps, plan)
+        if claim_mps_devices(plan):
+            check_claim(self.mps, plan)
         return plan
 
     def _complete_recovered(self, record: ClaimRecord, plan: ClaimPlan) -> ClaimOutcome:
@@ -256,7 +251,7 @@ class Preparer(MigSteps, UnprepareSteps):
         """Critical section: check no other claim holds the devices, then record phase 1."""
         index = self.devices()
         mine = [(d, _occupancy(d.device)) for d in plan.devices]
-        whole = self._full_instances(plan)
+        whole = self.mig.full_instances(plan)
         with self.checkpoint.update() as records:
             for other in records.values():
                 if other.uid == plan.uid:
@@ -284,7 +279,7 @@ class Preparer(MigSteps, UnprepareSteps):
     def _prepare_locked(self, plan: ClaimPlan) -> ClaimOutcome:
         record = self._reserve(plan)
         try:
-            created = self._create_mig(plan, record)
+            created = self.mig.create(plan, record)
             cdi_devices: dict[str, CdiDevice] = {}
             for d in plan.devices:
                 if d.device.name in cdi_devices:  # two shares of one device in one claim: one CDI device
@@ -311,7 +306,7 @@ class Preparer(MigSteps, UnprepareSteps):
                           claim=f"{plan.namespace}/{plan.name}", node=self.settings.pool)
             raise
         if created:
-            self._write_mig_status(plan, created)
+            self.mig.write_status(plan, created)
         log.info("claim_prepared", claim_uid=plan.uid, claim=f"{plan.namespace}/{plan.name}",
                  node=self.settings.pool, device=",".join(d.device.name for d in plan.devices))
         self.on_change()

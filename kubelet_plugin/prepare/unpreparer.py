@@ -1,4 +1,6 @@
-"""NodeUnprepareResources: undo exactly what a prepare did (mixed into :class:`~kubelet_plugin.prepare.preparer.Preparer`).
+"""NodeUnprepareResources: undo exactly what a prepare did (:class:`Unpreparer`, held by
+:class:`~kubelet_plugin.prepare.preparer.Preparer`, which also calls :meth:`Unpreparer.undo` to roll
+back a failed prepare).
 
 Nothing a record says about *where* things are is trusted: the CDI spec is the one named by the
 claim UID in the CDI directory, the MPS directories are the claim's own under the plugin's data
@@ -10,7 +12,6 @@ owner file names this very UID.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import replace
@@ -18,46 +19,42 @@ from dataclasses import replace
 from dra_driver.logs import get_logger
 from kubelet_plugin.checkpoint.atomic_files import remove_file
 from kubelet_plugin.checkpoint.schema import ClaimRecord
-from kubelet_plugin.checkpoint.spec_recovery import mismatch_problem
 from kubelet_plugin.checkpoint.store import CheckpointStore
+from kubelet_plugin.kubelet.driver import ClaimOutcome, ClaimRef
 from kubelet_plugin.mps.mps_dirs import orphan_record, trusted_record
 from kubelet_plugin.mps.mps_plan import MpsOps
-from kubelet_plugin.prepare.prepare_types import ClaimOutcome, MigOps, PrepareSettings
+from kubelet_plugin.prepare.claim_locks import ClaimLocks
+from kubelet_plugin.prepare.mig_instances import MigInstances
+from kubelet_plugin.prepare.prepare_types import PrepareSettings
+from kubelet_plugin.prepare.spec_recovery import mismatch_problem
 from kubelet_plugin.prepare.whole_gpu_instance import gpu_locks, other_users
 
 log = get_logger(__name__)
 
 
-class UnprepareSteps:
-    """The unprepare half of :class:`~kubelet_plugin.prepare.preparer.Preparer` (its attributes are set there)."""
+class Unpreparer:
+    """Unprepares claims and undoes half-done prepares; safe to call from many threads (claim locks)."""
 
-    settings: PrepareSettings
-    checkpoint: CheckpointStore
-    mig: MigOps | None
-    mps: MpsOps
-    _lock_dir: str
-    _data_dir: str
+    def __init__(self, settings: PrepareSettings, checkpoint: CheckpointStore, locks: ClaimLocks,
+                 mig: MigInstances, mps: MpsOps, data_dir: str, on_change: Callable[[], None]) -> None:
+        self.settings = settings
+        self.checkpoint = checkpoint
+        self.locks = locks
+        self.mig = mig
+        self.mps = mps
+        self._data_dir = data_dir
+        self.on_change = on_change
 
-    def claim_lock(self, uid: str) -> contextlib.AbstractContextManager[None]:
-        raise NotImplementedError  # Preparer's
-
-    def spec_path(self, uid: str) -> str:
-        raise NotImplementedError  # Preparer's
-
-    def _remove_mig_status(self, record: ClaimRecord) -> None:
-        raise NotImplementedError  # MigSteps'
-
-    on_change: Callable[[], None]
-
-    def unprepare(self, namespace: str, name: str, uid: str) -> ClaimOutcome:
+    def unprepare(self, ref: ClaimRef) -> ClaimOutcome:
         """Undo a prepare; succeeds for claims never prepared or already deleted. Never raises."""
+        uid, namespace, name = ref.uid, ref.namespace, ref.name
         try:
-            with self.claim_lock(uid):
+            with self.locks.hold(uid):
                 record = self.checkpoint.get(uid)
                 if record is None:
                     # Nothing recorded (never prepared, or lost with a corrupt checkpoint): remove any
                     # spec left under the claim's deterministic file name.
-                    if remove_file(self.spec_path(uid)):
+                    if remove_file(self.settings.spec_path(uid)):
                         log.info("claim_orphan_spec_removed", claim_uid=uid, node=self.settings.pool)
                     orphan = orphan_record(self._data_dir, uid, self.settings.pool)  # only a directory this UID owns
                     if orphan is not None:  # an MPS daemon whose record was lost
@@ -74,7 +71,7 @@ class UnprepareSteps:
                         return ClaimOutcome(error=mismatch, reason="claim_mismatch")
                 self.undo(record)
                 if record.mig:  # under the lock: a prepare of this claim right after must keep its entries
-                    self._remove_mig_status(record)
+                    self.mig.remove_status(record)
             log.info("claim_unprepared", claim_uid=uid, claim=f"{namespace}/{name}", node=self.settings.pool)
             self.on_change()
             return ClaimOutcome()
@@ -86,7 +83,7 @@ class UnprepareSteps:
     def undo(self, record: ClaimRecord) -> None:
         """Remove a claim's CDI spec, stop its MPS daemon, destroy the MIG instances it created, then drop
         its record (a failure raises and keeps the record, so the kubelet's retry tries again)."""
-        spec = self.spec_path(record.uid)  # never the recorded path: a record is a file anyone could edit
+        spec = self.settings.spec_path(record.uid)  # never the recorded path: a record is a file anyone could edit
         if record.cdi_spec_file and os.path.abspath(record.cdi_spec_file) != spec:
             log.warning("checkpoint_spec_path_ignored", claim_uid=record.uid, node=self.settings.pool,
                         recorded=record.cdi_spec_file, used=spec,
@@ -98,7 +95,7 @@ class UnprepareSteps:
                      pipe_dir=record.mps.pipe_dir)
         # A whole GPU's full-size instance is shared: decide, destroy and drop the record under its
         # GPU lock, so a prepare reusing it never sees it half-gone.
-        with gpu_locks(self._lock_dir, [m.device for m in record.mig if m.whole_gpu]):
+        with gpu_locks(self.locks.lock_dir, [m.device for m in record.mig if m.whole_gpu]):
             others = self.checkpoint.records() if any(m.whole_gpu for m in record.mig) else {}
             for mig in record.mig:
                 users = other_users(others, record.uid, mig) if mig.whole_gpu else []
@@ -106,11 +103,11 @@ class UnprepareSteps:
                     log.info("mig_instance_kept", claim_uid=record.uid, device=mig.device, uuid=mig.uuid,
                              node=self.settings.pool, still_used_by=",".join(users))
                     continue
-                if self.mig is None:
+                if self.mig.ops is None:
                     log.warning("mig_instance_not_destroyed", claim_uid=record.uid, device=mig.device,
                                 node=self.settings.pool, reason="no MIG support in this plugin instance")
                     continue
-                if self.mig.destroy(mig):
+                if self.mig.ops.destroy(mig):
                     log.info("mig_instance_destroyed", claim_uid=record.uid, device=mig.device, uuid=mig.uuid,
                              node=self.settings.pool)
             with self.checkpoint.update() as records:

@@ -19,30 +19,11 @@ import fcntl
 import os
 from collections.abc import Iterable, Iterator, Mapping
 
-from dra_driver.devices import Gpu, MigMode, MigPlacement, MigPlacementRange
+from dra_driver.devices import Gpu, MigPlacement
 from kubelet_plugin.checkpoint.schema import ClaimRecord, MigRecord
+from kubelet_plugin.nvml.mig_lifecycle import full_placement, needs_full_instance
 
-
-def needs_full_instance(gpu: Gpu) -> bool:
-    """Whether preparing this whole GPU must create its full-size MIG instance (MIG mode enabled)."""
-    return gpu.mig_mode == MigMode.ENABLED
-
-
-def full_placement(gpu: Gpu) -> MigPlacement | None:
-    """The full-size instance of ``gpu`` (e.g. 7g.141gb on H200) at start 0, or None if it has none.
-
-    The plain profile is preferred over a "+me"-style variant with the same size, which takes
-    the media engines but is otherwise the same instance.
-    """
-    candidates = [
-        p for p in gpu.mig_profiles
-        if p.compute_slices == gpu.compute_slice_count
-        and any(r.start == 0 and r.size == gpu.memory_slice_count for r in p.placements)
-    ]
-    if not candidates or gpu.memory_slice_count <= 0:
-        return None
-    profile = min(candidates, key=lambda p: ("+" in p.name, p.gi_profile_id))
-    return MigPlacement(gpu.uuid, gpu.minor, profile, MigPlacementRange(0, gpu.memory_slice_count))
+__all__ = ["full_instance_record", "full_placement", "gpu_locks", "needs_full_instance", "other_users"]
 
 
 def full_instance_record(gpu: Gpu, placement: MigPlacement) -> MigRecord:

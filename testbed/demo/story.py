@@ -96,7 +96,7 @@ def _wait_published(c: DemoCluster, node: DemoNode) -> None:
         return bool(cond and cond.get("status") == "True")
     wait_for(ready, f"{node.name} to validate its GPUs (GPUReady=True)", timeout=30)
     # GPUReady is written after the slices are asked for: wait until the server holds them.
-    expect(node.plugin.publisher is not None and node.plugin.publisher.wait_until_synced(15),
+    expect(node.plugin.kubelet.publisher is not None and node.plugin.kubelet.publisher.wait_until_synced(15),
            f"{node.name}'s ResourceSlices were not written within 15 s")
 
 

@@ -101,7 +101,7 @@ def applied() -> Iterator[tuple[DemoCluster, dict[str, dict[str, dict[str, Any]]
         for node in cluster.nodes.values():
             wait_for(lambda node=node: (cluster.gpu_ready(node.name) or {}).get("status") == "True",
                      f"{node.name} GPUReady", timeout=30)
-            assert node.plugin.publisher is not None and node.plugin.publisher.wait_until_synced(15)
+            assert node.plugin.kubelet.publisher is not None and node.plugin.kubelet.publisher.wait_until_synced(15)
         inventory = {name: cluster.published(name) for name in cluster.nodes}
         for path in sorted(EXAMPLES.glob("*.yaml")):
             for doc in _docs(path):

@@ -254,8 +254,10 @@ def test_daemon_options_reach_the_plugin(monkeypatch: pytest.MonkeyPatch) -> Non
     assert (config.mig_mode, config.health_mode, config.shared_gpus) == ("dynamic", "taint", True)
     env = _env(_plugin_pod(VALUE_SETS["dynamic-taint-shared"])["containers"][0])
     assert (env["XID_IGNORE"], env["XID_FATAL"]) == ("13,31", "43")
-    if hasattr(config, "health_policy"):  # the plugin's health options (flags with env fallbacks)
-        policy = config.health_policy()
+    if hasattr(config, "recovery_passes"):  # the plugin's health options (flags with env fallbacks)
+        from kubelet_plugin.health.policy import policy_from_config
+
+        policy = policy_from_config(config)
         assert policy.extra_ignored_xids == {13, 31} and policy.extra_fatal_xids == {43}
         assert (policy.required_passes, policy.hold_down_s, policy.probe_timeout_s) == (3, 300, 30)
     if hasattr(config, "host_driver_root"):

@@ -70,7 +70,7 @@ def test_an_unusable_cdi_root_withdraws_every_device_until_it_works(monkeypatch:
         cdi_root = os.path.join(blocker, "cdi")
         plugin = h.start_plugin(NODE, "sim:h100-80gb", health_mode="withdraw", cdi_root=cdi_root)
         assert plugin.health_monitor.wait_validated(60)
-        assert plugin.publisher.wait_until_synced(20)
+        assert plugin.kubelet.publisher.wait_until_synced(20)
         assert h.published_devices(NODE) == {}  # the GPU computes, but no pod could use it here
         ready = wait_for("GPUReady=False", lambda: (r := _gpu_ready(h)).get("status") == "False" and r)
         assert ready["reason"] == "CDIRootUnusable"

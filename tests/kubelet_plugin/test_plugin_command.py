@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from kubelet_plugin import plugin_command as command
+from kubelet_plugin.health.policy import policy_from_config
 
 
 def _args(argv: list[str]) -> argparse.Namespace:
@@ -32,7 +33,7 @@ def test_environment_variables_fill_every_setting(monkeypatch: pytest.MonkeyPatc
     assert cfg.plugin_data_dir == "/var/lib/kubelet/plugins/gpu.example.com"
     assert cfg.cdi_driver_root == "/run/nvidia/driver" and cfg.driver_root == "/driver-root"
     assert cfg.health_stream is False
-    policy = cfg.health_policy()
+    policy = policy_from_config(cfg)
     assert policy.extra_ignored_xids == {13, 43}
 
 

@@ -8,7 +8,6 @@ nodes: the check runs against a fake /dev tree given with --dev-root, or is skip
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
@@ -23,12 +22,9 @@ from kubelet_plugin.nvml import discover, open_nvml
 from testbed.plugin_harness import PluginHarness
 
 
-@dataclasses.dataclass(frozen=True)
-class FastPollConfig(PluginConfig):
+def FastPollConfig(**fields: Any) -> PluginConfig:
     """The plugin's settings with a fast health poll (10 s in production), so the test is quick."""
-
-    def health_policy(self) -> Any:
-        return dataclasses.replace(super().health_policy(), poll_interval_s=0.2, event_wait_ms=50)
+    return PluginConfig(health_poll_interval=0.2, health_event_wait_ms=50, **fields)
 
 
 def _wait(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
@@ -75,7 +71,7 @@ def test_a_gpu_whose_device_node_is_missing_is_withdrawn_naming_the_path_and_ret
         unhealthy = plugin.health_monitor.snapshot().unhealthy()
         assert set(unhealthy) == {"gpu-2"}
         assert f"{missing} is missing" in unhealthy["gpu-2"]
-        assert plugin.publisher.wait_until_synced(20)
+        assert plugin.kubelet.publisher.wait_until_synced(20)
         published = _published(h, node)
         assert "gpu-2" not in published and {"gpu-0", "gpu-1", "gpu-3"} <= published
 

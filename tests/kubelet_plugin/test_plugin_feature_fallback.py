@@ -29,7 +29,7 @@ def test_taint_mode_without_the_taint_gate_withdraws_unhealthy_gpus_and_says_so_
             caplog.at_level(logging.INFO, logger="kubelet_plugin"):
         plugin = h.start_plugin(node, "sim:8xh100", health_mode="taint")
         assert plugin.health_monitor.wait_validated(60)
-        assert plugin.publisher.wait_until_synced(20)
+        assert plugin.kubelet.publisher.wait_until_synced(20)
         assert "gpu-0" in h.published_taints(node)
         plugin.nvml.faults.inject_xid(0, 79)
         # Without the fallback the server keeps gpu-0 without its taint: it would look schedulable.
@@ -43,7 +43,7 @@ def test_taint_mode_without_the_taint_gate_withdraws_unhealthy_gpus_and_says_so_
         uid = h.create_claim("stale", [("gpu", node, "gpu-0")])
         error = h.kubelet(node).prepare([("default", "stale", uid)])[uid].error
         assert "device gpu-0 is unhealthy" in error
-        assert plugin.publisher.gates_off() == {"DRADeviceTaints"}
+        assert plugin.kubelet.publisher.gates_off() == {"DRADeviceTaints"}
         events = _node_events(h, node, "HealthModeFallback")
         assert len(events) == 1 and "DRADeviceTaints" in events[0] and "withdraw" in events[0]
 
@@ -60,7 +60,7 @@ def test_taint_mode_with_the_gate_on_keeps_tainting() -> None:
         assert plugin.health_monitor.wait_validated(60)
         plugin.nvml.faults.inject_xid(0, 79)
         wait_for("gpu-0 tainted", lambda: bool(h.published_taints(node).get("gpu-0")))
-        assert plugin.publisher.gates_off() == frozenset() and plugin.fallback.health_mode == "taint"
+        assert plugin.kubelet.publisher.gates_off() == frozenset() and plugin.fallback.health_mode == "taint"
 
 
 def test_shared_gpus_without_consumable_capacity_publish_whole_gpus_and_say_so(
@@ -70,13 +70,13 @@ def test_shared_gpus_without_consumable_capacity_publish_whole_gpus_and_say_so(
             caplog.at_level(logging.INFO, logger="kubelet_plugin"):
         plugin = h.start_plugin(node, "sim:8xh100", shared_gpus=True)
         wait_for("fallback to whole GPUs", lambda: plugin.fallback.shared_gpus is False)
-        assert plugin.publisher.wait_until_synced(20)
-        writes = plugin.publisher.stats().updates + plugin.publisher.stats().creates
-        plugin.publisher.resync()
+        assert plugin.kubelet.publisher.wait_until_synced(20)
+        writes = plugin.kubelet.publisher.stats().updates + plugin.kubelet.publisher.stats().creates
+        plugin.kubelet.publisher.resync()
         time.sleep(0.5)
-        assert plugin.publisher.wait_until_synced(20)
+        assert plugin.kubelet.publisher.wait_until_synced(20)
         # What it publishes now is what the server keeps: no rewrite on a resync.
-        assert plugin.publisher.stats().updates + plugin.publisher.stats().creates == writes
+        assert plugin.kubelet.publisher.stats().updates + plugin.kubelet.publisher.stats().creates == writes
         assert len(_node_events(h, node, "SharedGpusFallback")) == 1
     events = [r for r in caplog.records if r.getMessage() == "shared_gpus_unsupported_publishing_whole_gpus"]
     assert len(events) == 1

@@ -24,7 +24,7 @@ def _start_with_gpu0_failed(h: PluginHarness, node: str, health_mode: str) -> tu
     assert plugin.health_monitor.wait_validated(60)
     plugin.nvml.faults.inject_xid(0, 79)
     reason = wait_for("gpu-0 unhealthy", lambda: plugin.health_monitor.snapshot().unhealthy().get("gpu-0"))
-    assert plugin.publisher.wait_until_synced(20)
+    assert plugin.kubelet.publisher.wait_until_synced(20)
     return plugin, str(reason)
 
 

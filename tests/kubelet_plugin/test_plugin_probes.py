@@ -15,8 +15,8 @@ from typing import Any
 import grpc
 import pytest
 
+from kubelet_plugin.kubelet.driver import ClaimOutcome, ClaimRef
 from kubelet_plugin.nvml import open_nvml
-from kubelet_plugin.prepare.preparer import ClaimOutcome
 from proto import dra_v1_pb2, dra_v1_pb2_grpc
 from testbed.kubelet_emulator import KubeletEmulator
 from testbed.plugin_harness import NAMESPACE, PluginHarness
@@ -67,7 +67,7 @@ def test_readyz_is_503_until_the_kubelet_accepts_the_registration_and_healthz_is
         emu.wait_for_plugin(h.driver_name, timeout=20)  # the plugin re-creates its socket: accepted
         body, _ = _wait_for("readyz after acceptance", lambda: _get(port, "/readyz"), 200)
         assert body == "ok\n"
-        assert plugin.publisher.stats().last_sync_time is not None  # ready means slices are on the server
+        assert plugin.kubelet.publisher.stats().last_sync_time is not None  # ready means slices are on the server
         assert _get(port, "/healthz") == (200, "ok\n")
         assert _get(port, "/metrics")[0] == 200 and "gpuready_" in _get(port, "/metrics")[1]  # still served
 
@@ -81,12 +81,12 @@ def test_healthz_turns_503_naming_the_dra_socket_when_its_workers_are_wedged_and
         # prepare nothing more, and only a restart helps.
         release, entered = threading.Event(), threading.Semaphore(0)
 
-        def stuck_prepare(namespace: str, name: str, uid: str) -> ClaimOutcome:
+        def stuck_prepare(ref: ClaimRef) -> ClaimOutcome:
             entered.release()
             release.wait(60)
             return ClaimOutcome(error="released by the test")
 
-        plugin.preparer.prepare = stuck_prepare  # type: ignore[method-assign]
+        plugin.preparer.recorded = stuck_prepare  # type: ignore[method-assign]
 
         def call_prepare(i: int) -> None:
             with grpc.insecure_channel(f"unix://{plugin.paths.dra}") as ch:
@@ -119,8 +119,8 @@ def test_healthz_turns_503_when_the_dra_grpc_server_is_stopped() -> None:
     with PluginHarness() as h:
         plugin, port = _start(h, "n1")
         assert _get(port, "/healthz") == (200, "ok\n")
-        assert plugin._grpc_loop is not None and plugin._server is not None
-        plugin._grpc_loop.stop(plugin._server, None)
+        assert plugin.kubelet._grpc_loop is not None and plugin.kubelet._server is not None
+        plugin.kubelet._grpc_loop.stop(plugin.kubelet._server, None)
         body, seconds = _wait_for("healthz with no DRA server", lambda: _get(port, "/healthz"), 503,
                                   contains=f"DRA socket {plugin.paths.dra} is not answering", timeout=15)
         assert "UNAVAILABLE" in body and seconds < 10, (body, seconds)
@@ -139,8 +139,8 @@ def test_healthz_turns_503_when_the_slice_publisher_loop_dies() -> None:
         def die(*args: Any) -> None:
             raise _LoopBug("a bug in the reconcile pass")
 
-        plugin.publisher._reconcile = die
-        plugin.publisher.resync()  # wakes the reconcile thread into the patched pass
+        plugin.kubelet.publisher._reconcile = die
+        plugin.kubelet.publisher.resync()  # wakes the reconcile thread into the patched pass
         body, _ = _wait_for("healthz with a dead publisher", lambda: _get(port, "/healthz"), 503,
                             contains="background threads died: slice-publisher-n1")
         assert plugin.paths.dra not in body  # the reason is the thread, not the socket

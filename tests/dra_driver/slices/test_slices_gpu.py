@@ -7,8 +7,8 @@ import pytest
 from dra_driver.devices import MigMode
 from dra_driver.quantity import parse_quantity
 from dra_driver.slices import SliceOptions, build_pool
+from kubelet_plugin.kubelet.slice_publisher import SlicePublisher
 from kubelet_plugin.nvml import discover, open_nvml
-from kubelet_plugin.publisher import SlicePublisher
 from testbed.apiserver import LocalApiServer
 from testbed.device_samples import api_problems
 

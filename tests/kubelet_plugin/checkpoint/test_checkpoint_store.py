@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kubelet_plugin.checkpoint.schema import ClaimRecord, ClaimState, MigRecord, PreparedDeviceRecord
+from kubelet_plugin.checkpoint.schema import ClaimRecord, ClaimState, MigRecord, PreparedDevice
 from kubelet_plugin.checkpoint.store import CheckpointStore, read_boot_id
 
 
@@ -28,7 +28,7 @@ def test_records_survive_a_restart_with_both_phases() -> None:
         claims["u1"] = _record()
     with store.update() as claims:
         claims["u1"] = replace(claims["u1"], state=ClaimState.PREPARE_COMPLETED,
-                               answer=[PreparedDeviceRecord(["gpu"], "node", "gpu-0", ["k/c=x"])])
+                               answer=[PreparedDevice(["gpu"], "node", "gpu-0", ["k/c=x"])])
     again = CheckpointStore(path, "boot-1")
     again.open()
     rec = again.get("u1")

@@ -342,7 +342,7 @@ def test_dynamic_mig_change_while_a_gpu_is_off_the_bus_keeps_it_reported_unhealt
         assert "gpu-1" in plugin.health_monitor.snapshot().unhealthy(), \
             "the GPU off the bus is no longer tracked after the MIG change"
         # Still UNHEALTHY on the kubelet health stream, and named in the GPUReady condition.
-        stream = {e.device_name: e.health for e in plugin.broadcaster.snapshot()}
+        stream = {e.device_name: e.health for e in plugin.kubelet.broadcaster.snapshot()}
         assert stream.get("gpu-1") == "UNHEALTHY", stream.get("gpu-1")
 
         def gpu_ready() -> Any:

@@ -24,8 +24,8 @@ from kubelet_plugin.health.node_status import gpu_ready_condition
 from kubelet_plugin.health.probe_runner import ProbeResult, SimulatedProber
 from kubelet_plugin.health.topology import ProbeMode, ProbeTarget, gpu_topology
 from kubelet_plugin.nvml import discover, open_nvml
+from kubelet_plugin.nvml.mig_lifecycle import full_placement
 from kubelet_plugin.prepare.mig_ops import NvmlMigOps
-from kubelet_plugin.prepare.whole_gpu_instance import full_placement
 from testbed.nvml_sim import SimulatedNvml
 from testbed.plugin_harness import PluginHarness
 

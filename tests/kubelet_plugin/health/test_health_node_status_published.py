@@ -14,7 +14,7 @@ def test_gpu_ready_and_validated_events_agree_with_the_slices() -> None:
     with PluginHarness() as h:
         plugin = h.start_plugin(NODE, "sim:8xh100", health_mode="withdraw")
         assert plugin.health_monitor.wait_validated(60)
-        assert plugin.publisher.wait_until_synced(20)
+        assert plugin.kubelet.publisher.wait_until_synced(20)
         published = set(h.published_devices(NODE))
         assert "gpu-6" not in published and any(n.startswith("gpu-6-mig-") for n in published)
 

@@ -14,8 +14,8 @@ import pytest
 from dra_driver.slices import SliceOptions, build_pool
 from kubelet_plugin.health import HealthMonitor, HealthPolicy, HealthSnapshot
 from kubelet_plugin.health.node_status import NodeStatusReporter
+from kubelet_plugin.kubelet.slice_publisher import SlicePublisher
 from kubelet_plugin.nvml import discover, open_nvml
-from kubelet_plugin.publisher import SlicePublisher
 from testbed.apiserver import LocalApiServer
 from testbed.nvml_sim import SimulatedNvml
 

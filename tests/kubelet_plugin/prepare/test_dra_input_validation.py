@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kubelet_plugin.checkpoint.claim_uids import UID_MAX, uid_problem
+from kubelet_plugin.kubelet.driver import UID_MAX, uid_problem
 from testbed.plugin_harness import PluginHarness
 
 NODE = "input-node"

@@ -160,7 +160,7 @@ def test_an_xid_on_a_created_instance_withdraws_that_instance_only() -> None:
         while not {device, sibling, other_gpu, "gpu-0"} <= (everything := _published(h, node)):
             assert time.monotonic() < deadline, f"validated devices never published: {sorted(everything)[:5]}"
             time.sleep(0.05)
-        assert plugin.publisher.wait_until_synced(20)
+        assert plugin.kubelet.publisher.wait_until_synced(20)
         everything = _published(h, node)
         assert {f"gpu-{i}" for i in range(4)} <= everything
         uid = h.create_claim("hot", [("gpu", node, device)])
@@ -181,7 +181,7 @@ def test_an_xid_on_a_created_instance_withdraws_that_instance_only() -> None:
         unhealthy = plugin.health_monitor.snapshot().unhealthy()
         # Only the instance NVML named is out: not the whole GPU, not its other placements.
         assert set(unhealthy) == {device} and "79" in unhealthy[device]
-        assert plugin.publisher.wait_until_synced(20)
+        assert plugin.kubelet.publisher.wait_until_synced(20)
         assert _published(h, node) == everything - {device}
         assert plugin.metrics.registry.get_sample_value(
             "gpuready_xid_errors_total", {"node": node, "device": device, "xid": "79", "action": "withdraw"}) == 1

@@ -25,28 +25,26 @@ class CountingClaims:
     """The plugin's claim source, counting reads (a malformed reference must cause none)."""
 
     def __init__(self, inner: Any) -> None:
-        self.inner = inner
         self.gets: list[tuple[str, str]] = []
+        self._get = inner.get
+        inner.get = self.get  # every read of the kubelet side goes through here
 
     def get(self, namespace: str, name: str, uid: str = "") -> Any:
         self.gets.append((namespace, name))
-        return self.inner.get(namespace, name, uid)
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.inner, attr)
+        return self._get(namespace, name, uid)
 
 
 @pytest.fixture(scope="module")
 def h() -> Iterator[PluginHarness]:
     with PluginHarness() as harness:
         plugin = harness.start_plugin(NODE, "sim:8xh100")
-        plugin.preparer.claims = CountingClaims(plugin.preparer.claims)
+        plugin.counting = CountingClaims(plugin.kubelet.claim_reader())  # type: ignore[attr-defined]
         yield harness
 
 
 @pytest.fixture()
 def counting(h: PluginHarness) -> CountingClaims:
-    claims: CountingClaims = h.plugins[NODE].preparer.claims
+    claims: CountingClaims = h.plugins[NODE].counting  # type: ignore[attr-defined]
     claims.gets.clear()
     return claims
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import urllib3
 
-from kubelet_plugin.prepare.prepare_errors import api_failure
+from kubelet_plugin.kubelet.claims import api_failure
 from testbed.plugin_harness import PluginHarness
 
 NODE = "api-err-node"

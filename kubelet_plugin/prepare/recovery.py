@@ -10,7 +10,7 @@
   from the checkpoint so containers of running pods can still restart.
 - Temp files a crash left mid-write in the CDI directory are removed.
 - CDI specs of this driver with no record (the record was lost with a corrupt checkpoint, or dropped
-  as malformed): a record is rebuilt from the spec (:mod:`kubelet_plugin.checkpoint.spec_recovery`), so the
+  as malformed): a record is rebuilt from the spec (:mod:`kubelet_plugin.prepare.spec_recovery`), so the
   devices a running pod holds stay taken and unprepare cleans everything, MIG instances included.
 
 Nothing here raises for one bad record: it is logged and the rest still recovers.
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from dra_driver.logs import get_logger
 from kubelet_plugin.cdi.cdi_spec import CDI_CLASS, cdi_vendor
 from kubelet_plugin.checkpoint.schema import ClaimState
-from kubelet_plugin.checkpoint.spec_recovery import read_spec, record_from_spec, spec_uids
 from kubelet_plugin.prepare.preparer import Preparer
+from kubelet_plugin.prepare.spec_recovery import read_spec, record_from_spec, spec_uids
 
 log = get_logger(__name__)
 
@@ -83,7 +83,7 @@ def recover(preparer: Preparer, boot_id: str) -> RecoveryReport:
 
 
 def rebuild_from_specs(preparer: Preparer, report: RecoveryReport) -> list[str]:
-    """Records for this driver's CDI specs that have none (see :mod:`kubelet_plugin.checkpoint.spec_recovery`)."""
+    """Records for this driver's CDI specs that have none (see :mod:`kubelet_plugin.prepare.spec_recovery`)."""
     settings, store = preparer.settings, preparer.checkpoint
     rebuilt = []
     for uid in spec_uids(settings.cdi_root, settings.driver_name):
@@ -95,7 +95,7 @@ def rebuild_from_specs(preparer: Preparer, report: RecoveryReport) -> list[str]:
                     continue
                 path = preparer.spec_path(uid)
                 record = record_from_spec(read_spec(path), path, uid, settings.driver_name, preparer.devices(),
-                                          os.path.dirname(store.path) or ".", preparer.mig is not None, settings.pool)
+                                          os.path.dirname(store.path) or ".", preparer.mig.ops is not None, settings.pool)
                 with store.update() as records:
                     records.setdefault(uid, record)
             rebuilt.append(uid)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubelet_plugin.claim_api import KubeClaims
+from kubelet_plugin.kubelet.claims import KubeClaims
 from testbed.plugin_harness import PluginHarness
 
 

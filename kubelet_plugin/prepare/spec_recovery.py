@@ -25,8 +25,8 @@ from typing import Any
 
 from dra_driver.logs import get_logger
 from kubelet_plugin.cdi.cdi_spec import CDI_CLASS, cdi_kind, cdi_vendor
-from kubelet_plugin.checkpoint.claim_uids import uid_problem
 from kubelet_plugin.checkpoint.schema import RECOVERED_FROM_SPEC, ClaimRecord, ClaimState, MigRecord
+from kubelet_plugin.kubelet.driver import uid_problem
 from kubelet_plugin.mps.mps_dirs import orphan_record
 from kubelet_plugin.prepare.mig_instances import planned_mig
 from kubelet_plugin.prepare.node_devices import NodeDevice

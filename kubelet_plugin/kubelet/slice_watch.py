@@ -14,8 +14,7 @@ from typing import Any
 
 from dra_driver.kube_api import unblock, watch_events
 from dra_driver.logs import get_logger
-
-from .slice_requests import SLICES_PATH, WATCH_TIMEOUT_SECONDS, ApiError, RawHttp
+from kubelet_plugin.kubelet.slice_requests import SLICES_PATH, WATCH_TIMEOUT_SECONDS, ApiError, RawHttp
 
 log = get_logger(__name__)
 

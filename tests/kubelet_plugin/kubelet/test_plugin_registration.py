@@ -9,7 +9,7 @@ import time
 import grpc
 
 from kubelet_plugin.daemon import KubeletPlugin
-from kubelet_plugin.kubelet_grpc.sockets import MAX_SOCKET_PATH, SocketPaths, registration_socket_path
+from kubelet_plugin.kubelet.sockets import MAX_SOCKET_PATH, SocketPaths, registration_socket_path
 from kubelet_plugin.nvml import open_nvml
 from proto import dra_v1_pb2, dra_v1_pb2_grpc
 from testbed.plugin_harness import PluginHarness
@@ -60,9 +60,9 @@ def test_rejected_registration_is_logged_and_retried_by_recreating_the_socket() 
         emu.reject_next_registration("endpoint already registered (test)")
         plugin = h.start_plugin("n1")
         registered = emu.wait_for_plugin("gpu.nvidia.com", timeout=15)
-        assert plugin.registration is not None
-        assert plugin.registration.rejections == 1
-        assert plugin.registration.registered.is_set()
+        assert plugin.kubelet.registration is not None
+        assert plugin.kubelet.registration.rejections == 1
+        assert plugin.kubelet.registration.registered.is_set()
         attempts = emu.attempts
         assert not attempts[0].accepted and attempts[0].error == "endpoint already registered (test)"
         assert attempts[-1].accepted

@@ -12,7 +12,7 @@ import tempfile
 import grpc
 import pytest
 
-from kubelet_plugin.kubelet_grpc.grpc_loop import GrpcLoop
+from kubelet_plugin.kubelet.grpc_loop import GrpcLoop
 from proto import pluginregistration_pb2, pluginregistration_pb2_grpc
 
 
@@ -23,14 +23,14 @@ class _Info(pluginregistration_pb2_grpc.RegistrationServicer):
 
 def _events(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str, str]]:
     return [(r.levelno, r.getMessage(), str(getattr(r, "kv", {}).get("error"))) for r in caplog.records
-            if r.name == "kubelet_plugin.kubelet_grpc.grpc_loop"]
+            if r.name == "kubelet_plugin.kubelet.grpc_loop"]
 
 
 def test_loop_errors_are_one_event_and_a_stopping_servers_ebadf_is_debug(caplog: pytest.LogCaptureFixture) -> None:
     loop = GrpcLoop(2, "grpc-test")
     sock = os.path.join(tempfile.mkdtemp(dir="/tmp"), "r.sock")
     try:
-        with caplog.at_level(logging.DEBUG, logger="kubelet_plugin.kubelet_grpc.grpc_loop"):
+        with caplog.at_level(logging.DEBUG, logger="kubelet_plugin.kubelet.grpc_loop"):
             bad_fd = OSError(errno.EBADF, "Bad file descriptor")
             loop._loop.call_exception_handler({"message": "Exception in callback None()", "exception": bad_fd})
             server = loop.serve(sock, lambda s: pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(_Info(), s))

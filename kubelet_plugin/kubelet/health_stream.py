@@ -3,7 +3,7 @@
 The kubelet treats an entry older than its timeout (30 s by default) as Unknown, so every open
 stream gets the full device list on connect, on every change, and at least every ``interval``
 seconds (20 s by default). Each stream is a coroutine on the gRPC loop
-(:mod:`kubelet_plugin.kubelet_grpc.grpc_loop`), asleep until :meth:`HealthBroadcaster.publish`
+(:mod:`kubelet_plugin.kubelet.grpc_loop`), asleep until :meth:`HealthBroadcaster.publish`
 wakes it or its resend is due: an open stream holds no thread, and one the kubelet closes is
 cancelled at once.
 """
@@ -14,15 +14,33 @@ import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the broadcaster runs before the gRPC server exists; only the servicer needs grpc
     import grpc
 
 from dra_driver.logs import get_logger
-from kubelet_plugin.health.kubelet_health import HealthStreamEntry, truncate_message
 
 log = get_logger(__name__)
+
+MESSAGE_LIMIT = 1024  # the kubelet truncates longer messages to 1021 characters + "..."
+
+
+@dataclass(frozen=True)
+class HealthStreamEntry:
+    """One ``DeviceHealth`` entry: pool, device, health enum name, message, last update (Unix s)."""
+
+    pool_name: str
+    device_name: str
+    health: str  # "HEALTHY" | "UNHEALTHY" | "UNKNOWN" (the proto enum's names)
+    message: str
+    last_updated_time: int
+
+
+def truncate_message(message: str, limit: int = MESSAGE_LIMIT) -> str:
+    """Fit a message in the kubelet's limit the way the kubelet would cut it."""
+    return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
 def _key(entries: tuple[HealthStreamEntry, ...]) -> tuple[tuple[str, str, str, str], ...]:

@@ -17,16 +17,16 @@ def _published(h: PluginHarness) -> set[str]:
 def test_slices_follow_health_and_metrics_count_prepares() -> None:
     with PluginHarness() as h:
         plugin = h.start_plugin(NODE, "sim:8xh100")
-        assert plugin.publisher.wait_until_synced(20)
+        assert plugin.kubelet.publisher.wait_until_synced(20)
         assert _published(h) == set(plugin.device_index)  # 6 whole GPUs + 11 static MIG devices
 
         start = time.monotonic()
         plugin.set_unhealthy({"gpu-3": "XID 79"})
-        assert plugin.publisher.wait_until_synced(20)
+        assert plugin.kubelet.publisher.wait_until_synced(20)
         assert time.monotonic() - start < 5
         assert _published(h) == set(plugin.device_index) - {"gpu-3"}
         plugin.set_unhealthy({})
-        assert plugin.publisher.wait_until_synced(20)
+        assert plugin.kubelet.publisher.wait_until_synced(20)
         assert "gpu-3" in _published(h)
 
         uid = h.create_claim("c1", [("gpu", NODE, "gpu-0")])

@@ -9,11 +9,11 @@ from typing import Any
 import kubernetes
 import pytest
 
-import kubelet_plugin.publisher.slice_publisher as publisher_core
+import kubelet_plugin.kubelet.slice_publisher as publisher_core
 from dra_driver.devices import MigMode
 from dra_driver.slices import SliceOptions, SliceSpec, build_pool
-from kubelet_plugin.publisher import SlicePublisher
-from kubelet_plugin.publisher.slice_watch import SliceWatch
+from kubelet_plugin.kubelet.slice_publisher import SlicePublisher
+from kubelet_plugin.kubelet.slice_watch import SliceWatch
 from testbed.apiserver import LocalApiServer
 from testbed.device_samples import eight_h200
 

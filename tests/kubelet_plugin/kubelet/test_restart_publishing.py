@@ -17,7 +17,7 @@ def test_a_restarted_plugin_keeps_the_published_pool_until_validation_has_a_verd
     with PluginHarness() as h:
         first = h.start_plugin(NODE, "sim:8xh100", health_mode="withdraw")
         wait_for("the first instance's validation", lambda: first.health_monitor.snapshot().validated, 20)
-        assert first.publisher.wait_until_synced(20)  # the validated pool is on the server, not a step before it
+        assert first.kubelet.publisher.wait_until_synced(20)  # the validated pool is on the server, not a step before it
         before = set(h.published_devices(NODE))
         assert {"gpu-0", "gpu-5"} <= before
         h.stop_plugin(NODE)
@@ -54,7 +54,7 @@ def test_a_restart_holds_the_pool_even_when_validation_beats_the_pool_lookup() -
     with PluginHarness() as h:
         first = h.start_plugin(NODE, "sim:8xh100", health_mode="withdraw")
         wait_for("the first instance's validation", lambda: first.health_monitor.snapshot().validated, 20)
-        assert first.publisher.wait_until_synced(20)
+        assert first.kubelet.publisher.wait_until_synced(20)
         before = set(h.published_devices(NODE))
         h.stop_plugin(NODE)
 

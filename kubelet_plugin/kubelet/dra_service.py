@@ -1,4 +1,13 @@
-"""The DRA node service (``DRAPlugin`` v1 and v1beta1) over a :class:`~kubelet_plugin.prepare.preparer.Preparer`.
+"""The DRA socket: the DRA node service (``DRAPlugin`` v1 and v1beta1) over a
+:class:`~kubelet_plugin.kubelet.driver.DraDriver`, and the health stream (v1 and v1alpha1), on one
+Unix socket served by the plugin's :class:`~kubelet_plugin.kubelet.grpc_loop.GrpcLoop` (handlers on
+its pool of worker threads). Imported only when the plugin is ready to serve (after its first
+ResourceSlice is on its way), so gRPC's import does not delay the slice.
+
+A prepare of one claim, in order: the reference is checked (:func:`request_entries`), the driver is
+asked for a recorded answer (a repeated prepare reads nothing), the claim is read
+(:class:`~kubelet_plugin.kubelet.claims.KubeClaims`; API failures become per-claim errors with their
+own reason, :func:`~kubelet_plugin.kubelet.claims.api_failure`), and the driver prepares it.
 
 One servicer class serves both packages: the messages are identical except that v1beta1's
 ``Device`` has no ``share_id``. Every claim in a request gets an entry in the answer; an error in
@@ -10,6 +19,7 @@ reaches the API server.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from dataclasses import dataclass, replace
@@ -18,8 +28,21 @@ from typing import Any
 import grpc
 
 from dra_driver.logs import get_logger
-from kubelet_plugin.checkpoint.claim_uids import UID_MAX, uid_problem
-from kubelet_plugin.prepare.preparer import ClaimOutcome, Preparer
+from kubelet_plugin.kubelet.claims import KubeClaims, api_failure
+from kubelet_plugin.kubelet.driver import UID_MAX, ClaimOutcome, ClaimRef, DraDriver, uid_problem
+from kubelet_plugin.kubelet.grpc_loop import GrpcLoop
+from kubelet_plugin.kubelet.health_stream import HealthBroadcaster, HealthServicer
+from kubelet_plugin.kubelet.sockets import remove_stale_socket
+from proto import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+    health_v1_pb2,
+    health_v1_pb2_grpc,
+    health_v1alpha1_pb2,
+    health_v1alpha1_pb2_grpc,
+)
 
 log = get_logger(__name__)
 
@@ -39,7 +62,7 @@ def claim_problem(index: int, uid: str, namespace: str, name: str) -> str | None
 
     Checked before anything else, so a malformed request never reaches the API server: an empty
     name would otherwise read the whole collection, a name with ``/`` another path; the UID names
-    files and locks, so it must look like a UID (:mod:`kubelet_plugin.checkpoint.claim_uids`: no NUL, no ``/``, bounded).
+    files and locks, so it must look like a UID (:mod:`kubelet_plugin.kubelet.driver`: no NUL, no ``/``, bounded).
     """
     for field, value in (("uid", uid), ("namespace", namespace), ("name", name)):
         if not value:
@@ -93,16 +116,40 @@ def request_entries(claims: Any) -> list[_Entry]:
 class DraServicer:
     """``NodePrepareResources`` / ``NodeUnprepareResources`` for one proto package."""
 
-    def __init__(self, preparer: Preparer, pb2: Any, metrics: Any = None) -> None:
-        self.preparer = preparer
+    def __init__(self, driver: DraDriver, claims: KubeClaims, pb2: Any, metrics: Any = None) -> None:
+        self.driver = driver
+        self.claims = claims
         self.pb2 = pb2
         self.metrics = metrics  # kubelet_plugin.metrics.PluginMetrics or None
         self.has_share_id = "share_id" in pb2.Device.DESCRIPTOR.fields_by_name
 
     def _refused(self, call: str, entry: _Entry) -> ClaimOutcome:
         log.warning("claim_request_invalid", call=call, claim_uid=entry.uid[:UID_MAX] or None,  # bounded log line
-                    claim=f"{entry.namespace}/{entry.name}", node=self.preparer.settings.pool, error=entry.error)
+                    claim=f"{entry.namespace}/{entry.name}", node=self.driver.pool, error=entry.error)
         return ClaimOutcome(error=entry.error, reason="invalid_request")
+
+    def prepare(self, ref: ClaimRef) -> ClaimOutcome:
+        """One claim: the driver's recorded answer, else read the claim and let the driver prepare it."""
+        recorded = self.driver.recorded(ref)
+        if recorded is not None:
+            return recorded
+        try:
+            claim = self.claims.get(ref.namespace, ref.name, ref.uid)
+        except Exception as exc:
+            failure = api_failure(exc, ref.namespace, ref.name)
+            if failure is None:
+                log.error("claim_read_error", exc_info=True, claim_uid=ref.uid, node=self.driver.pool)
+                return ClaimOutcome(error=f"internal error reading ResourceClaim {ref.namespace}/{ref.name}: "
+                                    f"{exc}", reason="internal")
+            log.warning("claim_prepare_failed", claim_uid=ref.uid, claim=f"{ref.namespace}/{ref.name}",
+                        node=self.driver.pool, reason=failure.reason, error=str(failure))
+            return ClaimOutcome(error=str(failure), reason=failure.reason)
+        if claim is None:
+            message = f"ResourceClaim {ref.namespace}/{ref.name} not found"
+            log.warning("claim_prepare_failed", claim_uid=ref.uid, claim=f"{ref.namespace}/{ref.name}",
+                        node=self.driver.pool, reason="claim_not_found", error=message)
+            return ClaimOutcome(error=message, reason="claim_not_found")
+        return self.driver.prepare(ref, claim)
 
     def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
         """Prepare every claim of the request; per-claim errors."""
@@ -112,7 +159,7 @@ class DraServicer:
             if claim.error:
                 outcome = self._refused("NodePrepareResources", claim)
             else:
-                outcome = self.preparer.prepare(claim.namespace, claim.name, claim.uid)
+                outcome = self.prepare(ClaimRef(claim.uid, claim.namespace, claim.name))
             entry = response.claims[claim.uid]
             if outcome.error:
                 entry.error = outcome.error
@@ -135,7 +182,7 @@ class DraServicer:
             if claim.error:
                 outcome = self._refused("NodeUnprepareResources", claim)
             else:
-                outcome = self.preparer.unprepare(claim.namespace, claim.name, claim.uid)
+                outcome = self.driver.unprepare(ClaimRef(claim.uid, claim.namespace, claim.name))
             entry = response.claims[claim.uid]
             if outcome.error:
                 entry.error = outcome.error
@@ -146,4 +193,25 @@ class DraServicer:
 
     def _count_prepared(self) -> None:
         if self.metrics is not None:
-            self.metrics.set_prepared_claims(len(self.preparer.checkpoint.records()))
+            self.metrics.set_prepared_claims(self.driver.prepared_count())
+
+
+def serve_dra(loop: GrpcLoop, socket_path: str, driver: DraDriver, claims: KubeClaims, broadcaster: HealthBroadcaster, metrics: Any, *,
+              health_stream: bool, node: str) -> grpc.aio.Server:
+    """Start serving on ``socket_path`` (a stale socket file is replaced); returns the running server."""
+    os.makedirs(os.path.dirname(socket_path), exist_ok=True)
+    remove_stale_socket(socket_path)
+    return loop.serve(socket_path, lambda server: _add_servicers(server, driver, claims, broadcaster, metrics,
+                                                                 health_stream, node))
+
+
+def _add_servicers(server: grpc.aio.Server, driver: DraDriver, claims: KubeClaims, broadcaster: HealthBroadcaster, metrics: Any,
+                   health_stream: bool, node: str) -> None:
+    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraServicer(driver, claims, dra_v1_pb2, metrics), server)
+    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DraServicer(driver, claims, dra_v1beta1_pb2, metrics), server)
+    if health_stream:
+        on_stream = metrics.health_stream_clients
+        health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+            HealthServicer(broadcaster, health_v1_pb2, on_stream, node=node), server)
+        health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+            HealthServicer(broadcaster, health_v1alpha1_pb2, on_stream, node=node), server)

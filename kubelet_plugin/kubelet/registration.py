@@ -16,8 +16,8 @@ from typing import Any
 import grpc
 
 from dra_driver.logs import get_logger
-from kubelet_plugin.kubelet_grpc.grpc_loop import GrpcLoop
-from kubelet_plugin.kubelet_grpc.sockets import remove_stale_socket
+from kubelet_plugin.kubelet.grpc_loop import GrpcLoop
+from kubelet_plugin.kubelet.sockets import remove_stale_socket
 from proto import pluginregistration_pb2, pluginregistration_pb2_grpc
 
 log = get_logger(__name__)

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from dra_driver.slices import SliceOptions, build_pool
-from kubelet_plugin.publisher import ApiError, SlicePublisher
+from kubelet_plugin.kubelet.slice_publisher import SlicePublisher
+from kubelet_plugin.kubelet.slice_requests import ApiError
 from testbed.device_samples import eight_h200
 
 DRIVER = "gpu.nvidia.com"
@@ -60,7 +61,7 @@ def test_dropped_taints_are_reported_once_and_not_rewritten_forever(caplog: pyte
     pub = SlicePublisher(None, NODE, DRIVER, resync_seconds=60.0)
     pub._http = server  # type: ignore[assignment]
     pub._watch._http = server  # type: ignore[assignment]
-    caplog.set_level(logging.ERROR, logger="kubelet_plugin.publisher.slice_publisher")
+    caplog.set_level(logging.ERROR, logger="kubelet_plugin.kubelet.slice_publisher")
     pub.start()
     try:
         pub.set_desired(build_pool(eight_h200(), NODE, DRIVER, SliceOptions(health_mode="taint"),

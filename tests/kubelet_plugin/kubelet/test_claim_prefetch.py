@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from dra_driver.kube_api import JsonApi
-from kubelet_plugin.claim_prefetch import allocated_here, claim_names
+from kubelet_plugin.kubelet.claims import allocated_here, claim_names
 from testbed.plugin_harness import NAMESPACE, PluginHarness
 
 NODE = "node-a"
@@ -31,7 +31,7 @@ def _wait(check: Any, timeout: float = 10.0) -> None:
 def test_a_claim_read_ahead_answers_the_prepare_even_when_the_api_server_would_fail_it() -> None:
     with PluginHarness() as h:
         plugin = h.start_plugin(NODE, claim_prefetch=True)
-        prefetch = plugin.claim_prefetch
+        prefetch = plugin.kubelet.claim_prefetch
         uid = h.create_claim("c1", [("gpu", NODE, "gpu-0")])
         JsonApi(h.api_client).request("POST", PODS, body=_pod("p1", "c1"))
         _wait(lambda: (NAMESPACE, "c1") in prefetch._claims)
@@ -47,7 +47,7 @@ def test_a_claim_read_ahead_answers_the_prepare_even_when_the_api_server_would_f
 def test_another_uid_or_a_deleted_pod_never_gets_the_copy() -> None:
     with PluginHarness() as h:
         plugin = h.start_plugin(NODE, claim_prefetch=True)
-        prefetch = plugin.claim_prefetch
+        prefetch = plugin.kubelet.claim_prefetch
         h.create_claim("c2", [("gpu", NODE, "gpu-1")])
         api = JsonApi(h.api_client)
         api.request("POST", PODS, body=_pod("p2", "c2"))
@@ -64,10 +64,10 @@ def test_a_plugin_that_may_not_watch_pods_still_prepares() -> None:
     with PluginHarness() as h:
         h.server.faults.fail_next(1, code=403, verb="list", resource="pods")
         plugin = h.start_plugin(NODE, claim_prefetch=True)
-        _wait(lambda: plugin.claim_prefetch._thread is not None and not plugin.claim_prefetch._thread.is_alive())
+        _wait(lambda: plugin.kubelet.claim_prefetch._thread is not None and not plugin.kubelet.claim_prefetch._thread.is_alive())
         uid = h.create_claim("c4", [("gpu", NODE, "gpu-0")])
         result = h.kubelet(NODE).prepare([(NAMESPACE, "c4", uid)])
-        assert not result[uid].error and plugin.claim_prefetch.hits == 0
+        assert not result[uid].error and plugin.kubelet.claim_prefetch.hits == 0
 
 
 def test_claim_names_and_allocation_checks() -> None:

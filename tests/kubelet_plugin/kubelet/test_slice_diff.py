@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kubelet_plugin.publisher.slice_diff import carry_time_added
+from kubelet_plugin.kubelet.slice_diff import carry_time_added
 
 TAINT = {"key": "gpu.nvidia.com/unhealthy", "value": "Xid79", "effect": "NoSchedule"}
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import replace
@@ -16,16 +17,17 @@ from dataclasses import replace
 from dra_driver.logs import get_logger
 from kubelet_plugin.checkpoint.schema import ClaimState, MpsRecord
 from kubelet_plugin.checkpoint.store import CheckpointStore
+from kubelet_plugin.kubelet.driver import PrepareError
 from kubelet_plugin.mps.mps_dirs import trusted_record, write_owner
 from kubelet_plugin.mps.mps_plan import (
     MPS_FIELD,
+    MpsDevice,
     MpsError,
     MpsOps,
     claim_defaults,
-    claim_mps_devices,
     with_devices,
 )
-from kubelet_plugin.prepare.claim_plan import ClaimPlan, PrepareError
+from kubelet_plugin.prepare.claim_plan import ClaimPlan
 
 log = get_logger(__name__)
 
@@ -97,3 +99,55 @@ def revive_claim(uid: str, checkpoint: CheckpointStore, claim_lock: Callable[[st
         log.warning("claim_mps_revived", claim_uid=uid, claim=f"{record.namespace}/{record.name}", node=node,
                     pid=started.pid, reason="its MPS daemon was gone")
         return True
+
+
+def claim_mps_devices(plan: ClaimPlan) -> list[MpsDevice]:
+    """The claim's devices whose effective config says sharing.strategy: MPS (each once)."""
+    result: dict[str, MpsDevice] = {}
+    for d in plan.devices:
+        sharing = d.config.sharing
+        if sharing is not None and sharing.strategy == "MPS":
+            result.setdefault(d.device.name, MpsDevice(d.device.name, sharing.mps))
+    return list(result.values())
+
+
+def check_claim(ops: MpsOps, plan: ClaimPlan) -> None:
+    """Before any state exists: refuse an MPS claim this node cannot serve (no binary, conflicting limits).
+
+    Raises :class:`~kubelet_plugin.kubelet.driver.PrepareError` naming the claim and the field.
+    """
+    devices = claim_mps_devices(plan)
+    if not devices:
+        return
+    ref = f"ResourceClaim {plan.namespace}/{plan.name}"
+    try:
+        claim_defaults(devices, ref)
+        ops.locate()
+    except MpsError as exc:
+        raise PrepareError(exc.reason, str(exc) if exc.reason == "invalid_config" else f"{ref}: {MPS_FIELD}: {exc}") \
+            from exc
+
+
+class MpsWatch:
+    """Restarts MPS control daemons of prepared claims that died, every ``interval`` seconds: during a
+    rolling update the old instance's container takes the daemons it started with it, and CUDA would
+    then run new clients without MPS or its limits, silently."""
+
+    def __init__(self, checkpoint: CheckpointStore, revive_all: Callable[[], int], interval: float = 30.0) -> None:
+        self.checkpoint = checkpoint
+        self.revive_all = revive_all
+        self.interval = interval
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        """Start the watch thread."""
+        threading.Thread(target=self._run, name="mps-watch", daemon=True).start()
+
+    def stop(self) -> None:
+        """Stop at the next wake-up."""
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            if any(r.mps for r in self.checkpoint.records().values()):
+                self.revive_all()

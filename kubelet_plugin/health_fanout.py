@@ -1,0 +1,82 @@
+"""Every health change to everything that reports it: one fan-out, each reporter a subscriber.
+
+The health monitor hands each :class:`~kubelet_plugin.health.snapshot.HealthSnapshot` to
+:meth:`HealthFanout.deliver` (from its event, poll or validation thread). The fan-out completes the
+snapshot with what only the node knows (the ``annotate`` step: the node's prerequisites and which
+devices the pool lists, :meth:`kubelet_plugin.node_pool.NodePool.annotate`), then calls each
+subscriber in the order subscribed: the node's slices, the kubelet health stream, the Node's
+GPUReady condition and Events, the metrics. Adding a reporter is one ``subscribe`` line in
+:mod:`kubelet_plugin.daemon`.
+
+Snapshots are delivered one at a time and in order (a lock), so the last one delivered is always
+the current health; a subscriber that raises is logged and the others still get the snapshot.
+During start-up, deliveries wait until :meth:`open` (the plugin first decides whether to hold a
+pool already on the API server), at most ``open_wait_s``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from dra_driver.logs import get_logger
+from kubelet_plugin.health.snapshot import HealthSnapshot
+
+log = get_logger(__name__)
+
+Subscriber = Callable[[HealthSnapshot], None]
+
+
+class HealthFanout:
+    """Delivers health snapshots to subscribers, one snapshot at a time, newest last."""
+
+    def __init__(self, annotate: Callable[[HealthSnapshot], HealthSnapshot], node: str,
+                 open_wait_s: float = 60.0) -> None:
+        self._annotate = annotate
+        self._node = node
+        self._open_wait_s = open_wait_s
+        self._subscribers: list[tuple[str, Subscriber]] = []
+        self._lock = threading.Lock()
+        self._open = threading.Event()
+        self._open.set()
+        self._last: HealthSnapshot | None = None
+
+    def subscribe(self, name: str, subscriber: Subscriber) -> None:
+        """Add a subscriber (``name`` is for the log line when it fails)."""
+        self._subscribers.append((name, subscriber))
+
+    def hold(self) -> None:
+        """Make deliveries wait until :meth:`open` (start-up's hold decision)."""
+        self._open.clear()
+
+    def open(self) -> None:
+        """Let waiting and future deliveries through."""
+        self._open.set()
+
+    def deliver(self, snapshot: HealthSnapshot) -> None:
+        """The health monitor's callback: annotate the snapshot and hand it to every subscriber."""
+        self._open.wait(self._open_wait_s)
+        with self._lock:
+            self._deliver_locked(snapshot)
+
+    def deliver_current(self, current: Callable[[], HealthSnapshot]) -> None:
+        """Deliver ``current()`` read under the delivery lock: a snapshot delivered after it is newer,
+        so a reading taken before the lock cannot land after a newer one (start-up, and a changed
+        node prerequisite)."""
+        with self._lock:
+            self._deliver_locked(current())
+
+    def _deliver_locked(self, snapshot: HealthSnapshot) -> None:
+        snapshot = self._annotate(snapshot)
+        self._last = snapshot
+        for name, subscriber in self._subscribers:
+            try:
+                subscriber(snapshot)
+            except Exception:  # one reporter's bug must not keep the others (the slices above all) stale
+                log.error("health_subscriber_failed", exc_info=True, subscriber=name, node=self._node,
+                          generation=snapshot.generation)
+
+    @property
+    def last(self) -> HealthSnapshot | None:
+        """The last snapshot delivered, annotated (None before the first)."""
+        return self._last

@@ -1,0 +1,113 @@
+"""The node's pool as the cluster should see it: device health in, ResourceSlices out.
+
+:class:`NodePool` is the slices' subscriber of the health fan-out
+(:mod:`kubelet_plugin.health_fanout`). From each health snapshot it builds the pool without the
+devices that must not be used (or, in taint mode, with them tainted; :mod:`dra_driver.slices`) and
+hands it to the kubelet side's publisher. It also keeps what prepare asks about health (which
+devices are unhealthy now), the node's prerequisite (a CDI root the node cannot write withdraws
+every device), and the restart hold: a plugin that finds its pool already on the API server keeps
+it as it is until its first validation round has a verdict for every device, so no running pod's
+GPU is withdrawn by a restart or a rolling update.
+
+When the API server turns out to drop a feature's fields (:class:`~kubelet_plugin.feature_fallback.PublishFallback`),
+the pool is rebuilt in the form this cluster keeps, and ``on_fallback`` tells the rest of the plugin.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+
+from dra_driver.devices import NodeDevices
+from dra_driver.logs import get_logger
+from dra_driver.slices import SliceOptions, SliceSpec, build_pool, listed_device_names
+from kubelet_plugin.config import PluginConfig
+from kubelet_plugin.feature_fallback import PublishFallback
+from kubelet_plugin.health.snapshot import HealthSnapshot
+from kubelet_plugin.health.topology import gpu_topology
+
+log = get_logger(__name__)
+
+
+class NodePool:
+    """Builds this node's pool from device health and hands it to ``publish``."""
+
+    def __init__(self, config: PluginConfig, devices: Callable[[], NodeDevices | None],
+                 publish: Callable[[list[SliceSpec]], None],
+                 on_published: Callable[[int, int], None] = lambda published, withdrawn: None) -> None:
+        self.config = config
+        self._devices = devices
+        self._publish_slices = publish
+        self._on_published = on_published
+        self.fallback = PublishFallback(config)
+        self.prerequisite: tuple[str, str] | None = None  # (reason, message) while the node cannot prepare
+        self.hold_until_validated = False  # a restart keeps the pool already published until validated
+        self._state_lock = threading.Lock()
+        self._unhealthy: dict[str, str] = {}
+        self._listed_cache: tuple[NodeDevices, SliceOptions, frozenset[str]] | None = None
+
+    def unhealthy(self) -> Mapping[str, str]:
+        """Device name -> reason for every device the pool withholds now (what prepare refuses)."""
+        with self._state_lock:
+            return self._unhealthy
+
+    def annotate(self, snapshot: HealthSnapshot) -> HealthSnapshot:
+        """The snapshot with the node's prerequisite and the devices the pool never lists (the health
+        fan-out's first step: GPUReady must call published exactly what the pool lists)."""
+        snapshot = replace(snapshot, prerequisite=self.prerequisite)
+        devices = self._devices()
+        if devices is None:
+            return snapshot
+        return replace(snapshot, unlisted=frozenset(snapshot.devices) - self._listed_names(devices))
+
+    def publish_health(self, snapshot: HealthSnapshot) -> None:
+        """Health subscriber: publish the pool this snapshot allows (unless the restart hold applies)."""
+        if self.hold_until_validated and not snapshot.validated and snapshot.prerequisite is None:
+            log.debug("publish_held", node=self.config.node_name, reason="first validation round running; "
+                      "the pool already on the server stays as it is")
+            return
+        self.hold_until_validated = False
+        devices = self._devices()
+        assert devices is not None
+        unhealthy = snapshot.unhealthy()
+        tracked = {d.gpu_uuid for d in snapshot.devices.values()}
+        for gpu in devices.gpus:
+            if gpu.uuid not in tracked:
+                # Re-read but not yet handed to the monitor: never publish a GPU that has not been
+                # validated, even for the instant in between.
+                for name in gpu_topology(gpu, self.config.dynamic_mig).device_names:
+                    unhealthy.setdefault(name, "awaiting validation")
+        self.publish(unhealthy, devices)
+
+    def publish(self, unhealthy: Mapping[str, str], devices: NodeDevices | None = None) -> None:
+        """Publish every device except ``unhealthy`` (or tainted, in taint mode)."""
+        cfg = self.config
+        with self._state_lock:
+            self._unhealthy = dict(unhealthy)
+        devices = devices or self._devices()
+        assert devices is not None
+        slices = build_pool(devices, cfg.node_name, cfg.driver_name, self.slice_options(), unhealthy)
+        self._publish_slices(slices)
+        self._on_published(sum(len(s.devices) for s in slices), len(unhealthy))
+
+    def republish(self) -> None:
+        """The same health again, in the form the current options give (after a fallback)."""
+        with self._state_lock:
+            unhealthy = dict(self._unhealthy)
+        self.publish(unhealthy)
+
+    def slice_options(self) -> SliceOptions:
+        """How the pool is laid out now: the configured MIG mode, minus what this cluster drops."""
+        return SliceOptions(mig_mode="dynamic" if self.config.dynamic_mig else "static",
+                            shared_gpus=self.fallback.shared_gpus, health_mode=self.fallback.health_mode)
+
+    def _listed_names(self, devices: NodeDevices) -> frozenset[str]:
+        """The device names the pool lists when all are healthy (cached: snapshots outnumber changes)."""
+        options = self.slice_options()
+        cached = self._listed_cache
+        if cached is not None and cached[0] is devices and cached[1] == options:
+            return cached[2]
+        names = listed_device_names(devices, options)
+        self._listed_cache = (devices, options, names)
+        return names
