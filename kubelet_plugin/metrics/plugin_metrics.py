@@ -167,15 +167,26 @@ class PluginMetrics:
             self.set_device_health(name, _MONITOR_STATE.get(dev.state.name, "Unhealthy"), dev.reason)
 
     def forget_device(self, device: str) -> None:
-        """Drop every per-device series of a device that no longer exists (e.g. a MIG device destroyed)."""
+        """Drop every per-device series of a device that no longer exists (e.g. a MIG device destroyed):
+        health, validation and XID counts alike, whatever their other labels."""
         with self._lock:
-            previous = self._health.pop(device, None)
-        for s in HEALTH_STATES:
-            self._remove(self.device_health_state, self.node, device, s)
-        if previous is not None:
-            self._remove(self.device_unhealthy_reason, self.node, device, previous[1] or previous[0])
-        self._remove(self.validation_result, self.node, device)
-        self._remove(self.validation_last_run, self.node, device)
+            self._health.pop(device, None)
+        families: list[tuple[Gauge | Counter | Histogram, tuple[str, ...]]] = [
+            (self.device_health_state, ("node", "device", "state")),
+            (self.device_unhealthy_reason, ("node", "device", "reason")),
+            (self.device_health_transitions, ("node", "device", "state")),
+            (self.validation_result, ("node", "device")),
+            (self.validation_last_run, ("node", "device")),
+            (self.validation_duration, ("node", "device", "result")),
+            (self.validation_failures, ("node", "device", "step")),
+            (self.xid_errors, ("node", "device", "xid", "action")),
+        ]
+        for family, names in families:
+            children = {tuple(sample.labels[n] for n in names)
+                        for metric in family.collect() for sample in metric.samples
+                        if sample.labels.get("device") == device and sample.labels.get("node") == self.node}
+            for labels in children:
+                self._remove(family, *labels)
 
     def health_snapshot(self) -> Mapping[str, tuple[str, str]]:
         """device -> (state, reason), as last reported (for the GPU collector and tests)."""
@@ -244,7 +255,7 @@ class PluginMetrics:
 
     # --- helpers ------------------------------------------------------------------------------
     @staticmethod
-    def _remove(family: Gauge | Counter, *labels: str) -> None:
+    def _remove(family: Gauge | Counter | Histogram, *labels: str) -> None:
         try:
             family.remove(*labels)
         except KeyError:
