@@ -143,8 +143,8 @@ class KubeletPlugin:
                     from kubelet_plugin.checkpoint.store import CheckpointStore
 
                     cfg = self.config
-                    self._checkpoint = CheckpointStore(cfg.checkpoint_path, self.boot_id,
-                                                       self.metrics.checkpoint_written, node=cfg.node_name)
+                    self._checkpoint = CheckpointStore(cfg.checkpoint_path, self.boot_id, node=cfg.node_name)
+                    self.metrics.count_checkpoint_writes(self._checkpoint.writes)
                 store = self._checkpoint
         return store
 
@@ -275,9 +275,10 @@ class KubeletPlugin:
                             control_device_nodes=tuple(self.devices.control_device_nodes),
                             driver_mounts=tuple(mounts), write_mig_status=cfg.write_mig_status,
                             taint_mode=self.pool.fallback.health_mode == "taint", driver_root=cfg.driver_root),
-            self.checkpoint, self.kubelet.claim_reader(),
-            devices=lambda: self.device_index, unhealthy=self.pool.unhealthy,
+            self.checkpoint, self.kubelet.claim_reader(), self.device_index,
             mig=NvmlMigOps(self.nvml, on_change=self.refresh_devices, node=cfg.node_name) if cfg.dynamic_mig else None)
+        self.pool.on_unhealthy = self._set_prepare_unhealthy
+        self._set_prepare_unhealthy(self.pool.unhealthy())
         self._follow_fallback()  # the publisher may have met a cluster without taints already
         self.recovery = recover(self.preparer, self.boot_id)
         self.metrics.set_prepared_claims(len(self.checkpoint.records()))
@@ -377,6 +378,8 @@ class KubeletPlugin:
                 log.info("devices_rediscovered", node=self.config.node_name, gpus=len(devices.gpus),
                          lost=[g.name for g in lost], preparable=len(self.device_index))
             self.devices = devices
+            if self.preparer is not None:
+                self.preparer.device_index = self.device_index
             if self.health_monitor is not None:
                 self.health_monitor.set_devices(devices)
 
@@ -404,6 +407,11 @@ class KubeletPlugin:
             preparer = self.preparer
             if preparer is not None and self.pool.fallback.health_mode == "withdraw" and preparer.settings.taint_mode:
                 preparer.settings = replace(preparer.settings, taint_mode=False)
+
+    def _set_prepare_unhealthy(self, unhealthy: Mapping[str, str]) -> None:
+        # What prepare refuses (withdraw mode) or warns about (taint mode): the pool's withheld devices.
+        if self.preparer is not None:
+            self.preparer.unhealthy = unhealthy
 
     def _node_devices(self) -> NodeDevices:
         assert self.devices is not None

@@ -45,6 +45,7 @@ class NodePool:
         self.hold_until_validated = False  # a restart keeps the pool already published until validated
         self._state_lock = threading.Lock()
         self._unhealthy: dict[str, str] = {}
+        self.on_unhealthy: Callable[[Mapping[str, str]], None] = lambda unhealthy: None  # the preparer's view
         self._listed_cache: tuple[NodeDevices, SliceOptions, frozenset[str]] | None = None
 
     def unhealthy(self) -> Mapping[str, str]:
@@ -85,6 +86,7 @@ class NodePool:
         cfg = self.config
         with self._state_lock:
             self._unhealthy = dict(unhealthy)
+            self.on_unhealthy(self._unhealthy)
         devices = devices or self._devices()
         assert devices is not None
         slices = build_pool(devices, cfg.node_name, cfg.driver_name, self.slice_options(), unhealthy)

@@ -90,6 +90,11 @@ def spec_file_name(driver_name: str, claim_uid: str) -> str:
     return f"{cdi_vendor(driver_name)}-{CDI_CLASS}_{claim_uid.replace('/', '_')}.json"
 
 
+def claim_spec_path(cdi_root: str, driver_name: str, claim_uid: str) -> str:
+    """Where a claim's CDI spec lives: derived from the UID, never read from a record."""
+    return f"{cdi_root.rstrip('/')}/{spec_file_name(driver_name, claim_uid)}"
+
+
 def _device_node(path: str) -> dict[str, Any]:
     node: dict[str, Any] = {"path": path, "hostPath": path, "permissions": "rwm"}
     match = re.fullmatch(r"/dev/nvidia(\d+)", path)

@@ -20,7 +20,7 @@ Plugin wiring::
     server, thread = serve_metrics(metrics.registry, "0.0.0.0", 8080)
 
 then report as things happen: ``set_device_health``, ``record_xid``, ``observe_validation``,
-``set_published``, ``observe_publish``, ``observe_prepare``/``observe_unprepare``, ``checkpoint_written``,
+``set_published``, ``observe_publish``, ``observe_prepare``/``observe_unprepare``, ``count_checkpoint_writes``,
 ``health_stream_clients``.
 """
 

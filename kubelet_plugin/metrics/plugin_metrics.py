@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
 
 from dra_driver import __version__
 
@@ -117,9 +118,9 @@ class PluginMetrics:
         self.prepared_claims = Gauge(
             "gpuready_prepared_claims", "Claims currently prepared on this node (from the checkpoint).",
             ["node"], registry=r)
-        self.checkpoint_writes = Counter(
-            "gpuready_checkpoint_writes", "Checkpoint writes, by result (success, error).",
-            ["node", "result"], registry=r)
+        # Counted by the checkpoint store itself and read at scrape time (count_checkpoint_writes).
+        self._checkpoint_writes: Mapping[str, int] = {"success": 0, "error": 0}
+        r.register(_CheckpointWrites(self))
         self.checkpoint_quarantined = Counter(
             "gpuready_checkpoint_quarantined",
             "Corrupt checkpoints moved aside at startup (each also raises an Event).", ["node"], registry=r)
@@ -135,7 +136,6 @@ class PluginMetrics:
                        self.health_stream_clients_gauge, self.checkpoint_quarantined):
             family.labels(node)
         for result in ("success", "error"):
-            self.checkpoint_writes.labels(node, result)
             self.prepare_duration.labels(node, result)
             self.unprepare_duration.labels(node, result)
 
@@ -241,9 +241,9 @@ class PluginMetrics:
         self.prepared_claims.labels(self.node).set(n)
 
     # --- checkpoint and health stream -----------------------------------------------------------
-    def checkpoint_written(self, ok: bool = True) -> None:
-        """Count one checkpoint write."""
-        self.checkpoint_writes.labels(self.node, "success" if ok else "error").inc()
+    def count_checkpoint_writes(self, writes: Mapping[str, int]) -> None:
+        """Export the checkpoint store's write counts (result -> writes) as gpuready_checkpoint_writes."""
+        self._checkpoint_writes = writes
 
     def checkpoint_quarantined_once(self) -> None:
         """Count a corrupt checkpoint moved aside."""
@@ -260,6 +260,24 @@ class PluginMetrics:
             family.remove(*labels)
         except KeyError:
             pass  # never created: nothing to remove
+
+
+class _CheckpointWrites:
+    """gpuready_checkpoint_writes_total from the checkpoint store's own counts, read at scrape time."""
+
+    def __init__(self, metrics: PluginMetrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> list[CounterMetricFamily]:
+        return [CounterMetricFamily("gpuready_checkpoint_writes", "Checkpoint writes, by result (success, error).",
+                                    labels=["node", "result"])]
+
+    def collect(self) -> list[CounterMetricFamily]:
+        family = self.describe()[0]
+        writes = self._metrics._checkpoint_writes
+        for result in ("success", "error"):
+            family.add_metric([self._metrics.node, result], writes.get(result, 0))
+        return [family]
 
 
 def sample_value(registry: CollectorRegistry, name: str, labels: Mapping[str, str]) -> float | None:

@@ -1,6 +1,6 @@
 """What a claim's MPS daemon should be, decided without touching anything (pure, no I/O).
 
-From a claim's MPS devices (:class:`MpsDevice`, chosen by :func:`kubelet_plugin.prepare.mps_claims.claim_mps_devices`): the
+From a claim's MPS devices (:class:`MpsDevice`, chosen by :attr:`kubelet_plugin.prepare.claim_plan.ClaimPlan.mps_devices`): the
 daemon-wide defaults they must agree on (:func:`claim_defaults`), the record completed with device
 UUIDs and limits (:func:`with_devices`) and the control commands that apply them
 (:func:`control_commands`). :class:`MpsOps` is the port to the daemon itself

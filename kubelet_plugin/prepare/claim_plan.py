@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dra_driver.devices import MigMode
 from dra_driver.opaque_config import (
     DeviceConfig,
     OpaqueConfigError,
@@ -25,6 +26,7 @@ from dra_driver.opaque_config import (
 )
 from kubelet_plugin.cdi.cdi_spec import qualified_device_id
 from kubelet_plugin.kubelet.driver import PreparedDevice, PrepareError
+from kubelet_plugin.mps.mps_plan import MpsDevice
 from kubelet_plugin.prepare.node_devices import NodeDevice
 
 
@@ -53,6 +55,11 @@ class ClaimPlan:
     namespace: str
     name: str
     devices: tuple[PlannedDevice, ...]
+    # What else prepare must do, decided here so a plain claim's prepare enters no MIG or MPS code:
+    # create MIG instances (a placement, or a whole GPU whose MIG mode is on needs its full-size
+    # instance: kubelet_plugin.prepare.whole_gpu_instance), and start an MPS daemon for these devices.
+    needs_mig: bool = False
+    mps_devices: tuple[MpsDevice, ...] = ()
 
 
 def _opaque_configs(claim: Mapping[str, Any], driver: str, ref: str) -> list[tuple[list[str], ParsedConfig]]:
@@ -120,7 +127,20 @@ def plan_claim(claim: Mapping[str, Any], uid: str, namespace: str, name: str, dr
         planned.append(PlannedDevice(request=request, pool=result_pool, device=device,
                                      share_id=r.get("shareID"), admin_access=bool(r.get("adminAccess")),
                                      config=config))
-    return ClaimPlan(uid=uid, namespace=namespace, name=name, devices=tuple(planned))
+    needs_mig = any(d.device.placement is not None or (d.device.kind == "gpu" and d.device.gpu.mig_mode is MigMode.ENABLED)
+                    for d in planned)
+    return ClaimPlan(uid=uid, namespace=namespace, name=name, devices=tuple(planned), needs_mig=needs_mig,
+                     mps_devices=tuple(mps_devices(planned)))
+
+
+def mps_devices(planned: list[PlannedDevice]) -> list[MpsDevice]:
+    """The devices whose effective config says sharing.strategy: MPS (each once)."""
+    result: dict[str, MpsDevice] = {}
+    for d in planned:
+        sharing = d.config.sharing
+        if sharing is not None and sharing.strategy == "MPS":
+            result.setdefault(d.device.name, MpsDevice(d.device.name, sharing.mps))
+    return list(result.values())
 
 
 def answer_for(plan: ClaimPlan, driver: str) -> list[PreparedDevice]:

@@ -21,7 +21,6 @@ from kubelet_plugin.kubelet.driver import PrepareError
 from kubelet_plugin.mps.mps_dirs import trusted_record, write_owner
 from kubelet_plugin.mps.mps_plan import (
     MPS_FIELD,
-    MpsDevice,
     MpsError,
     MpsOps,
     claim_defaults,
@@ -39,7 +38,7 @@ def start_for_claim(ops: MpsOps, plan: ClaimPlan, planned: MpsRecord, uuids: Map
     ``save`` records the completed record before the start (so a crash can find the daemon) and the
     started one (with its PID) after. Raises :class:`~kubelet_plugin.prepare.claim_plan.PrepareError`.
     """
-    devices = claim_mps_devices(plan)
+    devices = list(plan.mps_devices)
     ref = f"ResourceClaim {plan.namespace}/{plan.name}"
     record = with_devices(planned, [uuids[d.name] for d in devices], {uuids[d.name]: d.settings for d in devices},
                           claim_defaults(devices, ref))
@@ -101,22 +100,12 @@ def revive_claim(uid: str, checkpoint: CheckpointStore, claim_lock: Callable[[st
         return True
 
 
-def claim_mps_devices(plan: ClaimPlan) -> list[MpsDevice]:
-    """The claim's devices whose effective config says sharing.strategy: MPS (each once)."""
-    result: dict[str, MpsDevice] = {}
-    for d in plan.devices:
-        sharing = d.config.sharing
-        if sharing is not None and sharing.strategy == "MPS":
-            result.setdefault(d.device.name, MpsDevice(d.device.name, sharing.mps))
-    return list(result.values())
-
-
 def check_claim(ops: MpsOps, plan: ClaimPlan) -> None:
     """Before any state exists: refuse an MPS claim this node cannot serve (no binary, conflicting limits).
 
     Raises :class:`~kubelet_plugin.kubelet.driver.PrepareError` naming the claim and the field.
     """
-    devices = claim_mps_devices(plan)
+    devices = list(plan.mps_devices)
     if not devices:
         return
     ref = f"ResourceClaim {plan.namespace}/{plan.name}"

@@ -7,7 +7,7 @@ until the slice is on its way.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dra_driver.devices import Gpu, MigDevice, MigMode, MigPlacement, NodeDevices
 
@@ -21,20 +21,16 @@ class NodeDevice:
     gpu: Gpu
     mig: MigDevice | None = None
     placement: MigPlacement | None = None
+    # Derived once when the node is indexed (plain fields: prepare reads them on every claim).
+    config_type: str = field(init=False)  # "gpu" or "mig": which opaque config kind applies
+    memory_bytes: int = field(init=False)  # memory of the device (for config checks)
 
-    @property
-    def config_type(self) -> str:
-        """``gpu`` or ``mig``: which opaque config kind applies."""
-        return "gpu" if self.kind == "gpu" else "mig"
-
-    @property
-    def memory_bytes(self) -> int:
-        """Memory of the device (for config checks)."""
-        if self.mig is not None:
-            return self.mig.memory_bytes
-        if self.placement is not None:
-            return self.placement.profile.memory_bytes
-        return self.gpu.memory_bytes
+    def __post_init__(self) -> None:
+        memory = (self.mig.memory_bytes if self.mig is not None
+                  else self.placement.profile.memory_bytes if self.placement is not None
+                  else self.gpu.memory_bytes)
+        object.__setattr__(self, "config_type", "gpu" if self.kind == "gpu" else "mig")
+        object.__setattr__(self, "memory_bytes", memory)
 
 
 def index_devices(node: NodeDevices, dynamic_mig: bool) -> dict[str, NodeDevice]:

@@ -4,13 +4,11 @@ status on the API server, NVML's MIG instances). The per-claim outcome is the ku
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from dra_driver.devices import Gpu, MigDevice, MigPlacement
-from kubelet_plugin.cdi.cdi_spec import spec_file_name
 from kubelet_plugin.checkpoint.schema import MigRecord
 
 
@@ -58,7 +56,3 @@ class PrepareSettings:
     driver_root: str = ""
     mps_start_timeout: float = 10.0
     mps_private_shm: bool | None = None  # None: MPS_PRIVATE_SHM (default true)
-
-    def spec_path(self, uid: str) -> str:
-        """Where a claim's CDI spec lives: derived from the UID, never read from a record."""
-        return os.path.join(self.cdi_root, spec_file_name(self.driver_name, uid))

@@ -1,7 +1,7 @@
 """NodePrepareResources / NodeUnprepareResources: per-claim work, checkpointed in two phases.
 
 :class:`Preparer` is the GPU driver behind the kubelet side (:class:`kubelet_plugin.kubelet.driver.DraDriver`):
-the kubelet side has already read the claim. It is composed of :class:`~kubelet_plugin.prepare.claim_locks.ClaimLocks`,
+the kubelet side has already read the claim. It is composed of :class:`ClaimLocks`,
 :class:`~kubelet_plugin.prepare.mig_instances.MigInstances` (dynamic MIG),
 :class:`~kubelet_plugin.prepare.unpreparer.Unpreparer` and an MPS port.
 
@@ -24,27 +24,28 @@ record, so the kubelet's retry starts clean; a crash after phase 1 is undone at 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import threading
 import time
-from collections.abc import Callable, Mapping
+import zlib
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
 from dra_driver.logs import get_logger
-from kubelet_plugin.cdi.cdi_spec import CdiDevice, claim_spec
-from kubelet_plugin.checkpoint.atomic_files import atomic_write
-from kubelet_plugin.checkpoint.schema import ClaimRecord, ClaimState, MpsRecord
-from kubelet_plugin.checkpoint.store import CheckpointStore
+from kubelet_plugin.cdi.cdi_spec import CdiDevice, claim_spec, claim_spec_path
+from kubelet_plugin.checkpoint.schema import ClaimRecord, ClaimState, MigRecord, MpsRecord
+from kubelet_plugin.checkpoint.store import CheckpointStore, atomic_write
 from kubelet_plugin.kubelet.driver import ClaimOutcome, ClaimRef, PrepareError
 from kubelet_plugin.mps.control_daemon import MpsControl, MpsControlSettings, private_shm_default
 from kubelet_plugin.mps.mps_dirs import plan_record
 from kubelet_plugin.mps.mps_plan import MpsOps
 from kubelet_plugin.node_prerequisites import NodeDirectory, describe_os_error
-from kubelet_plugin.prepare.claim_locks import ClaimLocks
 from kubelet_plugin.prepare.claim_plan import ClaimPlan, answer_for, plan_claim
 from kubelet_plugin.prepare.mig_instances import MigInstances, planned_mig
-from kubelet_plugin.prepare.mps_claims import check_claim, claim_mps_devices, revive_claim, start_for_claim
+from kubelet_plugin.prepare.mps_claims import check_claim, revive_claim, start_for_claim
 from kubelet_plugin.prepare.node_devices import NodeDevice
 from kubelet_plugin.prepare.prepare_types import ClaimStatus, MigOps, PrepareSettings
 from kubelet_plugin.prepare.spec_recovery import claim_ref, mismatch_problem, read_spec
@@ -67,18 +68,19 @@ class Preparer:
     """Prepares and unprepares claims for the kubelet side; safe to call from many threads."""
 
     def __init__(self, settings: PrepareSettings, checkpoint: CheckpointStore, claim_status: ClaimStatus,
-                 devices: Callable[[], Mapping[str, NodeDevice]],
-                 unhealthy: Callable[[], Mapping[str, str]], mig: MigOps | None = None,
+                 device_index: Mapping[str, NodeDevice], mig: MigOps | None = None,
                  on_change: Callable[[], None] | None = None, mps: MpsOps | None = None) -> None:
         self.settings = settings
         self.checkpoint = checkpoint
-        self.devices = devices
-        self.unhealthy = unhealthy
+        # The node's view, replaced whole by the daemon when it changes (readers need no lock): the
+        # devices this node can prepare, and the devices withheld now (device name -> why).
+        self.device_index: Mapping[str, NodeDevice] = device_index
+        self.unhealthy: Mapping[str, str] = {}
         self.on_change = on_change or (lambda: None)
         self._data_dir = os.path.dirname(checkpoint.path) or "."
         self.locks = ClaimLocks(os.path.join(self._data_dir, "locks"))
         self.mig = MigInstances(settings, checkpoint, claim_status, mig, self.locks.lock_dir)
-        self.unpreparer = Unpreparer(settings, checkpoint, self.locks, self.mig, mps or MpsControl(MpsControlSettings(
+        self.unpreparer = Unpreparer(settings, checkpoint, self.locks.hold, self.locks.lock_dir, self.mig, mps or MpsControl(MpsControlSettings(
             binary=settings.mps_control,
             driver_root=settings.driver_root or os.environ.get("NVIDIA_DRIVER_ROOT", "") or "/",
             start_timeout=settings.mps_start_timeout, node=settings.pool)), self._data_dir, self.on_change)
@@ -105,7 +107,7 @@ class Preparer:
 
     def spec_path(self, uid: str) -> str:
         """Where a claim's CDI spec lives."""
-        return self.settings.spec_path(uid)
+        return claim_spec_path(self.settings.cdi_root, self.settings.driver_name, uid)
 
     def prepared_count(self) -> int:
         """How many claims the checkpoint holds."""
@@ -156,12 +158,12 @@ class Preparer:
 
     def _plan(self, claim: dict[str, Any], ref: ClaimRef) -> ClaimPlan:
         """Resolve the fetched claim against this node (devices, health, config, MPS)."""
-        unhealthy = self.unhealthy()
+        unhealthy = self.unhealthy
         plan = plan_claim(claim, ref.uid, ref.namespace, ref.name, self.settings.driver_name, self.settings.pool,
-                          self.devices(), {} if self.settings.taint_mode else unhealthy)
+                          self.device_index, {} if self.settings.taint_mode else unhealthy)
         if self.settings.taint_mode:
             self._warn_tainted(plan, unhealthy)
-        if claim_mps_devices(plan):
+        if plan.mps_devices:
             check_claim(self.mps, plan)
         return plan
 
@@ -249,9 +251,9 @@ class Preparer:
 
     def _reserve(self, plan: ClaimPlan) -> ClaimRecord:
         """Critical section: check no other claim holds the devices, then record phase 1."""
-        index = self.devices()
+        index = self.device_index
         mine = [(d, _occupancy(d.device)) for d in plan.devices]
-        whole = self.mig.full_instances(plan)
+        mig = self._planned_mig(plan) if plan.needs_mig else []
         with self.checkpoint.update() as records:
             for other in records.values():
                 if other.uid == plan.uid:
@@ -271,15 +273,20 @@ class Preparer:
                 devices=[d.device.name for d in plan.devices],
                 shared_devices=[d.device.name for d in plan.devices if d.shared],
                 cdi_spec_file=self.spec_path(plan.uid),
-                mig=[m for m in (planned_mig(d.device) for d in plan.devices) if m is not None] + whole,
-                mps=plan_record(self._data_dir, plan.uid, self._mps_private_shm) if claim_mps_devices(plan) else None)
+                mig=mig,
+                mps=plan_record(self._data_dir, plan.uid, self._mps_private_shm) if plan.mps_devices else None)
             records[plan.uid] = record
         return record
+
+    def _planned_mig(self, plan: ClaimPlan) -> list[MigRecord]:
+        """The MIG instances the plan's devices need: placements, and whole MIG-enabled GPUs' full-size ones."""
+        return [m for m in (planned_mig(d.device) for d in plan.devices) if m is not None] + \
+            self.mig.full_instances(plan)
 
     def _prepare_locked(self, plan: ClaimPlan) -> ClaimOutcome:
         record = self._reserve(plan)
         try:
-            created = self.mig.create(plan, record)
+            created = self.mig.create(plan, record) if plan.needs_mig else {}
             cdi_devices: dict[str, CdiDevice] = {}
             for d in plan.devices:
                 if d.device.name in cdi_devices:  # two shares of one device in one claim: one CDI device
@@ -325,3 +332,44 @@ class Preparer:
                                   "CDIRootUnusable")
             raise PrepareError("cdi_root_unusable", describe_os_error(where, exc)) from exc
 
+
+# --- one claim at a time ----------------------------------------------------------------------------
+# One claim at a time: the lock every prepare, unprepare, rollback and recovery of a claim holds.
+#
+# In-process: one lock per claim (dropped once nobody uses it), so different claims proceed in
+# parallel. Across instances (a rolling update runs two, and the kubelet may call either): an
+# exclusive ``flock`` on one of ``LOCK_STRIPES`` files chosen by the claim UID, so different claims
+# rarely wait for each other.
+
+LOCK_STRIPES = 64
+
+
+class ClaimLocks:
+    """Per-claim locks under ``lock_dir`` (shared by the plugin instances of one node)."""
+
+    def __init__(self, lock_dir: str) -> None:
+        self.lock_dir = lock_dir
+        self._locks: dict[str, list[Any]] = {}  # uid -> [Lock, users]
+        self._mutex = threading.Lock()
+
+    @contextlib.contextmanager
+    def hold(self, uid: str) -> Iterator[None]:
+        """Serialize all work on one claim, in this process and across plugin instances."""
+        with self._mutex:
+            entry = self._locks.setdefault(uid, [threading.Lock(), 0])
+            entry[1] += 1
+        try:
+            with entry[0]:
+                stripe = zlib.crc32(uid.encode()) % LOCK_STRIPES
+                os.makedirs(self.lock_dir, exist_ok=True)
+                fd = os.open(os.path.join(self.lock_dir, f"claims-{stripe}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                    yield
+                finally:
+                    os.close(fd)  # releases the flock
+        finally:
+            with self._mutex:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del self._locks[uid]

@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import replace
 
 from dra_driver.logs import get_logger
-from kubelet_plugin.checkpoint.atomic_files import remove_file
+from kubelet_plugin.cdi.cdi_spec import claim_spec_path
 from kubelet_plugin.checkpoint.schema import ClaimRecord
-from kubelet_plugin.checkpoint.store import CheckpointStore
+from kubelet_plugin.checkpoint.store import CheckpointStore, remove_file
 from kubelet_plugin.kubelet.driver import ClaimOutcome, ClaimRef
 from kubelet_plugin.mps.mps_dirs import orphan_record, trusted_record
 from kubelet_plugin.mps.mps_plan import MpsOps
-from kubelet_plugin.prepare.claim_locks import ClaimLocks
 from kubelet_plugin.prepare.mig_instances import MigInstances
 from kubelet_plugin.prepare.prepare_types import PrepareSettings
 from kubelet_plugin.prepare.spec_recovery import mismatch_problem
@@ -35,26 +35,32 @@ log = get_logger(__name__)
 class Unpreparer:
     """Unprepares claims and undoes half-done prepares; safe to call from many threads (claim locks)."""
 
-    def __init__(self, settings: PrepareSettings, checkpoint: CheckpointStore, locks: ClaimLocks,
+    def __init__(self, settings: PrepareSettings, checkpoint: CheckpointStore,
+                 claim_lock: Callable[[str], AbstractContextManager[None]], lock_dir: str,
                  mig: MigInstances, mps: MpsOps, data_dir: str, on_change: Callable[[], None]) -> None:
         self.settings = settings
         self.checkpoint = checkpoint
-        self.locks = locks
+        self.claim_lock = claim_lock  # the preparer's per-claim lock
+        self.lock_dir = lock_dir
         self.mig = mig
         self.mps = mps
         self._data_dir = data_dir
         self.on_change = on_change
 
+    def spec_path(self, uid: str) -> str:
+        """Where a claim's CDI spec lives (derived from the UID)."""
+        return claim_spec_path(self.settings.cdi_root, self.settings.driver_name, uid)
+
     def unprepare(self, ref: ClaimRef) -> ClaimOutcome:
         """Undo a prepare; succeeds for claims never prepared or already deleted. Never raises."""
         uid, namespace, name = ref.uid, ref.namespace, ref.name
         try:
-            with self.locks.hold(uid):
+            with self.claim_lock(uid):
                 record = self.checkpoint.get(uid)
                 if record is None:
                     # Nothing recorded (never prepared, or lost with a corrupt checkpoint): remove any
                     # spec left under the claim's deterministic file name.
-                    if remove_file(self.settings.spec_path(uid)):
+                    if remove_file(self.spec_path(uid)):
                         log.info("claim_orphan_spec_removed", claim_uid=uid, node=self.settings.pool)
                     orphan = orphan_record(self._data_dir, uid, self.settings.pool)  # only a directory this UID owns
                     if orphan is not None:  # an MPS daemon whose record was lost
@@ -83,7 +89,7 @@ class Unpreparer:
     def undo(self, record: ClaimRecord) -> None:
         """Remove a claim's CDI spec, stop its MPS daemon, destroy the MIG instances it created, then drop
         its record (a failure raises and keeps the record, so the kubelet's retry tries again)."""
-        spec = self.settings.spec_path(record.uid)  # never the recorded path: a record is a file anyone could edit
+        spec = self.spec_path(record.uid)  # never the recorded path: a record is a file anyone could edit
         if record.cdi_spec_file and os.path.abspath(record.cdi_spec_file) != spec:
             log.warning("checkpoint_spec_path_ignored", claim_uid=record.uid, node=self.settings.pool,
                         recorded=record.cdi_spec_file, used=spec,
@@ -95,7 +101,7 @@ class Unpreparer:
                      pipe_dir=record.mps.pipe_dir)
         # A whole GPU's full-size instance is shared: decide, destroy and drop the record under its
         # GPU lock, so a prepare reusing it never sees it half-gone.
-        with gpu_locks(self.locks.lock_dir, [m.device for m in record.mig if m.whole_gpu]):
+        with gpu_locks(self.lock_dir, [m.device for m in record.mig if m.whole_gpu]):
             others = self.checkpoint.records() if any(m.whole_gpu for m in record.mig) else {}
             for mig in record.mig:
                 users = other_users(others, record.uid, mig) if mig.whole_gpu else []

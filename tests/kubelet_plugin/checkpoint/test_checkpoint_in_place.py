@@ -12,8 +12,7 @@ import itertools
 from pathlib import Path
 
 from kubelet_plugin.checkpoint import store as store_module
-from kubelet_plugin.checkpoint.codec import decode
-from kubelet_plugin.checkpoint.schema import ClaimRecord, ClaimState
+from kubelet_plugin.checkpoint.schema import ClaimRecord, ClaimState, decode
 from kubelet_plugin.checkpoint.store import CheckpointStore, overwrite_in_place
 
 UID = "0d9c8b7a-0000-4000-8000-0000000000"

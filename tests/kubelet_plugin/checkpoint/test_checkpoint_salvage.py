@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from kubelet_plugin.checkpoint import codec, schema, store
+from kubelet_plugin.checkpoint import schema, store
 from kubelet_plugin.checkpoint.salvage import salvage
 from kubelet_plugin.nvml import discover, open_nvml
 from testbed.plugin_harness import PluginHarness
@@ -36,7 +36,7 @@ def _rewrite(path: str, mutate: Callable[[dict[str, Any]], None]) -> None:
 def _with_checksum(raw: dict[str, Any]) -> dict[str, Any]:
     """``raw`` with the checksum of its other fields (what the plugin writes)."""
     body = {k: v for k, v in raw.items() if k != "checksum"}
-    raw["checksum"] = codec._checksum(codec._canonical(body))
+    raw["checksum"] = schema._checksum(schema._canonical(body))
     return raw
 
 
@@ -156,7 +156,7 @@ def test_unknown_fields_of_a_newer_plugin_are_kept_and_do_not_quarantine() -> No
         raw = json.loads(Path(path).read_text())
         assert raw["futureTop"] == {"k": 1} and raw["claims"][uid]["future_field"] == [1, 2]
         assert raw["claims"][uid]["answer"][0]["future_answer"] == "x"
-        assert set(codec.decode(Path(path).read_bytes())[1]) == {uid, second}  # checksum still valid
+        assert set(schema.decode(Path(path).read_bytes())[1]) == {uid, second}  # checksum still valid
 
 
 def test_a_record_pointing_outside_the_cdi_dir_never_deletes_that_file(tmp_path: Path) -> None:
@@ -211,7 +211,7 @@ def test_a_torn_file_keeps_every_record_before_the_damage() -> None:
     records = {f"00000000-0000-4000-8000-00000000000{i}": schema.ClaimRecord(
         uid=f"00000000-0000-4000-8000-00000000000{i}", namespace="ns", name=f"c{i}",
         state=schema.ClaimState.PREPARE_COMPLETED, devices=[f"gpu-{i}"]) for i in range(3)}
-    data = codec.encode("boot-x", records)
+    data = schema.encode("boot-x", records)
     cut = data.index(b'"00000000-0000-4000-8000-000000000002"') + 30  # inside the third record
     found = salvage(data[:cut], lambda raw, uid: schema.ClaimRecord.from_json(raw, uid))
     assert sorted(found.records) == sorted(records)[:2] and found.truncated and found.boot_id == "boot-x"
@@ -230,10 +230,10 @@ def test_each_bad_record_is_dropped_alone_with_the_field_named(field: str, value
                           devices=["gpu-0"])
     bad = schema.ClaimRecord(uid="bbbb-2", namespace="ns", name="bad", state=schema.ClaimState.PREPARE_COMPLETED,
                          devices=["gpu-1"])
-    raw = json.loads(codec.encode("b", {"aaaa-1": good, "bbbb-2": bad}))
+    raw = json.loads(schema.encode("b", {"aaaa-1": good, "bbbb-2": bad}))
     raw["claims"]["bbbb-2"][field] = value
-    with pytest.raises(codec.CheckpointCorrupt) as caught:
-        codec.decode(json.dumps(_with_checksum(raw)).encode())
+    with pytest.raises(schema.CheckpointCorrupt) as caught:
+        schema.decode(json.dumps(_with_checksum(raw)).encode())
     assert list(caught.value.salvage.records) == ["aaaa-1"]
     assert [uid for uid, _ in caught.value.salvage.dropped] == ["bbbb-2"]
     assert named in caught.value.salvage.dropped[0][1]
@@ -249,7 +249,7 @@ def test_an_unreadable_file_left_by_another_instance_is_never_overwritten(tmp_pa
     # Another instance wrote a record, then its file went bad (here: a newer format version).
     theirs = schema.ClaimRecord(uid="cccc-3", namespace="ns", name="c", state=schema.ClaimState.PREPARE_COMPLETED,
                             devices=["gpu-2"])
-    raw = json.loads(codec.encode("b", {"aaaa-1": mine.records()["aaaa-1"], "cccc-3": theirs}))
+    raw = json.loads(schema.encode("b", {"aaaa-1": mine.records()["aaaa-1"], "cccc-3": theirs}))
     raw["version"] = 2
     Path(path).write_text(json.dumps(raw))
     assert "cccc-3" not in mine.records()  # cannot read it: serves its memory meanwhile
