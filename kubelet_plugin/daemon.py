@@ -45,6 +45,7 @@ Several plugins can run in one process (one per simulated node): nothing here is
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Mapping
@@ -56,7 +57,7 @@ from dra_driver.logs import get_logger
 from kubelet_plugin.checkpoint.boot_id import read_boot_id
 from kubelet_plugin.config import PluginConfig
 from kubelet_plugin.health.gpu_set import keep_lost_gpus
-from kubelet_plugin.health.kubelet_health import health_stream_entries
+from kubelet_plugin.health.kubelet_health import KubeletHealthFeed
 from kubelet_plugin.health.mig_probe import destroy_leftover_probe_instances, mig_gate
 from kubelet_plugin.health_fanout import HealthFanout
 from kubelet_plugin.kubelet.health_stream import entries_from_map
@@ -113,7 +114,8 @@ class KubeletPlugin:
             registration_retry=config.registration_retry, claim_prefetch=config.claim_prefetch),
             on_publish=self.metrics.observe_publish, on_fields_dropped=self._on_gates_off)
         self.paths = self.kubelet.paths
-        self.pool = NodePool(config, lambda: self.devices, self.kubelet.publish, self.metrics.set_published)
+        # The pool's slices go straight to the publisher (set_desired swaps the wanted slices and returns).
+        self.pool = NodePool(config, self.kubelet.publisher.set_desired, self.metrics.set_published)
         self.fallback = self.pool.fallback
         self.fanout = HealthFanout(self.pool.annotate, config.node_name)
         self._checkpoint: CheckpointStore | None = None  # made on first use (:attr:`checkpoint`)
@@ -160,7 +162,7 @@ class KubeletPlugin:
         self.pool.prerequisite = ensure_directories(self._directories)
         if self.pool.prerequisite is not None and self.pool.prerequisite[0] != "CDIRootUnusable":
             raise NodePrerequisiteError(self.pool.prerequisite[1])
-        self.devices = discover(self.nvml)
+        self.devices = self.pool.devices = discover(self.nvml)
         self.device_index = index_devices(self.devices, cfg.dynamic_mig)
         log.info("devices_discovered", node=cfg.node_name, gpus=len(self.devices.gpus),
                  preparable=len(self.device_index), mig_mode=cfg.mig_mode)
@@ -236,8 +238,7 @@ class KubeletPlugin:
         # client for the two calls it makes: CoreV1Api would cost ~20 MB resident.
         self.node_status = NodeStatusReporter(self.api_client, cfg.node_name, core=NodeStatusApi(self.api_client))
         self.fanout.subscribe("slices", self.pool.publish_health)
-        self.fanout.subscribe("kubelet health stream",
-                              lambda s: self.kubelet.publish_health(health_stream_entries(s, cfg.node_name)))
+        self.fanout.subscribe("kubelet health stream", KubeletHealthFeed(self.kubelet.broadcaster, cfg.node_name))
         self.fanout.subscribe("GPUReady", self.node_status.update)  # condition + Events, on its own thread
         self.fanout.subscribe("metrics", self.metrics.observe_health)
         self.health_monitor = HealthMonitor(self.nvml, self.devices, policy_from_config(cfg),
@@ -277,8 +278,10 @@ class KubeletPlugin:
                             taint_mode=self.pool.fallback.health_mode == "taint", driver_root=cfg.driver_root),
             self.checkpoint, self.kubelet.claim_reader(), self.device_index,
             mig=NvmlMigOps(self.nvml, on_change=self.refresh_devices, node=cfg.node_name) if cfg.dynamic_mig else None)
-        self.pool.on_unhealthy = self._set_prepare_unhealthy
-        self._set_prepare_unhealthy(self.pool.unhealthy())
+        # What prepare refuses (withdraw mode) or warns about (taint mode): the pool's withheld devices,
+        # set on the preparer as the pool changes them (an attribute: no call into prepare per change).
+        self.pool.on_unhealthy = functools.partial(setattr, self.preparer, "unhealthy")
+        self.preparer.unhealthy = self.pool.unhealthy()
         self._follow_fallback()  # the publisher may have met a cluster without taints already
         self.recovery = recover(self.preparer, self.boot_id)
         self.metrics.set_prepared_claims(len(self.checkpoint.records()))
@@ -377,7 +380,7 @@ class KubeletPlugin:
                 self.device_index = index_devices(devices, self.config.dynamic_mig)
                 log.info("devices_rediscovered", node=self.config.node_name, gpus=len(devices.gpus),
                          lost=[g.name for g in lost], preparable=len(self.device_index))
-            self.devices = devices
+            self.devices = self.pool.devices = devices
             if self.preparer is not None:
                 self.preparer.device_index = self.device_index
             if self.health_monitor is not None:
@@ -388,7 +391,7 @@ class KubeletPlugin:
         if self.pool.prerequisite is not None:
             unhealthy = {**dict.fromkeys(self.device_index, self.pool.prerequisite[1]), **unhealthy}
         self.pool.publish(unhealthy)
-        self.kubelet.publish_health(entries_from_map(self.config.node_name, self.device_index, unhealthy))
+        self.kubelet.broadcaster.publish(entries_from_map(self.config.node_name, self.device_index, unhealthy))
 
     def _on_gates_off(self, gates: list[str]) -> None:
         """Publisher callback (its reconcile thread): the API server dropped fields of ``gates``."""
@@ -407,11 +410,6 @@ class KubeletPlugin:
             preparer = self.preparer
             if preparer is not None and self.pool.fallback.health_mode == "withdraw" and preparer.settings.taint_mode:
                 preparer.settings = replace(preparer.settings, taint_mode=False)
-
-    def _set_prepare_unhealthy(self, unhealthy: Mapping[str, str]) -> None:
-        # What prepare refuses (withdraw mode) or warns about (taint mode): the pool's withheld devices.
-        if self.preparer is not None:
-            self.preparer.unhealthy = unhealthy
 
     def _node_devices(self) -> NodeDevices:
         assert self.devices is not None

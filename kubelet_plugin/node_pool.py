@@ -33,11 +33,11 @@ log = get_logger(__name__)
 class NodePool:
     """Builds this node's pool from device health and hands it to ``publish``."""
 
-    def __init__(self, config: PluginConfig, devices: Callable[[], NodeDevices | None],
-                 publish: Callable[[list[SliceSpec]], None],
+    def __init__(self, config: PluginConfig, publish: Callable[[list[SliceSpec]], None],
                  on_published: Callable[[int, int], None] = lambda published, withdrawn: None) -> None:
         self.config = config
-        self._devices = devices
+        self._node, self._driver, self._dynamic_mig = config.node_name, config.driver_name, config.dynamic_mig
+        self.devices: NodeDevices | None = None  # the node as last read, replaced whole by the daemon
         self._publish_slices = publish
         self._on_published = on_published
         self.fallback = PublishFallback(config)
@@ -57,7 +57,7 @@ class NodePool:
         """The snapshot with the node's prerequisite and the devices the pool never lists (the health
         fan-out's first step: GPUReady must call published exactly what the pool lists)."""
         snapshot = replace(snapshot, prerequisite=self.prerequisite)
-        devices = self._devices()
+        devices = self.devices
         if devices is None:
             return snapshot
         return replace(snapshot, unlisted=frozenset(snapshot.devices) - self._listed_names(devices))
@@ -65,11 +65,11 @@ class NodePool:
     def publish_health(self, snapshot: HealthSnapshot) -> None:
         """Health subscriber: publish the pool this snapshot allows (unless the restart hold applies)."""
         if self.hold_until_validated and not snapshot.validated and snapshot.prerequisite is None:
-            log.debug("publish_held", node=self.config.node_name, reason="first validation round running; "
+            log.debug("publish_held", node=self._node, reason="first validation round running; "
                       "the pool already on the server stays as it is")
             return
         self.hold_until_validated = False
-        devices = self._devices()
+        devices = self.devices
         assert devices is not None
         unhealthy = snapshot.unhealthy()
         tracked = {d.gpu_uuid for d in snapshot.devices.values()}
@@ -77,19 +77,18 @@ class NodePool:
             if gpu.uuid not in tracked:
                 # Re-read but not yet handed to the monitor: never publish a GPU that has not been
                 # validated, even for the instant in between.
-                for name in gpu_topology(gpu, self.config.dynamic_mig).device_names:
+                for name in gpu_topology(gpu, self._dynamic_mig).device_names:
                     unhealthy.setdefault(name, "awaiting validation")
         self.publish(unhealthy, devices)
 
     def publish(self, unhealthy: Mapping[str, str], devices: NodeDevices | None = None) -> None:
         """Publish every device except ``unhealthy`` (or tainted, in taint mode)."""
-        cfg = self.config
         with self._state_lock:
             self._unhealthy = dict(unhealthy)
             self.on_unhealthy(self._unhealthy)
-        devices = devices or self._devices()
+        devices = devices or self.devices
         assert devices is not None
-        slices = build_pool(devices, cfg.node_name, cfg.driver_name, self.slice_options(), unhealthy)
+        slices = build_pool(devices, self._node, self._driver, self.slice_options(), unhealthy)
         self._publish_slices(slices)
         self._on_published(sum(len(s.devices) for s in slices), len(unhealthy))
 
@@ -101,7 +100,7 @@ class NodePool:
 
     def slice_options(self) -> SliceOptions:
         """How the pool is laid out now: the configured MIG mode, minus what this cluster drops."""
-        return SliceOptions(mig_mode="dynamic" if self.config.dynamic_mig else "static",
+        return SliceOptions(mig_mode="dynamic" if self._dynamic_mig else "static",
                             shared_gpus=self.fallback.shared_gpus, health_mode=self.fallback.health_mode)
 
     def _listed_names(self, devices: NodeDevices) -> frozenset[str]:

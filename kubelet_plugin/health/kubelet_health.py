@@ -11,7 +11,7 @@ import time
 
 from kubelet_plugin.health.snapshot import HealthSnapshot
 from kubelet_plugin.health.state import HealthState
-from kubelet_plugin.kubelet.health_stream import HealthStreamEntry, truncate_message
+from kubelet_plugin.kubelet.health_stream import HealthBroadcaster, HealthStreamEntry, truncate_message
 
 # Recovering devices are still withdrawn: to a pod they are unhealthy. Validating ones have never
 # been published, so nothing runs on them: unknown.
@@ -22,6 +22,18 @@ _STREAM_HEALTH = {
     HealthState.UNKNOWN: "UNKNOWN",
     HealthState.VALIDATING: "UNKNOWN",
 }
+
+
+class KubeletHealthFeed:
+    """Health fan-out subscriber: every snapshot, as entries, to the kubelet health stream's broadcaster."""
+
+    def __init__(self, broadcaster: HealthBroadcaster, pool_name: str) -> None:
+        self.broadcaster = broadcaster
+        self.pool_name = pool_name
+
+    def __call__(self, snapshot: HealthSnapshot) -> None:
+        """Publish the snapshot's entries (the broadcaster wakes every open stream on a change)."""
+        self.broadcaster.publish(health_stream_entries(snapshot, self.pool_name))
 
 
 def health_stream_entries(snapshot: HealthSnapshot, pool_name: str,

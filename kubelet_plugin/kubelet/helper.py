@@ -15,13 +15,12 @@ finds a plugin that cannot answer), and :meth:`stop`, which removes this instanc
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dra_driver.logs import get_logger
-from dra_driver.slices import SliceSpec
-from kubelet_plugin.kubelet.health_stream import HealthBroadcaster, HealthStreamEntry
+from kubelet_plugin.kubelet.health_stream import HealthBroadcaster
 from kubelet_plugin.kubelet.slice_publisher import SlicePublisher
 from kubelet_plugin.kubelet.slice_requests import pool_has_devices
 from kubelet_plugin.kubelet.sockets import SocketPaths, remove_stale_socket
@@ -80,14 +79,6 @@ class KubeletHelper:
     def start_publishing(self) -> None:
         """Start the slice publisher's reconcile and watch threads."""
         self.publisher.start()
-
-    def publish(self, slices: list[SliceSpec]) -> None:
-        """Make ``slices`` the node's pool on the API server (returns at once; the publisher writes)."""
-        self.publisher.set_desired(slices)
-
-    def publish_health(self, entries: Iterable[HealthStreamEntry]) -> None:
-        """Tell every open kubelet health stream the devices' health."""
-        self.broadcaster.publish(entries)
 
     # --- serving ----------------------------------------------------------------------------------
     def serve(self, driver: DraDriver, metrics: Any) -> None:
