@@ -102,7 +102,7 @@ class Preparer:
         self.unpreparer.mps = ops
 
     def claim_lock(self, uid: str) -> contextlib.AbstractContextManager[None]:
-        """The claim's lock (:class:`~kubelet_plugin.prepare.claim_locks.ClaimLocks`)."""
+        """The claim's lock (:class:`ClaimLocks`)."""
         return self.locks.hold(uid)
 
     def spec_path(self, uid: str) -> str:
