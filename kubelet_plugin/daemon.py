@@ -72,6 +72,7 @@ from kubelet_plugin.node_prerequisites import (
     ensure_directories,
     node_directories,
 )
+from kubelet_plugin.periodic import Periodic
 from kubelet_plugin.prepare.node_devices import NodeDevice, index_devices
 
 if TYPE_CHECKING:
@@ -81,7 +82,6 @@ if TYPE_CHECKING:
     from kubelet_plugin.metrics.plugin_allocations import PluginAllocations
     from kubelet_plugin.metrics.pod_resources_client import PodResourcesCache
     from kubelet_plugin.metrics.vram_accounting import VramAccountant
-    from kubelet_plugin.prepare.mps_claims import MpsWatch
     from kubelet_plugin.prepare.preparer import Preparer
     from kubelet_plugin.prepare.recovery import RecoveryReport
 
@@ -127,8 +127,7 @@ class KubeletPlugin:
         self.pod_resources: PodResourcesCache | None = None  # the kubelet's PodResources API, cached
         self.vram: VramAccountant | None = None
         self.allocations: PluginAllocations | None = None
-        self._mps_watch: MpsWatch | None = None
-        self._prerequisite_watch: PrerequisiteWatch | None = None
+        self._watches: list[Periodic] = []  # the MPS daemon watch and the prerequisite watch
         self._metrics_server: Any = None
         # /healthz and /readyz on the metrics port (kubelet_plugin.liveness): DRA socket, loops, registration.
         self.probes = PluginProbes(self.kubelet, lambda: self.health_monitor, node=config.node_name)
@@ -200,9 +199,8 @@ class KubeletPlugin:
 
     def stop(self) -> None:
         """Deregister (remove the registration socket), stop serving, stop background threads."""
-        for watch in (self._mps_watch, self._prerequisite_watch):
-            if watch is not None:
-                watch.stop()
+        for watch in self._watches:
+            watch.stop()
         self.kubelet.stop()
         for part in (self.vram, self.health_monitor, self.node_status):
             if part is not None:
@@ -302,15 +300,17 @@ class KubeletPlugin:
         from kubelet_plugin.metrics.plugin_allocations import PluginAllocations
         from kubelet_plugin.metrics.prepared_claims import PreparedClaims
         from kubelet_plugin.metrics.vram_accounting import VramAccountant
-        from kubelet_plugin.prepare.mps_claims import MpsWatch
+        from kubelet_plugin.prepare.mps_claims import revive_dead_daemons
 
         cfg = self.config
         preparer = self.preparer_or_fail()
-        self._mps_watch = MpsWatch(self.checkpoint, preparer.revive_all_mps, self.mps_watch_interval_s)
-        self._mps_watch.start()
-        self._prerequisite_watch = PrerequisiteWatch(self._directories, self.pool.prerequisite,
-                                                     self._prerequisite_changed, self.prerequisite_interval_s)
-        self._prerequisite_watch.start()
+        mps = functools.partial(revive_dead_daemons, self.checkpoint, preparer.revive_all_mps)
+        prerequisites = PrerequisiteWatch(self._directories, self.pool.prerequisite, self._prerequisite_changed)
+        self._watches = [Periodic("mps-watch", self.mps_watch_interval_s, mps),
+                         Periodic("node-prerequisites", self.prerequisite_interval_s, prerequisites.check)]
+        for watch in self._watches:
+            watch.start()
+        prerequisites.report_current()
         if cfg.pod_resources_socket:
             from kubelet_plugin.metrics.pod_resources_client import PodResourcesCache, PodResourcesReader
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import errno
 import os
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -136,34 +135,28 @@ class NodePrerequisiteError(RuntimeError):
 
 
 class PrerequisiteWatch:
-    """Checks the node's directories every ``interval`` seconds on its own thread: a CDI root unmounted
-    at run time withdraws every device within one interval, and its return publishes them again.
+    """Checks the node's directories again and again: a CDI root unmounted at run time withdraws every
+    device within one interval, and its return publishes them again.
 
     ``on_change(previous, problem)`` is called when the first problem changes (None: all usable), and
-    once at start when there already is one.
+    once at start when there already is one. Run it with :meth:`check` on a
+    :class:`~kubelet_plugin.periodic.Periodic`.
     """
 
     def __init__(self, directories: Sequence[NodeDirectory], current: Problem | None,
-                 on_change: Callable[[Problem | None, Problem | None], None], interval: float = 10.0) -> None:
+                 on_change: Callable[[Problem | None, Problem | None], None]) -> None:
         self.directories = directories
         self.current = current
         self.on_change = on_change
-        self.interval = interval
-        self._stop = threading.Event()
 
-    def start(self) -> None:
-        """Start the watch thread."""
-        threading.Thread(target=self._run, name="node-prerequisites", daemon=True).start()
-
-    def stop(self) -> None:
-        """Stop at the next wake-up."""
-        self._stop.set()
-
-    def _run(self) -> None:
+    def report_current(self) -> None:
+        """Report a problem found at start (the plugin started with every device withdrawn)."""
         if self.current is not None:
             self.on_change(None, self.current)
-        while not self._stop.wait(self.interval):
-            problem = first_problem(self.directories)
-            if problem != self.current:
-                previous, self.current = self.current, problem
-                self.on_change(previous, problem)
+
+    def check(self) -> None:
+        """Check again; report a change."""
+        problem = first_problem(self.directories)
+        if problem != self.current:
+            previous, self.current = self.current, problem
+            self.on_change(previous, problem)

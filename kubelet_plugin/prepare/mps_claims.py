@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import replace
@@ -117,26 +116,9 @@ def check_claim(ops: MpsOps, plan: ClaimPlan) -> None:
             from exc
 
 
-class MpsWatch:
-    """Restarts MPS control daemons of prepared claims that died, every ``interval`` seconds: during a
+def revive_dead_daemons(checkpoint: CheckpointStore, revive_all: Callable[[], int]) -> None:
+    """Restart MPS control daemons of prepared claims that died (run every few seconds): during a
     rolling update the old instance's container takes the daemons it started with it, and CUDA would
     then run new clients without MPS or its limits, silently."""
-
-    def __init__(self, checkpoint: CheckpointStore, revive_all: Callable[[], int], interval: float = 30.0) -> None:
-        self.checkpoint = checkpoint
-        self.revive_all = revive_all
-        self.interval = interval
-        self._stop = threading.Event()
-
-    def start(self) -> None:
-        """Start the watch thread."""
-        threading.Thread(target=self._run, name="mps-watch", daemon=True).start()
-
-    def stop(self) -> None:
-        """Stop at the next wake-up."""
-        self._stop.set()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            if any(r.mps for r in self.checkpoint.records().values()):
-                self.revive_all()
+    if any(r.mps for r in checkpoint.records().values()):
+        revive_all()
