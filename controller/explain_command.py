@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from controller.plan_command import api_client, read_cluster
+from controller.cluster_snapshot import api_client, read_cluster
 from controller.planning import explain
 from controller.planning.explain import unhealthy_from_node_conditions
 from dra_driver.kube_api import describe_error

@@ -14,7 +14,8 @@ from typing import Any
 
 import yaml
 
-from controller.planning import Inventory, build_inventory, plan, shape_vram_request
+from controller.cluster_snapshot import api_client, read_cluster
+from controller.planning import plan, shape_vram_request
 from dra_driver.kube_api import describe_error
 from dra_driver.logs import get_logger
 from dra_driver.quantity import human_bytes
@@ -47,42 +48,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shape", metavar="CLASS", default=None,
                         help="shape memory requests of this DeviceClass first (as the webhook does)")
     parser.add_argument("-o", "--output", choices=["text", "yaml", "json"], default="text")
-
-
-def api_client(kubeconfig: str) -> Any:
-    """A ``kubernetes`` ApiClient from a kubeconfig file, in-cluster, or the default kubeconfig."""
-    from dra_driver.kube_api import make_api_client
-
-    return make_api_client(kubeconfig)
-
-
-def read_cluster(client: Any) -> Inventory:
-    """List slices, claims and classes (resource.k8s.io/v1) and build the inventory."""
-    import kubernetes
-
-    api = kubernetes.client.CustomObjectsApi(client)
-    group, version = "resource.k8s.io", "v1"
-    slices = api.list_cluster_custom_object(group, version, "resourceslices").get("items", [])
-    claims = api.list_cluster_custom_object(group, version, "resourceclaims").get("items", [])
-    classes = api.list_cluster_custom_object(group, version, "deviceclasses").get("items", [])
-    return build_inventory(slices, claims, classes, taint_rules=_taint_rules(api))
-
-
-def _taint_rules(api: Any) -> list[dict[str, Any]]:
-    """DeviceTaintRules where the cluster serves them (beta in 1.36, v1 in 1.37); none elsewhere."""
-    import kubernetes
-
-    from controller.informers import TAINT_RULE_VERSIONS
-
-    for version in TAINT_RULE_VERSIONS:
-        try:
-            items: list[dict[str, Any]] = api.list_cluster_custom_object(
-                "resource.k8s.io", version, "devicetaintrules").get("items", [])
-            return items
-        except kubernetes.client.ApiException as exc:
-            if exc.status not in (404, 405):
-                raise
-    return []
 
 
 def load_claim(path: str) -> dict[str, Any]:

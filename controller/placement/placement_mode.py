@@ -9,11 +9,12 @@ leaves a gated pod alone. For each such pod the leader:
 2. plans every unallocated claim of this driver together on one node with the planner and the
    ``--policy`` (:func:`controller.placement.pod_plan.plan_pod`); a claim already allocated is left
    alone and pins the node;
-3. writes each claim's ``status.allocation`` exactly as kube-scheduler would (the allocator's
-   :func:`~controller.allocator.scheduler_allocation`, ``nodeSelector`` for the node, after the
-   ``delete-protection`` finalizer), through ``resourceclaims/status`` with the resourceVersion read;
-   never ``reservedFor`` and never a binding: kube-scheduler reserves the claims and binds the pod,
-   honouring the allocation (and allocating again itself if it cannot work, so a wrong plan heals);
+3. writes each claim's ``status.allocation`` exactly as kube-scheduler would
+   (:func:`~controller.scheduler_writes.scheduler_allocation`, as the local allocator does;
+   ``nodeSelector`` for the node, after the ``delete-protection`` finalizer), through
+   ``resourceclaims/status`` with the resourceVersion read; never ``reservedFor`` and never a
+   binding: kube-scheduler reserves the claims and binds the pod, honouring the allocation (and
+   allocating again itself if it cannot work, so a wrong plan heals);
 4. removes its gate from the pod (a JSON patch that tests the gate is still where it was read, so a
    concurrent change never removes another gate; the API allows removing gates only).
 
@@ -32,13 +33,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.allocator import (
-    add_finalizer,
-    allocated_node,
-    scheduler_allocation,
-    unfit_category,
-    unfit_summary,
-)
 from controller.api_client import ApiError, KubeApi, claim_path, pod_path
 from controller.controller_metrics import ControllerMetrics
 from controller.informers import ClusterCache
@@ -47,6 +41,13 @@ from controller.planning import Inventory, build_inventory, explain
 from controller.planning.explain import unhealthy_from_node_conditions
 from controller.planning.parse import claim_ref
 from controller.planning.planner import Policy
+from controller.scheduler_writes import (
+    add_finalizer,
+    allocated_node,
+    scheduler_allocation,
+    unfit_category,
+    unfit_summary,
+)
 from dra_driver.kube_api import describe_error
 from dra_driver.logs import get_logger
 

@@ -137,7 +137,8 @@ class _CallError(Exception):
 
 
 class Webhooks:
-    """The webhook dispatcher of one store (see module docstring)."""
+    """The webhook dispatcher of one store (see module docstring); the store calls it as its
+    :class:`~testbed.apiserver.store.WriteWebhooks`."""
 
     def __init__(self, store: Store, service_resolver: ServiceResolver | None = None) -> None:
         self.store = store

@@ -12,7 +12,7 @@ import select
 import socket
 import time
 from http.server import BaseHTTPRequestHandler
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 import yaml
@@ -24,15 +24,43 @@ from testbed.apiserver.routes import Route, parse_resource_path
 from testbed.apiserver.watch import BOOKMARK, ERROR, Watcher, bookmark_object
 
 if TYPE_CHECKING:
-    from testbed.apiserver.server import LocalApiServer
+    from testbed.apiserver.faults import Faults
+    from testbed.apiserver.store import Store
 
 log = get_logger(__name__)
 
 _TRUE = ("true", "1")
 
 
+class ServedApi(Protocol):
+    """What a handler uses of the server it serves (``server.LocalApiServer``).
+
+    Declared here, by the handler, because the server builds its listener on :class:`ApiHandler`:
+    the server imports the handler and the handler only this shape, so neither imports the other
+    both ways.
+    """
+
+    store: Store
+    faults: Faults
+    closing: bool  # stopping or refusing connections: hang up on new requests
+    bookmark_interval: float
+
+    @property
+    def address(self) -> str:
+        """``host:port`` the server listens on (discovery answers it)."""
+        ...
+
+    def _track(self, conn: socket.socket, add: bool) -> None:
+        """Add or remove an open connection (stop() closes them)."""
+        ...
+
+    def _register_stream(self, handler: ApiHandler, add: bool) -> None:
+        """Add or remove an open watch stream (stop() waits for them to end)."""
+        ...
+
+
 class ApiHandler(BaseHTTPRequestHandler):
-    """Serves one connection; ``server.api`` is the owning LocalApiServer."""
+    """Serves one connection; ``server.api`` is the owning server (a :class:`ServedApi`)."""
 
     protocol_version = "HTTP/1.1"
     server_version = "gpuready-local-apiserver"
@@ -40,8 +68,8 @@ class ApiHandler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
 
     @property
-    def api(self) -> LocalApiServer:
-        """The LocalApiServer this handler belongs to."""
+    def api(self) -> ServedApi:
+        """The server this handler belongs to."""
         return self.server.api  # type: ignore[attr-defined,no-any-return]
 
     def setup(self) -> None:

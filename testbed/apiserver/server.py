@@ -20,7 +20,7 @@ import yaml
 from dra_driver.logs import LoggedErrorsMixin, get_logger
 from testbed.apiserver.admission import ServiceResolver, Webhooks
 from testbed.apiserver.faults import Faults
-from testbed.apiserver.handler import ApiHandler
+from testbed.apiserver.handler import ApiHandler, ServedApi
 from testbed.apiserver.store import Store
 from testbed.apiserver.validation import make_admit
 
@@ -37,7 +37,7 @@ class _HttpServer(LoggedErrorsMixin, ThreadingHTTPServer):
     request_queue_size = 128
 
     def __init__(self, addr: tuple[str, int], api: LocalApiServer) -> None:
-        self.api = api
+        self.api: ServedApi = api  # what ApiHandler reads; typed so mypy checks LocalApiServer has it
         super().__init__(addr, ApiHandler)
 
 

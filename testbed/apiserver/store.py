@@ -14,12 +14,11 @@ Garbage collection runs on its own thread (gc.py), so a delete answers at once.
 
 from __future__ import annotations
 
-import datetime
 import random
 import threading
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from testbed.apiserver import errors
 from testbed.apiserver.gc import GcQueue
@@ -34,6 +33,7 @@ from testbed.apiserver.selectors import (
     parse_field_selector,
     parse_label_selector,
 )
+from testbed.apiserver.timestamps import now_rfc3339
 from testbed.apiserver.watch import (
     ADDED,
     BOOKMARK,
@@ -44,9 +44,6 @@ from testbed.apiserver.watch import (
     Watcher,
     bookmark_object,
 )
-
-if TYPE_CHECKING:
-    from testbed.apiserver.admission import Webhooks
 
 Obj = dict[str, Any]
 ObjList = list[Obj]  # alias: the Store.list method shadows the builtin inside the class
@@ -62,9 +59,23 @@ _GENERATION_GROUPS = {"resource.k8s.io", "admissionregistration.k8s.io"}
 _GENERATION_KINDS = {"Pod"}
 
 
-def now_rfc3339() -> str:
-    """The current time as the apiserver writes it (seconds, UTC, Z)."""
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+class WriteWebhooks(Protocol):
+    """What the store calls around each write: the admission webhooks (``admission.Webhooks``).
+
+    Declared here, by the caller, because the webhooks read from the store (configurations,
+    namespaces): the store depends only on this shape, so admission imports the store and not the
+    other way round.
+    """
+
+    def mutate(self, rt: ResourceType, sub: str, operation: str, obj: Obj | None, old: Obj | None,
+               dry_run: bool) -> Obj | None:
+        """The object after the matching mutating webhooks (``obj`` itself when none patched it)."""
+        ...
+
+    def validate(self, rt: ResourceType, sub: str, operation: str, obj: Obj | None, old: Obj | None,
+                 dry_run: bool) -> None:
+        """Raise the ApiError of the first matching validating webhook that denies the write."""
+        ...
 
 
 def _spec_part(obj: Obj) -> Obj:
@@ -84,7 +95,7 @@ class Store:
         self._history = History(history_limit, _START_RV)
         self._watchers: set[Watcher] = set()
         self._admit = admit
-        self.webhooks: Webhooks | None = None  # admission webhooks (set by LocalApiServer)
+        self.webhooks: WriteWebhooks | None = None  # admission webhooks (set by LocalApiServer)
         # The real server refuses objects in a namespace that does not exist; off by default so tests
         # need not create namespaces first.
         self.strict_namespaces = strict_namespaces

@@ -26,12 +26,13 @@ import json
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dra_driver.logs import get_logger
+from testbed.nvml_sim.sim_faults import SimFaults
 
 if TYPE_CHECKING:
-    from testbed.nvml_sim import SimulatedNvml
+    from testbed.nvml_sim.node_profiles import NodeProfile
 
 log = get_logger(__name__)
 
@@ -41,6 +42,24 @@ FAULTS = frozenset({"inject_xid", "ecc_double_bit", "gpu_lost", "fall_off_bus", 
                     "unknown_error", "row_remap_pending", "probe", "nvml_init_fails", "clear"})
 
 _sent = itertools.count(1)
+
+
+class FaultTarget(Protocol):
+    """What the channel uses of a simulated NVML (a :class:`~testbed.nvml_sim.SimulatedNvml`).
+
+    Declared here because the package imports this module to open the channel: naming
+    SimulatedNvml back would tie the two into a cycle.
+    """
+
+    @property
+    def faults(self) -> SimFaults:
+        """The fault injection API the fault files name methods of."""
+        ...
+
+    @property
+    def profile(self) -> NodeProfile:
+        """The node profile (its name goes into the channel's log events)."""
+        ...
 
 
 class FaultFileError(ValueError):
@@ -57,7 +76,7 @@ def _check(fault: Any, args: Any, path: str) -> dict[str, Any]:
     return args
 
 
-def apply_fault_file(sim: SimulatedNvml, path: str) -> str:
+def apply_fault_file(sim: FaultTarget, path: str) -> str:
     """Apply one fault file to ``sim``; return a one-line description (raise FaultFileError if bad).
 
     ``{"faults": [{"fault": ..., "args": ...}, ...]}`` applies several at once, under the simulator's
@@ -77,7 +96,7 @@ def apply_fault_file(sim: SimulatedNvml, path: str) -> str:
             raise FaultFileError(f"{path}: each fault must be an object, got {step!r}")
         checked.append((str(step.get("fault")), _check(step.get("fault"), step.get("args") or {}, path)))
     done = []
-    with sim._lock:
+    with sim.faults.together():
         for fault, args in checked:
             try:
                 getattr(sim.faults, fault)(**args)
@@ -90,7 +109,7 @@ def apply_fault_file(sim: SimulatedNvml, path: str) -> str:
 class ControlChannel:
     """Polls ``directory`` for fault files and applies them to ``sim`` (see the module docstring)."""
 
-    def __init__(self, sim: SimulatedNvml, directory: str, poll_s: float = POLL_S) -> None:
+    def __init__(self, sim: FaultTarget, directory: str, poll_s: float = POLL_S) -> None:
         """Create the directory if needed; nothing is polled until :meth:`start`."""
         self.sim = sim
         self.directory = directory
@@ -142,7 +161,7 @@ class ControlChannel:
                 log.error("sim_control_failed", directory=self.directory, error=str(e))
 
 
-def start_from_env(sim: SimulatedNvml) -> ControlChannel | None:
+def start_from_env(sim: FaultTarget) -> ControlChannel | None:
     """A started :class:`ControlChannel` on ``$GPUREADY_SIM_CONTROL_DIR``, or None when it is unset."""
     directory = os.environ.get(CONTROL_DIR_ENV, "")
     return ControlChannel(sim, directory).start() if directory else None

@@ -13,6 +13,8 @@ whatever happened in between.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pynvml
@@ -20,7 +22,8 @@ import pynvml
 from testbed.nvml_sim.sim_state import ID_ANY
 
 if TYPE_CHECKING:
-    from testbed.nvml_sim import SimulatedNvml
+    # The simulator's state, not the SimulatedNvml built on it: the package imports this module.
+    from testbed.nvml_sim.sim_core import SimCore
 
 PROBE_BEHAVIOURS = ("ok", "hang", "wrong")
 
@@ -28,8 +31,15 @@ PROBE_BEHAVIOURS = ("ok", "hang", "wrong")
 class SimFaults:
     """The fault injection API of one :class:`~testbed.nvml_sim.SimulatedNvml`."""
 
-    def __init__(self, sim: SimulatedNvml) -> None:
+    def __init__(self, sim: SimCore) -> None:
         self._sim = sim
+
+    @contextlib.contextmanager
+    def together(self) -> Iterator[None]:
+        """Hold the simulator's lock: the faults injected inside land at once, no NVML call sees
+        the GPU between them (XID 79 and the GPU lost as one event)."""
+        with self._sim._lock:
+            yield
 
     def inject_xid(
         self,

@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from controller.allocator import FINALIZER, POD_CLAIM_ANNOTATION
+from controller.allocator import POD_CLAIM_ANNOTATION
 from controller.api_client import CORE_V1, RESOURCE_V1, KubeApi, claim_path, pod_path
 from controller.daemon import Controller
+from controller.scheduler_writes import FINALIZER
 from testbed import waiting
 from testbed.controller_harness import (
     ReviewClient,

@@ -141,7 +141,7 @@ def test_plan_a_template_with_vram_shaping(cluster: tuple[LocalApiServer, str],
 
 
 def test_allocate_and_reserve_patch_is_accepted_by_the_api_server(cluster: tuple[LocalApiServer, str]) -> None:
-    from controller.plan_command import read_cluster
+    from controller.cluster_snapshot import read_cluster
     from controller.planning import allocate_and_reserve
 
     srv, _ = cluster

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.allocator import unfit_summary
 from controller.planning import Inventory, build_inventory, explain
+from controller.scheduler_writes import unfit_summary
 from testbed.planning_samples import allocated, claim, device_class, exactly, gpu_device, resource_slice
 
 H200 = 143771 * 1024**2  # what NVML reports for an H200: 140.4 GiB

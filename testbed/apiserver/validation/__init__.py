@@ -7,6 +7,7 @@ from typing import Any
 
 from testbed.apiserver import errors
 from testbed.apiserver.resources import ResourceType
+from testbed.apiserver.validation import kinds
 from testbed.apiserver.validation.common import validate_metadata
 from testbed.apiserver.validation.gates import check_gates, drop_disabled_fields
 
@@ -22,8 +23,6 @@ def make_admit(validate: bool = True, feature_gates: dict[str, bool] | None = No
     check_gates(gates)
 
     def _admit(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
-        from testbed.apiserver.validation import kinds
-
         try:
             drop_disabled_fields(rt.kind, obj, gates)
             kinds.default(rt, obj, old)

@@ -6,7 +6,7 @@ from typing import Any
 
 from testbed.apiserver.errors import Cause
 from testbed.apiserver.resources import ResourceType
-from testbed.apiserver.store import now_rfc3339
+from testbed.apiserver.timestamps import now_rfc3339
 from testbed.apiserver.validation.common import dns_label, duplicate, not_supported, required
 
 

@@ -14,9 +14,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from controller.allocator import FINALIZER
 from controller.api_client import CORE_V1, RESOURCE_V1, ApiError, KubeApi, claim_path, pod_path
 from controller.daemon import Controller, ControllerConfig
+from controller.scheduler_writes import FINALIZER
 from testbed.controller_harness import simulated_cluster
 from testbed.waiting import wait_for
 

@@ -254,7 +254,7 @@ def test_building_with_a_claim_listed_twice_counts_it_once() -> None:
 # 8. Unfit reasons carry codes, and their words give the right metric label -----------------------
 
 def _unfit(c: dict[str, Any], inv: Any) -> tuple[str, str]:
-    from controller.allocator import unfit_category
+    from controller.scheduler_writes import unfit_category
 
     result = plan(c, inv)
     assert not result.ok and len(result.codes) == len(result.reasons), result
