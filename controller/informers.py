@@ -36,9 +36,6 @@ from dra_driver import informer as list_watch
 from dra_driver.informer import object_key
 from dra_driver.logs import get_logger
 
-__all__ = ["CLAIMS", "CLASSES", "LEASES", "NODES", "PODS", "SLICES", "TAINT_RULE_VERSIONS", "TEMPLATES",
-           "ClusterCache", "Handler", "Informer", "Kind", "TaintRuleInformer", "object_key"]
-
 log = get_logger(__name__)
 
 BACKOFF = list_watch.Backoff(base=0.2, cap=30.0)
@@ -147,7 +144,6 @@ class Informer:
     # --- lifecycle -------------------------------------------------------------------------------
     def start(self) -> Informer:
         """Start the list/watch thread."""
-        self._stop.clear()
         self._thread = threading.Thread(target=self._run, name=f"informer-{self.kind.name}", daemon=True)
         self._thread.start()
         return self

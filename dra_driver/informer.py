@@ -25,9 +25,11 @@ The contract, in the order things happen:
    ``cap``), so many clients do not retry in step; after ``relist_after`` failures in a row the
    informer lists again instead, in case the server lost its place.
 5. **410 Gone means list again.** The server keeps only a window of history (its watch cache, etcd
-   compaction). A watch from an RV older than that answers 410 Expired ("too old resource version"),
-   either as the HTTP status or, as kube-apiserver does, as HTTP 200 followed by one ERROR event
-   whose Status has ``code: 410``. Whatever changed in between is not in any watch any more, so the
+   compaction). A watch from an RV older than that answers 410 Expired, either as the HTTP status
+   or, as kube-apiserver does, as HTTP 200 followed by one ERROR event whose Status has ``code: 410``
+   ("too old resource version: N (M)" from a watch cache; "The resourceVersion for the provided
+   watch is too old." from etcd, for the kinds served without a watch cache, such as Events: see
+   tests/e2e/test_informer_expiry.py). Whatever changed in between is in no watch any more, so the
    informer lists again and delivers the *differences* from what it had (ADDED and MODIFIED for
    listed objects that are new or have a new RV, DELETED for objects no longer listed), then calls
    ``on_listed``. Only the first 410 after progress relists at once; more 410s before anything
@@ -41,8 +43,8 @@ relist; users keep what they need of the objects themselves (the node's users ke
 A DELETED found by a relist therefore carries a stub: ``{"metadata": {"namespace", "name",
 "resourceVersion"}}`` with the last RV seen. Callbacks run on the informer's thread, one at a time,
 in the order the server sent the events; an exception in one is logged, never fatal. An idle
-collection costs one blocked read: the informer never polls (the server's bookmarks and
-``timeoutSeconds`` are the only wake-ups), except ``resync_s`` when a user asks for one.
+collection costs one blocked read: the informer never polls, and the server's bookmarks and
+``timeoutSeconds`` are its only wake-ups (``resync_s`` adds none: it runs at the next of those).
 
 It speaks raw JSON through a :class:`~dra_driver.kube_api.JsonApi` (or anything with its
 ``request`` and ``open_stream``), never through the ``kubernetes`` model classes: the node daemon
