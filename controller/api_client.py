@@ -17,7 +17,6 @@ from dra_driver.logs import get_logger
 
 log = get_logger(__name__)
 
-WATCH_TIMEOUT_SECONDS = 300  # the server ends a watch after this; the informer reopens it
 COMPONENT = "gpuready-controller"
 
 
@@ -68,10 +67,6 @@ class KubeApi(JsonApi):
         """An RFC 6902 JSON patch (``test`` ops make it conditional)."""
         result: dict[str, Any] = self.request("PATCH", path, body=ops, content_type=JSON_PATCH)
         return result
-
-    def stream(self, path: str, query: list[tuple[str, str]]) -> Any:
-        """An open watch stream (the server ends it after ``WATCH_TIMEOUT_SECONDS``)."""
-        return self.open_stream(path, query, WATCH_TIMEOUT_SECONDS + 30)
 
     def event(self, obj: dict[str, Any], reason: str, message: str, event_type: str = "Warning") -> None:
         """Record a core/v1 Event on ``obj`` (a Pod, Node or claim dict). Best effort: logged, never raised."""

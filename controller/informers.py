@@ -1,11 +1,10 @@
 """Informers: list + watch caches of the objects the controller reads, and the planner's inventory.
 
-One :class:`Informer` per kind runs one thread: list (remember the list's resourceVersion), watch
-from it with bookmarks, and on a dropped stream resume the watch from the last resourceVersion seen
-(an event's or a bookmark's), so nothing is missed and nothing is listed twice. A 410 Expired (the
-history was compacted) means relist. Errors back off (jittered, doubling to 30 s). Every
-``resync_s`` the handlers get every cached object again (as client-go's resync does), so a missed
-reaction heals.
+One :class:`Informer` per kind keeps a cache of that kind on the shared list/watch loop
+(:class:`dra_driver.informer.Informer`: list, watch from the list's resourceVersion with bookmarks,
+resume a dropped stream from the last resourceVersion seen, relist on 410 Expired, back off on errors
+with jitter, doubling to 30 s). Every ``resync_s`` the handlers get every cached object again (as
+client-go's resync does), so a missed reaction heals.
 
 :class:`ClusterCache` holds the informers (ResourceSlices, ResourceClaims, DeviceClasses,
 DeviceTaintRules, Nodes, Pods, templates) and the inventory built from the first four. A change
@@ -18,7 +17,6 @@ Objects in the caches are shared, read-only dicts: copy before changing one.
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -29,19 +27,18 @@ from controller.api_client import (
     COORDINATION_V1,
     CORE_V1,
     RESOURCE_V1,
-    WATCH_TIMEOUT_SECONDS,
     ApiError,
     KubeApi,
 )
 from controller.planning import Inventory, Skipped, build_inventory
 from controller.planning.cluster_inventory import SliceCache
-from dra_driver.kube_api import describe_error, unblock, watch_events
+from dra_driver import informer as list_watch
+from dra_driver.informer import object_key
 from dra_driver.logs import get_logger
 
 log = get_logger(__name__)
 
-BACKOFF_BASE = 0.2
-BACKOFF_MAX = 30.0
+BACKOFF = list_watch.Backoff(base=0.2, cap=30.0)
 
 Handler = Callable[[str, str, dict[str, Any] | None], None]
 """``handler(event, key, obj)``: event ADDED | MODIFIED | DELETED | RESYNC; obj None for DELETED."""
@@ -67,13 +64,6 @@ LEASES = Kind("leases", f"{COORDINATION_V1}/leases")
 TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
 
 
-def object_key(obj: dict[str, Any]) -> str:
-    """``namespace/name`` for namespaced objects, ``name`` otherwise."""
-    meta = obj.get("metadata") or {}
-    ns = meta.get("namespace")
-    return f"{ns}/{meta.get('name', '')}" if ns else str(meta.get("name", ""))
-
-
 def _rv(obj: dict[str, Any]) -> int:
     try:
         return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
@@ -81,12 +71,8 @@ def _rv(obj: dict[str, Any]) -> int:
         return 0
 
 
-class _Expired(Exception):
-    """The watch's resourceVersion is too old (410): relist."""
-
-
 class Informer:
-    """A thread-safe cache of one kind, kept current by list + watch."""
+    """A thread-safe cache of one kind, kept current by the shared list/watch loop."""
 
     def __init__(self, api: KubeApi, kind: Kind, resync_s: float = 300.0) -> None:
         self.api, self.kind, self.resync_s = api, kind, resync_s
@@ -96,11 +82,18 @@ class Informer:
         self._stop = threading.Event()
         self._synced = threading.Event()
         self._thread: threading.Thread | None = None
-        self._response: Any = None
-        self.last_rv = ""
-        self.lists = 0  # full lists done (1 + one per 410 or unrecoverable error)
+        self._watch = self._list_watch(kind)
+        self.lists = 0  # full lists done (1 + one per 410 or run of failures)
         self.watches = 0  # watch sessions opened
-        self._next_resync = 0.0
+
+    def _list_watch(self, kind: Kind) -> list_watch.Informer:
+        # The server ends each watch at the resync period, so a quiet kind still gets its resync on time.
+        return list_watch.Informer(
+            self.api, kind.path, on_event=self._on_event, on_listed=self._on_listed,
+            on_watching=self._on_watching, on_failure=self._on_failure, on_resync=self._resync,
+            resync_s=self.resync_s, backoff=BACKOFF,
+            watch_timeout_s=min(list_watch.WATCH_TIMEOUT_SECONDS, max(1, int(self.resync_s))),
+            log_fields={"kind": kind.name}, name=f"informer-{kind.name}")
 
     # --- reading ---------------------------------------------------------------------------------
     def add_handler(self, handler: Handler) -> None:
@@ -116,6 +109,11 @@ class Informer:
         """One cached object by ``namespace/name`` (or ``name``)."""
         with self._lock:
             return self._cache.get(key)
+
+    @property
+    def last_rv(self) -> str:
+        """The resourceVersion the next watch resumes from."""
+        return self._watch.resource_version
 
     @property
     def synced(self) -> bool:
@@ -153,11 +151,14 @@ class Informer:
     def stop(self) -> None:
         """Stop the thread (closes the open watch)."""
         self._stop.set()
-        unblock(self._response)
+        self._watch.shutdown()
         if self._thread is not None:
             self._thread.join(timeout=5)
 
-    # --- the loop --------------------------------------------------------------------------------
+    def _run(self) -> None:
+        self._watch.run(self._stop)
+
+    # --- what the list/watch loop delivers (on the informer's thread) ------------------------------
     def _notify(self, event: str, key: str, obj: dict[str, Any] | None) -> None:
         for handler in self._handlers:
             try:
@@ -165,103 +166,41 @@ class Informer:
             except Exception as exc:  # a handler bug must not kill the informer
                 log.error("informer_handler_failed", kind=self.kind.name, error=repr(exc))
 
-    def _relist(self) -> None:
-        answer = self.api.request("GET", self.kind.path)
-        items = answer.get("items") or []
-        fresh = {object_key(o): o for o in items}
-        with self._lock:
-            old, self._cache = self._cache, fresh
-        self.last_rv = str((answer.get("metadata") or {}).get("resourceVersion") or "")
-        self.lists += 1
-        for key, obj in fresh.items():
-            if key not in old:
-                self._notify("ADDED", key, obj)
-            elif _rv(old[key]) != _rv(obj):
-                self._notify("MODIFIED", key, obj)
-        for key in old.keys() - fresh.keys():
-            self._notify("DELETED", key, None)
-        self._synced.set()
-
-    def _run(self) -> None:
-        failures = 0
-        need_list = True
-        self._next_resync = time.monotonic() + self.resync_s
-        while not self._stop.is_set():
-            try:
-                if need_list:
-                    self._relist()
-                    need_list = False
-                self._watch()
-                failures = 0
-            except _Expired:
-                log.info("informer_relist", kind=self.kind.name, reason="resourceVersion expired (410)")
-                need_list = True
-                continue
-            except Exception as exc:
-                if self._stop.is_set():
-                    return
-                failures += 1
-                if failures >= 3:
-                    need_list = True  # the server may have lost our place: start over from a list
-                wait = min(BACKOFF_MAX, BACKOFF_BASE * 2 ** failures) * random.uniform(0.5, 1.0)
-                log.warning("informer_watch_failed", kind=self.kind.name, error=describe_error(exc),
-                            retry_in_s=round(wait, 2))
-                self._stop.wait(wait)
-            if time.monotonic() >= self._next_resync and not self._stop.is_set():
-                self._next_resync = time.monotonic() + self.resync_s
-                for obj in self.items():
-                    self._notify("RESYNC", object_key(obj), obj)
-
-    def _watch(self) -> None:
-        query = [("watch", "true"), ("allowWatchBookmarks", "true"),
-                 ("timeoutSeconds", str(min(WATCH_TIMEOUT_SECONDS, max(1, int(self.resync_s)))))]
-        if self.last_rv:
-            query.append(("resourceVersion", self.last_rv))
-        try:
-            response = self.api.stream(self.kind.path, query)
-        except ApiError as exc:
-            if exc.status == 410:
-                raise _Expired() from exc
-            raise
-        self._response = response
-        self.watches += 1
-        try:
-            for events in watch_events(response):
-                if self._stop.is_set():
-                    return
-                for event in events:
-                    self._dispatch(event)
-                if time.monotonic() >= self._next_resync:
-                    return  # resync: hand every object to the handlers again, then resume
-        finally:
-            self._response = None
-            response.close()
-
-    def _dispatch(self, event: dict[str, Any]) -> None:
-        typ = str(event.get("type", ""))
-        obj = event.get("object") or {}
-        if typ == "ERROR":
-            if int(obj.get("code") or 0) == 410:
-                raise _Expired()
-            raise ApiError("WATCH", self.kind.path, int(obj.get("code") or 0), obj)
-        rv = str((obj.get("metadata") or {}).get("resourceVersion") or "")
-        if typ == "BOOKMARK":
-            if rv:
-                self.last_rv = rv
-            return
+    def _on_event(self, typ: str, obj: dict[str, Any]) -> None:
         key = object_key(obj)
         with self._lock:
             if typ == "DELETED":
                 self._cache.pop(key, None)
             else:
                 current = self._cache.get(key)
-                if current is not None and _rv(current) > _rv(obj):
-                    pass  # apply_local already holds a newer version
-                else:
+                if current is None or _rv(current) <= _rv(obj):  # else apply_local holds a newer version
                     self._cache[key] = obj
-        if rv:
-            self.last_rv = rv
         self._notify(typ, key, None if typ == "DELETED" else obj)
+
+    def _on_listed(self) -> None:
+        # The relist's differences came as events. What apply_local put here that the server no
+        # longer holds (written, then deleted while the watch was down) goes too: after a list the
+        # cache is what the server listed.
+        known = self._watch.known_keys()
+        with self._lock:
+            strays = [key for key in self._cache if key not in known]
+            for key in strays:
+                del self._cache[key]
+        for key in strays:
+            self._notify("DELETED", key, None)
+        self.lists += 1
+        self._synced.set()
+
+    def _on_watching(self, open_: bool) -> None:
+        if open_:
+            self.watches += 1
+
+    def _on_failure(self, exc: BaseException, retry_in_s: float) -> bool:
+        return self._watch.log_failure(exc, retry_in_s)
+
+    def _resync(self) -> None:
+        for obj in self.items():
+            self._notify("RESYNC", object_key(obj), obj)
 
 
 class TaintRuleInformer(Informer):
@@ -275,24 +214,39 @@ class TaintRuleInformer(Informer):
         self.versions = versions
         self.served = False
         self._told_unserved = False
+        self._version = versions[0]
 
-    def _relist(self) -> None:
-        for version in self.versions:
-            self.kind = Kind("devicetaintrules", _taint_rule_path(version))
-            try:
-                super()._relist()
-            except ApiError as exc:
-                if exc.status in (404, 405):
-                    continue  # this version is not served here: try the next
-                raise
-            if not self.served or self._told_unserved:
-                log.info("devicetaintrules_watched", version=version)
-            self.served, self._told_unserved = True, False
-            return
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for version in self.versions:
+                # A list/watch per version tried: it returns when its version answers 404/405 (not
+                # served here, or no longer), and the next one is tried.
+                self._version = version
+                self.kind = Kind("devicetaintrules", _taint_rule_path(version))
+                self._watch = self._list_watch(self.kind)
+                if self._stop.is_set():
+                    return  # stop() may have unblocked the previous list/watch, not this one
+                self._watch.run(self._stop)
+                if self._stop.is_set():
+                    return
+            self._not_served()
+            self._stop.wait(self.resync_s)  # nothing to watch: look for the kind again later
+
+    def _on_failure(self, exc: BaseException, retry_in_s: float) -> bool:
+        if isinstance(exc, ApiError) and exc.status in (404, 405):
+            return False  # this version is not served here: try the next
+        return super()._on_failure(exc, retry_in_s)
+
+    def _on_listed(self) -> None:
+        if not self.served or self._told_unserved:
+            log.info("devicetaintrules_watched", version=self._version)
+        self.served, self._told_unserved = True, False
+        super()._on_listed()
+
+    def _not_served(self) -> None:
         self.served = False
         with self._lock:
             old, self._cache = self._cache, {}
-        self.last_rv = ""
         for key in old:
             self._notify("DELETED", key, None)
         if not self._told_unserved:
@@ -300,14 +254,6 @@ class TaintRuleInformer(Informer):
             log.info("devicetaintrules_not_served", versions=",".join(self.versions),
                      effect="no DeviceTaintRule applies; checked again every resync period")
         self._synced.set()
-
-    def _watch(self) -> None:
-        if not self.served:
-            self._stop.wait(self.resync_s)  # nothing to watch: look for the kind again later
-            if not self._stop.is_set():
-                self._relist()
-            return
-        super()._watch()
 
 
 def _taint_rule_path(version: str) -> str:

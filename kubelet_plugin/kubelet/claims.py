@@ -23,13 +23,13 @@ falls back to the GET. Memory is bounded: claims of pods that went away are drop
 
 from __future__ import annotations
 
-import random
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from dra_driver.kube_api import ApiError, JsonApi, describe_error, is_unreachable, unblock, watch_events
+from dra_driver.informer import Backoff, Informer
+from dra_driver.kube_api import ApiError, JsonApi, describe_error, is_unreachable
 from dra_driver.logs import get_logger
 from kubelet_plugin.kubelet.driver import PrepareError
 
@@ -168,9 +168,8 @@ def api_failure(exc: BaseException, namespace: str, name: str) -> PrepareError |
 
 
 PODS = "/api/v1/pods"
-WATCH_TIMEOUT_SECONDS = 300
 MAX_CLAIMS = 512
-BACKOFF_BASE, BACKOFF_MAX = 0.5, 30.0
+BACKOFF = Backoff(base=0.5, cap=30.0)
 
 
 def claim_names(pod: dict[str, Any]) -> list[str]:
@@ -190,33 +189,38 @@ def allocated_here(claim: dict[str, Any], driver: str, pool: str) -> bool:
 
 
 class ClaimPrefetch:
-    """Watches this node's pods and reads their allocated claims before the kubelet asks."""
+    """Watches this node's pods and reads their allocated claims before the kubelet asks.
+
+    The watch is :class:`dra_driver.informer.Informer` (resume, 410 relist, backoff). Pods already
+    here when it starts are not read ahead (their claims were prepared); a relist after a 410 reports
+    pods that came or went meanwhile like any other event.
+    """
 
     def __init__(self, api: JsonApi, node: str, driver: str,
                  read_claim: Callable[[str, str], dict[str, Any] | None]) -> None:
-        self._api = api
         self._node = node
         self._driver = driver
         self._read_claim = read_claim
         self._claims: OrderedDict[tuple[str, str], dict[str, Any]] = OrderedDict()
         self._pods: dict[tuple[str, str], list[str]] = {}  # pod -> its claim names
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._response: Any = None
-        self._thread: threading.Thread | None = None
+        self._informer = Informer(api, PODS, field_selector=f"spec.nodeName={node}", on_event=self._on_event,
+                                  on_failure=self._on_failure, deliver_initial=False, backoff=BACKOFF,
+                                  log_fields={"node": node, "kind": "pods"}, name=f"claim-prefetch-{node}")
         self.hits = self.misses = 0
 
     def start(self) -> None:
         """Start the watch thread."""
-        self._thread = threading.Thread(target=self._run, name=f"claim-prefetch-{self._node}", daemon=True)
-        self._thread.start()
+        self._informer.start()
 
     def stop(self) -> None:
         """Stop watching (unblocks the open watch)."""
-        self._stop.set()
-        unblock(self._response)
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._informer.stop()
+
+    @property
+    def running(self) -> bool:
+        """Whether the watch runs (False once stopped, or after a 401/403 turned read-ahead off)."""
+        return self._informer.running
 
     def take(self, namespace: str, name: str, uid: str) -> dict[str, Any] | None:
         """The claim read ahead, if it is this UID's and allocated here; handed out once."""
@@ -230,57 +234,24 @@ class ClaimPrefetch:
 
     # -- watch thread ----------------------------------------------------------------------------
 
-    def _run(self) -> None:
-        selector = [("fieldSelector", f"spec.nodeName={self._node}")]
-        failures = 0
-        while not self._stop.is_set():
-            try:
-                answer = self._api.request("GET", PODS, [*selector, ("limit", "1")])
-                self._watch((answer.get("metadata") or {}).get("resourceVersion", ""), selector)
-                failures = 0
-            except ApiError as exc:
-                if exc.status in (401, 403):
-                    log.warning("read_ahead_off", node=self._node, error=describe_error(exc),
-                                detail="cannot watch this node's pods: every prepare reads its claim "
-                                       "(grant list and watch on pods to the plugin's ServiceAccount)")
-                    return
-                failures += 1
-            except Exception:  # the API server went away: start over after a pause
-                failures += 1
-            if failures and not self._stop.is_set():
-                self._stop.wait(min(BACKOFF_MAX, BACKOFF_BASE * 2 ** failures) * random.uniform(0.5, 1.0))
+    def _on_failure(self, exc: BaseException, retry_in_s: float) -> bool:
+        if isinstance(exc, ApiError) and exc.status in (401, 403):
+            log.warning("read_ahead_off", node=self._node, error=describe_error(exc),
+                        detail="cannot watch this node's pods: every prepare reads its claim "
+                               "(grant list and watch on pods to the plugin's ServiceAccount)")
+            return False
+        # Anything else (the API server went away): start over after a pause; prepares read meanwhile.
+        log.debug("read_ahead_watch_failed", node=self._node, error=describe_error(exc),
+                  retry_in_s=round(retry_in_s, 2))
+        return True
 
-    def _watch(self, rv: str, selector: list[tuple[str, str]]) -> None:
-        # Pods already here when the watch starts are not read ahead: their claims were prepared.
-        query = [*selector, ("watch", "true"), ("allowWatchBookmarks", "true"),
-                 ("timeoutSeconds", str(WATCH_TIMEOUT_SECONDS))]
-        if rv:
-            query.append(("resourceVersion", rv))
-        response = self._api.open_stream(PODS, query, WATCH_TIMEOUT_SECONDS + 30)
-        self._response = response
-        try:
-            for events in watch_events(response):
-                if self._stop.is_set():
-                    return
-                for event in events:
-                    self._on_event(event)
-        finally:
-            self._response = None
-            response.close()
-
-    def _on_event(self, event: dict[str, Any]) -> None:
-        kind = event.get("type")
-        pod = event.get("object") or {}
+    def _on_event(self, kind: str, pod: dict[str, Any]) -> None:
         meta = pod.get("metadata") or {}
         key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-        if kind == "ERROR":
-            raise RuntimeError(f"pod watch: {pod.get('message', pod)}")  # e.g. 410 Gone: list again
         if kind == "DELETED" or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             with self._lock:
                 for name in self._pods.pop(key, []):
                     self._claims.pop((key[0], name), None)
-            return
-        if kind not in ("ADDED", "MODIFIED"):
             return
         names = claim_names(pod)
         with self._lock:

@@ -20,12 +20,13 @@ Threading model (the plugin daemon is thread-based, see the daemon's main module
   nothing differs it writes nothing and adopts the existing generation: a restart with unchanged
   devices causes no churn. Errors (409s included) are retried with exponential backoff and jitter.
 - One **watch thread** streams the same slices (``fieldSelector=spec.nodeName=<node>,
-  spec.driver=<driver>``). Its own writes' echoes are recognised by resourceVersion; anything else
+  spec.driver=<driver>``; :mod:`.slice_watch` over the shared informer). Its own writes' echoes are recognised by resourceVersion; anything else
   (someone deleted or edited a slice) wakes the reconcile thread, so the slice comes back within one
   pass, not one resync period.
 - The server view a pass compares against is the last list plus the pass's own writes, trusted
-  only while the watch session it was taken under stays open and reports nothing foreign; a fresh
-  list is taken otherwise, after any error, and at every resync period (the safety net).
+  only while the watch is open, has not listed again since the view was taken (a 410 or a run of
+  failures: events may have been coalesced) and reports nothing foreign; a fresh list is taken
+  otherwise, after any error, and at a resync period while the watch is down (the safety net).
 
 Requests go through the ``kubernetes`` client's ``ApiClient`` (configuration, auth, connection
 pool) as raw JSON; see :mod:`.slice_requests`.
@@ -110,8 +111,9 @@ class SlicePublisher:
         self._synced_version = -1
         self._node_uid: str | None = None
         self._node_missing_logged = False
-        # Our view of the server: the last list plus our own writes. Trusted only while the watch
-        # session it was taken under is open and has reported nothing but our own echoes.
+        # Our view of the server: the last list plus our own writes. Trusted only while the watch is
+        # open, in the epoch (between two of its lists) the view was taken in, and has reported
+        # nothing but our own echoes.
         self._cache: dict[str, dict[str, Any]] | None = None
         self._cache_epoch = -1
         # name -> resourceVersion of our own last write; DELETED names we removed ourselves.
@@ -249,7 +251,7 @@ class SlicePublisher:
                     continue  # something newer arrived during the pass: go again at once
             if not self._wake.wait(wait) and not self._view_trusted():
                 # The periodic resync lists afresh only when the watch is down: a live watch has
-                # shown every change, and it restarts (with a list) every few minutes anyway.
+                # shown every change (it resumes from its resourceVersion; a 410 relists and says so).
                 self._cache = None
 
     def _report_pass(self, started: float, ok: bool) -> None:

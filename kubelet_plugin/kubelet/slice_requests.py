@@ -9,20 +9,15 @@ from typing import Any
 from dra_driver.kube_api import REQUEST_TIMEOUT, ApiError, JsonApi, describe_error
 from dra_driver.logs import get_logger
 
-__all__ = ["REQUEST_TIMEOUT", "SLICES_PATH", "WATCH_TIMEOUT_SECONDS", "ApiError", "RawHttp", "pool_has_devices"]
+__all__ = ["REQUEST_TIMEOUT", "SLICES_PATH", "ApiError", "RawHttp", "pool_has_devices"]
 
 log = get_logger(__name__)
 
 SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
-WATCH_TIMEOUT_SECONDS = 300  # the server ends a watch after this; we reopen it
 
 
 class RawHttp(JsonApi):
-    """JSON in, JSON out, over the ``ApiClient``'s pool, plus the slice watch stream."""
-
-    def stream(self, path: str, query: list[tuple[str, str]]) -> Any:
-        """An open watch stream (the server ends it after ``WATCH_TIMEOUT_SECONDS``)."""
-        return self.open_stream(path, query, WATCH_TIMEOUT_SECONDS + 30)
+    """JSON in, JSON out, over the ``ApiClient``'s pool (the slice watch streams through it too)."""
 
 
 def pool_has_devices(api_client: Any, node_name: str, driver_name: str) -> bool:

@@ -3,8 +3,11 @@ ever with the same claim (UID) allocated here, and a plugin that may not watch p
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
+
+import pytest
 
 from dra_driver.kube_api import JsonApi
 from kubelet_plugin.kubelet.claims import allocated_here, claim_names
@@ -60,14 +63,16 @@ def test_another_uid_or_a_deleted_pod_never_gets_the_copy() -> None:
         _wait(lambda: (NAMESPACE, "c3") not in prefetch._claims)
 
 
-def test_a_plugin_that_may_not_watch_pods_still_prepares() -> None:
+def test_a_plugin_that_may_not_watch_pods_still_prepares(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="kubelet_plugin.kubelet.claims")
     with PluginHarness() as h:
         h.server.faults.fail_next(1, code=403, verb="list", resource="pods")
         plugin = h.start_plugin(NODE, claim_prefetch=True)
-        _wait(lambda: plugin.kubelet.claim_prefetch._thread is not None and not plugin.kubelet.claim_prefetch._thread.is_alive())
+        _wait(lambda: not plugin.kubelet.claim_prefetch.running)  # read-ahead turned itself off
         uid = h.create_claim("c4", [("gpu", NODE, "gpu-0")])
         result = h.kubelet(NODE).prepare([(NAMESPACE, "c4", uid)])
         assert not result[uid].error and plugin.kubelet.claim_prefetch.hits == 0
+    assert [r.kv["node"] for r in caplog.records if r.getMessage() == "read_ahead_off"] == [NODE]  # type: ignore[attr-defined]
 
 
 def test_claim_names_and_allocation_checks() -> None:

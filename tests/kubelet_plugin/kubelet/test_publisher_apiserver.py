@@ -155,6 +155,26 @@ def test_slice_deleted_by_someone_else_comes_back(
     assert wait_for(lambda: len(server_slices(srv)) == 5, 10.0)
 
 
+def test_slice_deleted_while_the_watch_expired_comes_back(
+        srv: LocalApiServer, started: Callable[..., SlicePublisher]) -> None:
+    # The watch falls behind and the history is compacted: it relists (410; tests/dra_driver has the
+    # informer's side), and the publisher, told its view may be stale, lists and restores the slice.
+    make_node(srv)
+    pub = started(resync=60.0)  # far longer than the test
+    publish(pub, build_pool(eight_h200(MigMode.ENABLED), NODE, DRIVER, DYNAMIC))
+    assert wait_for(lambda: pub._watch.state()[1], 10), "the slice watch never went live"
+    epoch, lists = pub._watch.state()[0], pub.stats().lists
+    srv.faults.add_latency(1.0, verb="watch", resource="resourceslices")
+    srv.faults.drop_watches()
+    kubernetes.client.ResourceV1Api(srv.api_client()).delete_resource_slice("node-a-gpu-nvidia-com-002")
+    srv.faults.expire_watches()
+    assert wait_for(lambda: pub._watch.state()[0] > epoch, 10.0), "the watch never relisted"
+    srv.faults.clear()
+    assert wait_for(lambda: len(server_slices(srv)) == 5, 10.0)
+    assert len({o["spec"]["pool"]["generation"] for o in server_slices(srv)}) == 1
+    assert pub.stats().lists > lists
+
+
 def test_slice_deleted_is_recreated_within_one_resync_without_the_watch(
         srv: LocalApiServer, started: Callable[..., SlicePublisher],
         monkeypatch: pytest.MonkeyPatch) -> None:

@@ -52,7 +52,7 @@ class TaintlessServer:
             self.objs.pop(path.rsplit("/", 1)[-1], None)
             return {}
 
-    def stream(self, path: str, query: Any) -> Any:
+    def open_stream(self, path: str, query: Any, read_timeout: float) -> Any:
         raise ApiError("GET", path, 405, "no watch here")
 
 
@@ -60,7 +60,7 @@ def test_dropped_taints_are_reported_once_and_not_rewritten_forever(caplog: pyte
     server = TaintlessServer()
     pub = SlicePublisher(None, NODE, DRIVER, resync_seconds=60.0)
     pub._http = server  # type: ignore[assignment]
-    pub._watch._http = server  # type: ignore[assignment]
+    pub._watch.informer.api = server  # type: ignore[assignment]
     caplog.set_level(logging.ERROR, logger="kubelet_plugin.kubelet.slice_publisher")
     pub.start()
     try:
