@@ -13,6 +13,8 @@ whatever happened in between.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import pynvml
@@ -30,6 +32,19 @@ class SimFaults:
 
     def __init__(self, sim: SimulatedNvml) -> None:
         self._sim = sim
+
+    @contextmanager
+    def together(self) -> Iterator[SimFaults]:
+        """Faults injected inside the block happen as one: nothing sees some of them without the rest.
+
+        The simulator's lock is held for the whole block, so every NVML call, event wait and probe
+        behaviour read from another thread waits until the block ends. What the real driver reports
+        at once must be injected at once: an XID 79 and the GPU lost as two steps let a plugin that
+        runs in between (the injecting thread loses the CPU) probe a GPU that still answers, pass it
+        and begin its recovery.
+        """
+        with self._sim._lock:
+            yield self
 
     def inject_xid(
         self,
