@@ -36,10 +36,14 @@ def _gpu_lost(nvml: Any, index: int) -> None:
 
 def _off_the_bus(nvml: Any, index: int) -> None:
     # XID 79 is not a one-off: the GPU stays off the bus (GPU_IS_LOST from every call) until it is
-    # reset. Without the lasting loss a passing probe would start recovery by itself. Whichever the
-    # monitor sees first, the event or the loss on its next poll, names the fault.
-    nvml.faults.inject_xid(index, 79)
-    nvml.faults.gpu_lost(index)
+    # reset. Without the lasting loss a passing probe would start recovery by itself. Both at once,
+    # as the driver reports them: injected one after the other, a story thread that lost the CPU in
+    # between let the plugin take the XID, probe the GPU (still answering), pass it and begin
+    # recovery (GPUReady said Recovering on a loaded machine). Whichever the monitor sees first, the
+    # event or the loss on its next poll, names the fault.
+    with nvml.faults.together():
+        nvml.faults.inject_xid(index, 79)
+        nvml.faults.gpu_lost(index)
 
 
 def _row_remap(nvml: Any, index: int) -> None:

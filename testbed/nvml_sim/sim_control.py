@@ -9,10 +9,11 @@ looks to the plugin exactly as it does there (an XID event, ``GpuIsLost`` from c
 
 A fault file is ``<anything>.json`` holding ``{"fault": "<SimFaults method>", "args": {...}}``,
 e.g. ``{"fault": "inject_xid", "args": {"gpu_index": 0, "xid": 79}}``, or ``{"faults": [...]}`` of
-several such, applied together under the simulator's lock (:func:`send_faults`). Files are applied in name
-order (:func:`send_fault` names them by a counter and time, so in the order sent), each exactly once:
-the channel renames it to ``<name>.done``, or writes the error to ``<name>.error`` and removes it.
-:func:`send_fault` writes a file atomically and, by default, waits for that answer.
+several such, applied together (:meth:`~testbed.nvml_sim.sim_faults.SimFaults.together`,
+:func:`send_faults`). Files are applied in name order (:func:`send_fault` names them by a counter and
+time, so in the order sent), each exactly once: the channel renames it to ``<name>.done``, or writes
+the error to ``<name>.error`` and removes it. :func:`send_fault` writes a file atomically and, by
+default, waits for that answer.
 
 Only the public fault methods of :class:`SimFaults` can be named (:data:`FAULTS`); anything else is
 an ``.error``, never an arbitrary call.
@@ -79,8 +80,9 @@ def _check(fault: Any, args: Any, path: str) -> dict[str, Any]:
 def apply_fault_file(sim: FaultTarget, path: str) -> str:
     """Apply one fault file to ``sim``; return a one-line description (raise FaultFileError if bad).
 
-    ``{"faults": [{"fault": ..., "args": ...}, ...]}`` applies several at once, under the simulator's
-    lock: nothing in the plugin sees the GPU between them (XID 79 and the GPU lost are one event).
+    ``{"faults": [{"fault": ..., "args": ...}, ...]}`` applies several at once (``SimFaults.together``,
+    the simulator's lock): nothing in the plugin sees the GPU between them (XID 79 and the GPU lost
+    are one event).
     """
     try:
         with open(path) as f:

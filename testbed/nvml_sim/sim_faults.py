@@ -13,8 +13,8 @@ whatever happened in between.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import pynvml
@@ -34,12 +34,18 @@ class SimFaults:
     def __init__(self, sim: SimCore) -> None:
         self._sim = sim
 
-    @contextlib.contextmanager
-    def together(self) -> Iterator[None]:
-        """Hold the simulator's lock: the faults injected inside land at once, no NVML call sees
-        the GPU between them (XID 79 and the GPU lost as one event)."""
+    @contextmanager
+    def together(self) -> Iterator[SimFaults]:
+        """Faults injected inside the block happen as one: nothing sees some of them without the rest.
+
+        The simulator's lock is held for the whole block, so every NVML call, event wait and probe
+        behaviour read from another thread waits until the block ends. What the real driver reports
+        at once must be injected at once: an XID 79 and the GPU lost as two steps let a plugin that
+        runs in between (the injecting thread loses the CPU) probe a GPU that still answers, pass it
+        and begin its recovery.
+        """
         with self._sim._lock:
-            yield
+            yield self
 
     def inject_xid(
         self,

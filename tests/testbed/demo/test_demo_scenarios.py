@@ -95,3 +95,52 @@ def test_xid79_leaves_the_gpu_off_the_bus_until_the_reset() -> None:
         sim.nvmlDeviceGetName(handle)
     sim.faults.clear(2)  # what the demo's recovery step does
     assert sim.nvmlDeviceGetName(handle)
+
+
+def test_xid79_gives_the_plugin_no_moment_between_the_event_and_the_loss(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The CI flake: the story's thread lost the CPU right after the XID and before the loss. In that
+    # moment the monitor took the XID, its validation probed the GPU (still answering), the probe
+    # passed and recovery began: GPUReady said Recovering where a GPU off the bus is Unhealthy. The
+    # stall below is that lost CPU, made long; the scenario must give the plugin nothing to see in it.
+    from kubelet_plugin.health import HealthMonitor, HealthPolicy, HealthSnapshot, HealthState
+    from kubelet_plugin.nvml import discover, open_nvml
+    from testbed.demo.scenarios import SCENARIOS
+
+    sim = open_nvml("sim:8xh100")
+    snaps: list[HealthSnapshot] = []
+    # The demo's recovery settings; no poll of its own during the test (the XID wakes one).
+    policy = HealthPolicy(hold_down_s=1.0, required_passes=2, poll_interval_s=60.0, event_wait_ms=50)
+    monitor = HealthMonitor(sim, discover(sim), policy, None, snaps.append)
+    monitor.start()
+    try:
+        assert monitor.wait_validated(30)
+
+        def states() -> list[HealthState]:
+            return [s.devices["gpu-0"].state for s in list(snaps)]
+
+        def seen(state: HealthState, timeout: float) -> bool:
+            deadline = time.monotonic() + timeout
+            while state not in states() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            return state in states()
+
+        real_xid = sim.faults.inject_xid
+
+        def stalled_after_xid(index: int, xid: int) -> None:
+            real_xid(index, xid)
+            # Without the scenario holding NVML, the monitor sees the XID at once and its validation
+            # (a probe child, ~10 ms) passes well within 10 s; with it, the XID is not seen until the
+            # loss is there too, so this waits out its half second.
+            if seen(HealthState.UNHEALTHY, 0.5):
+                seen(HealthState.RECOVERING, 10.0)
+
+        monkeypatch.setattr(sim.faults, "inject_xid", stalled_after_xid)
+        SCENARIOS["xid79"].inject(sim, 0)
+        assert seen(HealthState.UNHEALTHY, 10.0), states()
+        time.sleep(0.3)  # a validation, and the poll the XID woke, have had their turn
+        gpu0 = [f"{s.devices['gpu-0'].state}: {s.devices['gpu-0'].reason}" for s in list(snaps)]
+        assert HealthState.RECOVERING not in states(), list(dict.fromkeys(gpu0))
+        assert snaps[-1].devices["gpu-0"].code in ("Xid79", "GpuLost"), snaps[-1].devices["gpu-0"]
+    finally:
+        monitor.stop()

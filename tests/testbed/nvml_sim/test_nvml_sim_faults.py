@@ -133,6 +133,33 @@ def test_blocking_wait_wakes_when_an_event_is_injected() -> None:
     assert time.monotonic() - started < 5  # woke on the event, not on the 10 s timeout
 
 
+def test_faults_injected_together_are_seen_together() -> None:
+    # A thread woken by the XID, or asking the GPU anything meanwhile, gets its answer only once the
+    # block ends: then the GPU is already lost, so nothing can find it answering after the XID.
+    sim = _sim()
+    event_set = _registered(sim, 2)
+    handle = sim.nvmlDeviceGetHandleByIndex(2)
+    seen: list[tuple[int, str, str]] = []
+
+    def plugin() -> None:
+        xid = sim.nvmlEventSetWait_v2(event_set, 10_000).eventData
+        try:
+            name = str(sim.nvmlDeviceGetName(handle))
+        except pynvml.NVMLError_GpuIsLost:
+            name = "lost"
+        seen.append((xid, name, sim.probe_behaviour(sim.gpus[2].uuid)))
+
+    waiter = threading.Thread(target=plugin)
+    waiter.start()
+    with sim.faults.together():
+        sim.faults.inject_xid(2, 79)
+        time.sleep(0.2)  # the injecting thread loses the CPU between the two
+        assert not seen
+        sim.faults.gpu_lost(2)
+    waiter.join(timeout=10)
+    assert seen == [(79, "lost", "wrong")]
+
+
 def test_events_cannot_be_registered_on_a_mig_device_handle() -> None:
     sim = _sim()
     parent = sim.nvmlDeviceGetHandleByIndex(7)
