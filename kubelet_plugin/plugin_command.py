@@ -22,6 +22,7 @@ from kubelet_plugin.config import (
     PluginConfig,
 )
 from kubelet_plugin.health.policy import policy_from_config
+from kubelet_plugin.health.xid import parse_xid_list
 
 log = get_logger(__name__)
 
@@ -112,9 +113,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="watch this node's pods and read their claims before the kubelet prepares them; needs list "
            "and watch on pods (env CLAIM_PREFETCH)")
     a("--xid-ignore", default=_env("XID_IGNORE", ""),
-      help="comma list of XIDs that never withdraw a GPU, beyond the catalogue (env XID_IGNORE)")
+      help="comma list of XIDs (whole numbers of 1 or more, each once) that never withdraw a GPU, "
+           "beyond the catalogue (env XID_IGNORE)")
     a("--xid-fatal", default=_env("XID_FATAL", ""),
-      help="comma list of XIDs that always withdraw a GPU, beyond the catalogue (env XID_FATAL)")
+      help="comma list of XIDs (whole numbers of 1 or more, each once) that always withdraw a GPU, "
+           "beyond the catalogue (env XID_FATAL)")
     a("--revalidate-interval", default=_env("HEALTH_REVALIDATE_INTERVAL", "0") or "0",
       help="re-run the CUDA validation on healthy GPUs this often, seconds; 0 = only at start and "
            "recovery (env HEALTH_REVALIDATE_INTERVAL)")
@@ -172,11 +175,17 @@ def report_shared_gpu_names(config: PluginConfig, devices: NodeDevices | None) -
     return check
 
 
-def _xids(flag: str, value: str) -> frozenset[int]:
+# flag -> environment variable: the XID lists, parsed by the health package's one XID parser.
+_XID_LISTS: dict[str, str] = {"--xid-ignore": "XID_IGNORE", "--xid-fatal": "XID_FATAL"}
+
+
+def _xids(args: argparse.Namespace, flag: str) -> frozenset[int]:
+    """The XIDs of ``flag``; ValueError naming the flag, its environment variable, the value and the fix."""
+    env = _XID_LISTS[flag]
     try:
-        return frozenset(int(v) for v in value.replace(" ", "").split(",") if v)
-    except ValueError:
-        raise ValueError(f"{flag} {value!r}: write XID numbers separated by commas, e.g. 13,43") from None
+        return parse_xid_list(str(getattr(args, flag[2:].replace("-", "_"))), f"{flag} (env {env})")
+    except ValueError as exc:
+        raise ValueError(f"{exc}; fix the flag or the {env} environment variable") from None
 
 
 def _directories(args: argparse.Namespace) -> tuple[str, str]:
@@ -212,8 +221,8 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         shared_gpus=_shared(args.shared_gpus), health_mode=args.health_mode, pod_uid=args.pod_uid,
         health_interval=_number(args, "--health-interval"), metrics_port=_port(_number(args, "--metrics-port")),
         health_stream=args.health_stream == "true", claim_prefetch=getattr(args, "claim_prefetch", "false") == "true",
-        xid_ignore=_xids("--xid-ignore", args.xid_ignore),
-        xid_fatal=_xids("--xid-fatal", args.xid_fatal), revalidate_interval=_number(args, "--revalidate-interval"),
+        xid_ignore=_xids(args, "--xid-ignore"),
+        xid_fatal=_xids(args, "--xid-fatal"), revalidate_interval=_number(args, "--revalidate-interval"),
         probe_timeout=_number(args, "--probe-timeout"), recovery_passes=_number(args, "--recovery-passes"),
         hold_down=_number(args, "--hold-down"), proc_root=args.proc_root,
         vram_interval=_number(args, "--vram-interval"), dev_root=getattr(args, "dev_root", ""),

@@ -17,6 +17,7 @@ Pure: no I/O. Operators move codes either way with :class:`HealthPolicy`.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -137,21 +138,38 @@ def classify_xid(xid: int, extra_fatal: frozenset[int] = frozenset(),
     return XidDecision(xid=xid, action=action, reason=reason, code=f"Xid{xid}")
 
 
+# An optional sign (so "-5" is refused as not positive, not as garbage), then ASCII digits.
+_WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+")
+
+
 def parse_xid_list(text: str, field_name: str) -> frozenset[int]:
-    """Parse ``"13, 31,43"`` into XIDs; a bad entry raises ``ValueError`` naming the field and the fix."""
+    """Parse ``"13, 31,43"`` into XIDs: the one parser for every XID list a person writes.
+
+    Entries are separated by commas (or semicolons); spaces around an entry and empty entries are
+    allowed. An entry that is not a whole number (``abc``, ``1 3``, ``1_3``), an XID below 1 and an
+    XID listed twice raise ``ValueError`` naming ``field_name``, the whole value, the bad entry and
+    the fix. A repeated XID is refused rather than folded: in a hand-written list it is most often a
+    typo for another code (``13,13`` for ``13,31``), and the Helm chart's schema refuses it too.
+    """
     out: set[int] = set()
     for part in text.replace(";", ",").split(","):
         part = part.strip()
         if not part:
             continue
-        try:
-            value = int(part)
-        except ValueError:
+        # Not int() alone: it also takes "1_3" and non-ASCII digits, which are typos here.
+        if not _WHOLE_NUMBER.fullmatch(part):
             raise ValueError(
-                f"{field_name}: {part!r} is not an XID number; give a comma-separated list such as "
-                f"'13,31,43'"
-            ) from None
+                f"{field_name} is {text!r}: {part!r} is not an XID number; give a comma-separated "
+                f"list of XIDs such as 13,31,43"
+            )
+        value = int(part)
         if value <= 0:
-            raise ValueError(f"{field_name}: XID {value} is not positive; XIDs are 1 or greater")
+            raise ValueError(
+                f"{field_name} is {text!r}: XID {value} is not positive; XIDs are whole numbers of 1 "
+                f"or more, such as 13,31,43"
+            )
+        if value in out:
+            raise ValueError(f"{field_name} is {text!r}: XID {value} is listed twice; list each XID once")
         out.add(value)
     return frozenset(out)
+

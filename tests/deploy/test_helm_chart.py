@@ -249,6 +249,12 @@ def test_the_plugin_accepts_the_configuration_the_chart_gives_it(values_name: st
     assert config.metrics_port == 8080
 
 
+def test_the_plugin_parses_the_xid_lists_the_chart_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The schema's extremes (1 and 1023), joined by the template, through the plugin's one XID parser.
+    config = _plugin_config_from_chart({"xid": {"ignore": [1, 1023], "fatal": [79]}}, monkeypatch)
+    assert (config.xid_ignore, config.xid_fatal) == ({1, 1023}, {79})
+
+
 def test_daemon_options_reach_the_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
     config = _plugin_config_from_chart(VALUE_SETS["dynamic-taint-shared"], monkeypatch)
     assert (config.mig_mode, config.health_mode, config.shared_gpus) == ("dynamic", "taint", True)
@@ -472,6 +478,10 @@ def test_grafana_dashboard_is_valid_json_over_exported_metrics() -> None:
     ({"healthMode": "drain"}, "/healthMode"),
     ({"driverName": "GPU_NVIDIA"}, "/driverName"),
     ({"xid": {"ignore": ["79"]}}, "/xid/ignore/0"),
+    # What the plugin's XID parser refuses, the chart refuses first, naming the value.
+    ({"xid": {"fatal": [0]}}, "/xid/fatal/0"),
+    ({"xid": {"ignore": [-5]}}, "/xid/ignore/0"),
+    ({"xid": {"fatal": [13, 13]}}, "/xid/fatal"),
     ({"driverNmae": "gpu.nvidia.com"}, "driverNmae"),
     ({"monitoring": {"serviceMonitor": {"enabled": "yes"}}}, "/monitoring/serviceMonitor/enabled"),
     ({"kubeletPlugin": {"metrics": {"port": 70000}}}, "/kubeletPlugin/metrics/port"),

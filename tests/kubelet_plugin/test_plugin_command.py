@@ -164,6 +164,61 @@ def test_a_bad_number_in_the_environment_is_reported_at_run_time_naming_it(
     assert command.config_from_args(_args([])).metrics_port == 0
 
 
+_BAD_XID_LISTS = [
+    ("0", "XID 0 is not positive"),
+    ("13,-5", "XID -5 is not positive"),
+    ("abc", "'abc' is not an XID number"),
+    ("13,43,13", "XID 13 is listed twice"),
+    ("1 3", "'1 3' is not an XID number"),  # a space inside a number (the old parser read it as 13)
+    ("1_3", "'1_3' is not an XID number"),  # int() alone would read it as 13
+]
+
+
+@pytest.mark.parametrize(("flag", "env"), [("--xid-fatal", "XID_FATAL"), ("--xid-ignore", "XID_IGNORE")])
+@pytest.mark.parametrize(("value", "problem"), _BAD_XID_LISTS)
+@pytest.mark.parametrize("given_by", ["flag", "environment"])
+def test_a_bad_xid_list_exits_2_naming_the_flag_its_variable_the_value_and_the_fix(
+        flag: str, env: str, value: str, problem: str, given_by: str,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("NODE_NAME", "n")
+    # A simulated node and no kubeconfig: should the list be accepted, the start fails at once on the
+    # kubeconfig (another message) instead of retrying NVML until the test times out.
+    argv = ["--nvml", "sim:h100-80gb", "--kubeconfig", "/nonexistent"]
+    if given_by == "environment":
+        monkeypatch.setenv(env, value)
+    else:
+        argv += [flag, value]
+    assert command.run(_args(argv)) == 2
+    error = _invalid_configuration_error(caplog)
+    assert f"{flag} (env {env}) is {value!r}" in error
+    assert problem in error
+    assert f"fix the flag or the {env} environment variable" in error
+
+
+@pytest.mark.parametrize(("value", "xids"), [
+    ("", frozenset()),
+    ("79", frozenset({79})),
+    ("13, 43", frozenset({13, 43})),
+    (" 13 ,,43 ", frozenset({13, 43})),
+    ("13;43", frozenset({13, 43})),
+])
+def test_a_valid_xid_list_is_read_from_the_flag_and_the_environment(
+        value: str, xids: frozenset[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_NAME", "n")
+    assert command.config_from_args(_args(["--xid-fatal", value])).xid_fatal == xids
+    monkeypatch.setenv("XID_IGNORE", value)
+    assert command.config_from_args(_args([])).xid_ignore == xids
+
+
+def test_a_bad_xid_list_on_the_command_line_exits_2_with_one_line() -> None:
+    done = _cli(["kubelet-plugin", "--node-name", "n", "--nvml", "sim:h100-80gb"], {"XID_FATAL": "0"})
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stderr
+    assert "event=invalid_configuration" in lines[0] and "--xid-fatal (env XID_FATAL)" in lines[0]
+    assert "XID 0 is not positive" in lines[0]
+
+
 def test_numbers_and_the_proc_root_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for k, v in {"NODE_NAME": "n", "METRICS_PORT": "9400", "HEALTH_PROBE_TIMEOUT": "12.5",
                  "PROC_ROOT": "/host/proc", "VRAM_CHECK_INTERVAL": "5"}.items():

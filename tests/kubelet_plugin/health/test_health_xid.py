@@ -47,10 +47,26 @@ def test_same_xid_on_both_sides_is_refused_with_the_fix() -> None:
 
 def test_parse_xid_list() -> None:
     assert parse_xid_list(" 13, 31,,43 ", "extraIgnoredXids") == frozenset({13, 31, 43})
-    with pytest.raises(ValueError, match=r"extraIgnoredXids: 'x13' is not an XID number"):
+    assert parse_xid_list("13;+31", "extraIgnoredXids") == frozenset({13, 31})
+    assert parse_xid_list("", "extraIgnoredXids") == frozenset()
+    with pytest.raises(ValueError, match=r"extraIgnoredXids is 'x13': 'x13' is not an XID number"):
         parse_xid_list("x13", "extraIgnoredXids")
-    with pytest.raises(ValueError, match="not positive"):
+    with pytest.raises(ValueError, match="XID 0 is not positive"):
         parse_xid_list("0", "extraFatalXids")
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("-5", r"f is '-5': XID -5 is not positive; XIDs are whole numbers of 1 or more"),
+    ("13,-0", r"f is '13,-0': XID 0 is not positive"),
+    ("13, 31, 13", r"f is '13, 31, 13': XID 13 is listed twice; list each XID once"),
+    ("4 8", r"f is '4 8': '4 8' is not an XID number; give a comma-separated list"),
+    ("4_8", r"'4_8' is not an XID number"),
+    ("\u0664\u0668", r"is not an XID number"),  # Arabic-Indic digits: int() would read 48
+    ("13.0", r"'13.0' is not an XID number"),
+])
+def test_parse_xid_list_refuses_what_is_not_a_list_of_distinct_positive_xids(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_xid_list(text, "f")
 
 
 @pytest.mark.parametrize(
