@@ -285,11 +285,6 @@ class CompiledSelector:
         self._tree = tree
         self._results: dict[tuple[Any, ...], SelectorResult] = {}
 
-    @property
-    def reads_whole_device(self) -> bool:
-        """Whether the expression looks at the device as a whole (no result sharing then)."""
-        return ("all",) in self.reads
-
     def cache_key(self, device: DeviceView) -> tuple[Any, ...]:
         """The values this expression reads from ``device``: equal keys give equal results."""
         return tuple(_read_value(device, p) for p in self.reads)

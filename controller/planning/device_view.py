@@ -26,11 +26,6 @@ DeviceKey = tuple[str, str, str]
 """``(driver, pool, device)``: a device's identity across the cluster."""
 
 
-def device_key_text(key: DeviceKey) -> str:
-    """``driver/pool/device``, as Kubernetes writes a device ID."""
-    return "/".join(key)
-
-
 @dataclass(frozen=True)
 class Taint:
     """A device taint (``key``, ``value``, ``effect`` of ``NoSchedule``/``NoExecute``/``None``)."""

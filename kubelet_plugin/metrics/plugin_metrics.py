@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -188,11 +188,6 @@ class PluginMetrics:
             for labels in children:
                 self._remove(family, *labels)
 
-    def health_snapshot(self) -> Mapping[str, tuple[str, str]]:
-        """device -> (state, reason), as last reported (for the GPU collector and tests)."""
-        with self._lock:
-            return dict(self._health)
-
     def record_xid(self, device: str, gpu_uuid: str, xid: int, withdrew: bool) -> None:
         """Count an XID on a device; the GPU collector exports the last one as DCGM_FI_DEV_XID_ERRORS."""
         self.xid_errors.labels(self.node, device, str(xid), "withdraw" if withdrew else "ignore").inc()
@@ -279,13 +274,3 @@ class _CheckpointWrites:
             family.add_metric([self._metrics.node, result], writes.get(result, 0))
         return [family]
 
-
-def sample_value(registry: CollectorRegistry, name: str, labels: Mapping[str, str]) -> float | None:
-    """The value of one sample in ``registry`` (tests, benchmarks, the demo's status view)."""
-    value: float | None = registry.get_sample_value(name, dict(labels))
-    return value
-
-
-def family_names(registry: CollectorRegistry) -> Iterable[str]:
-    """Names of every family registered (for docs checks)."""
-    return [m.name for m in registry.collect()]

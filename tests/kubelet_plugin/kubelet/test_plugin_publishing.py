@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-from kubelet_plugin.metrics.plugin_metrics import sample_value
 from testbed.plugin_harness import PluginHarness
 
 NODE = "pub"
@@ -36,7 +35,7 @@ def test_slices_follow_health_and_metrics_count_prepares() -> None:
         assert kubelet.prepare([("default", "bad", bad)])[bad].error
         registry = plugin.metrics.registry
         labels = {"node": NODE}
-        assert sample_value(registry, "gpuready_prepare_duration_seconds_count", {**labels, "result": "success"}) == 1
-        assert sample_value(registry, "gpuready_prepare_errors_total", {**labels, "reason": "wrong_node"}) == 1
-        assert sample_value(registry, "gpuready_prepared_claims", labels) == 1
-        assert sample_value(registry, "gpuready_checkpoint_writes_total", {**labels, "result": "success"}) >= 2
+        assert registry.get_sample_value("gpuready_prepare_duration_seconds_count", {**labels, "result": "success"}) == 1
+        assert registry.get_sample_value("gpuready_prepare_errors_total", {**labels, "reason": "wrong_node"}) == 1
+        assert registry.get_sample_value("gpuready_prepared_claims", labels) == 1
+        assert registry.get_sample_value("gpuready_checkpoint_writes_total", {**labels, "result": "success"}) >= 2
