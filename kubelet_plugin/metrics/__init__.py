@@ -7,8 +7,8 @@ process, each with its own registry.
 Plugin wiring::
 
     metrics = PluginMetrics(node=node_name, driver_name=driver)          # own registry
-    claims = ApiClaimsProvider(api_client, driver, node_name,
-                               lambda: [(r.namespace, r.name, r.uid) for r in checkpoint.records().values()])
+    claims = PreparedClaims(api_client, driver, node_name,                # kubelet_plugin.metrics.prepared_claims
+                            lambda: [(r.namespace, r.name, r.uid) for r in checkpoint.records().values()])
     pod_resources = PodResourcesCache(PodResourcesReader("/var/lib/kubelet/pod-resources/kubelet.sock"),
                                       driver, node_name)                 # container names, cached 5 s
     metrics.registry.register(GpuCollector(nvml, lambda: node_devices,
@@ -43,7 +43,6 @@ _EXPORTS = {
     "PodResourcesReader": "kubelet_plugin.metrics.pod_resources_client",
     "PodResourcesUnavailable": "kubelet_plugin.metrics.pod_resources_client",
     "claim_device_containers": "kubelet_plugin.metrics.pod_resources_client",
-    "ApiClaimsProvider": "kubelet_plugin.metrics.vram_accounting",
     "PreparedClaim": "kubelet_plugin.metrics.vram_accounting",
     "VramAccountant": "kubelet_plugin.metrics.vram_accounting",
     "allocations_from_claims": "kubelet_plugin.metrics.vram_accounting",

@@ -21,9 +21,9 @@ log = get_logger(__name__)
 class PreparedClaims:
     """The prepared claims as ``kubelet_plugin.metrics.PreparedClaim`` records (pods, memory requests).
 
-    The same contract as :class:`kubelet_plugin.metrics.ApiClaimsProvider` (callable, each claim re-read
-    at most every ``ttl_s`` seconds, a claim gone or re-created under another UID skipped), over raw
-    JSON: ``ResourceV1Api`` and its models would add ~5 MB to a daemon that must stay under 80 MB.
+    Callable; each claim is re-read at most every ``ttl_s`` seconds, and one that is gone or was
+    re-created under another UID is skipped. Raw JSON, not ``ResourceV1Api``: its models would add
+    ~5 MB to a daemon that must stay under 80 MB.
     """
 
     def __init__(self, api_client: Any, driver: str, pool: str,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,54 +92,6 @@ def prepared_claim_from_api(claim: Mapping[str, Any], driver: str, pool: str) ->
     return PreparedClaim(claim_uid=meta.get("uid", ""), claim_name=meta.get("name", ""),
                          claim_namespace=meta.get("namespace", ""), devices=tuple(devices), pods=pods,
                          requested_memory=tuple(requested))
-
-
-class ApiClaimsProvider:
-    """The prepared claims as :class:`PreparedClaim` records, read from the API server and cached.
-
-    The plugin's checkpoint knows which claims are prepared (``claim_refs``: namespace, name, UID) but
-    not their pods or memory requests; those are in the ResourceClaim's status. Each claim is re-read
-    at most every ``ttl_s`` seconds; one that is gone or was re-created under another UID is skipped.
-    """
-
-    def __init__(self, api_client: Any, driver: str, pool: str,
-                 claim_refs: Callable[[], Iterable[tuple[str, str, str]]], ttl_s: float = 30.0) -> None:
-        import kubernetes
-
-        self._api = kubernetes.client.ResourceV1Api(api_client)
-        self._serialize = api_client.sanitize_for_serialization
-        self._driver = driver
-        self._pool = pool
-        self._refs = claim_refs
-        self._ttl = ttl_s
-        self._cache: dict[str, tuple[float, PreparedClaim | None]] = {}
-
-    def __call__(self) -> list[PreparedClaim]:
-        """Current prepared claims (cached reads)."""
-        now = time.monotonic()
-        out: list[PreparedClaim] = []
-        live: set[str] = set()
-        for namespace, name, uid in self._refs():
-            live.add(uid)
-            cached = self._cache.get(uid)
-            if cached is None or now - cached[0] > self._ttl:
-                cached = (now, self._read(namespace, name, uid))
-                self._cache[uid] = cached
-            if cached[1] is not None:
-                out.append(cached[1])
-        for uid in set(self._cache) - live:
-            del self._cache[uid]
-        return out
-
-    def _read(self, namespace: str, name: str, uid: str) -> PreparedClaim | None:
-        try:
-            obj = self._serialize(self._api.read_namespaced_resource_claim(name, namespace))
-        except Exception as exc:  # 404 after deletion, API server down: skip this round
-            log.debug("vram_claim_read_failed", claim_uid=uid, node=self._pool, error=str(exc))
-            return None
-        if (obj.get("metadata") or {}).get("uid") != uid:
-            return None
-        return prepared_claim_from_api(obj, self._driver, self._pool)
 
 
 def allocations_from_claims(claims: Sequence[PreparedClaim],

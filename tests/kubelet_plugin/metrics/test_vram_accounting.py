@@ -337,7 +337,8 @@ def test_event_failure_is_retried_and_never_breaks_accounting(
 
 
 def test_claims_provider_reads_pods_and_requests_from_the_api_and_follows_deletion(cluster: Any, core: Any) -> None:
-    from kubelet_plugin.metrics.vram_accounting import ApiClaimsProvider, allocations_from_claims
+    from kubelet_plugin.metrics.prepared_claims import PreparedClaims
+    from kubelet_plugin.metrics.vram_accounting import allocations_from_claims
 
     resource = kubernetes.client.ResourceV1Api(cluster.api_client())
     pod_uid = _make_pod(core, "shared-pod", "golden", CID)
@@ -355,7 +356,7 @@ def test_claims_provider_reads_pods_and_requests_from_the_api_and_follows_deleti
                       "resourceVersion": created.metadata.resource_version},
          "spec": body["spec"], "status": status})
     refs = [("golden", created.metadata.name, created.metadata.uid), ("golden", "gone", "uid-gone")]
-    provider = ApiClaimsProvider(cluster.api_client(), "gpu.nvidia.com", "node-y", lambda: refs, ttl_s=0)
+    provider = PreparedClaims(cluster.api_client(), "gpu.nvidia.com", "node-y", lambda: refs, ttl_s=0)
     claims = provider()
     assert len(claims) == 1
     claim = claims[0]
