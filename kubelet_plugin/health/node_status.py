@@ -230,14 +230,6 @@ def merge_groups(groups: list[EventGroup]) -> list[EventGroup]:
     return [EventGroup(r, t, x, u, tuple(dict.fromkeys(d))) for (r, t, x, u), d in merged.items()]
 
 
-def transition_events(snapshot: HealthSnapshot, previous_problem: str | None,
-                      previous_prerequisite: tuple[str, str] | None = None) -> list[NodeEvent]:
-    """The Events a snapshot's transitions call for (devices sharing a cause share one Event)."""
-    events = [g.event(snapshot) for g in transition_groups(snapshot)]
-    events[:0] = node_events(snapshot, previous_problem, previous_prerequisite)
-    return events
-
-
 def node_events(snapshot: HealthSnapshot, previous_problem: str | None,
                 previous_prerequisite: tuple[str, str] | None = None) -> list[NodeEvent]:
     """The Events about the node as a whole (NVML, prerequisites) a snapshot calls for."""

@@ -9,7 +9,13 @@ import kubernetes
 import pytest
 
 from kubelet_plugin.health.kubelet_health import health_stream_entries
-from kubelet_plugin.health.node_status import NodeStatusReporter, gpu_ready_condition, transition_events
+from kubelet_plugin.health.node_status import (
+    NodeEvent,
+    NodeStatusReporter,
+    gpu_ready_condition,
+    node_events,
+    transition_groups,
+)
 from kubelet_plugin.health.snapshot import DeviceHealth, HealthSnapshot
 from kubelet_plugin.health.state import HealthState, Transition
 from testbed.apiserver import LocalApiServer
@@ -46,6 +52,12 @@ def test_condition_when_nvml_fails_or_no_gpus() -> None:
     assert (c.status, c.reason) == ("False", "NVMLUnavailable")
     assert "Driver Not Loaded" in c.message
     assert gpu_ready_condition(snap({})).reason == "NoGPUs"
+
+
+def transition_events(snapshot: HealthSnapshot, previous_problem: str | None) -> list[NodeEvent]:
+    """The Events NodeStatusReporter.update writes for a validated snapshot: the node's own, then
+    one per group of devices sharing a cause."""
+    return [*node_events(snapshot, previous_problem), *(g.event(snapshot) for g in transition_groups(snapshot))]
 
 
 def test_events_for_transitions() -> None:
