@@ -229,7 +229,7 @@ class VramAccountant:
     # --- reading ------------------------------------------------------------------------------
     def device_processes(self) -> dict[str, list[ProcessVram]]:
         """device name -> processes on it, each with its pod and container from /proc."""
-        from kubelet_plugin.nvml import read_gpu_metrics, read_mig_metrics
+        from kubelet_plugin.nvml import read_processes
 
         out: dict[str, list[ProcessVram]] = {}
         identities: dict[int, CgroupIdentity | None] = {}
@@ -245,11 +245,11 @@ class VramAccountant:
         for gpu in self._devices().gpus:
             if gpu.mig_mode == MigMode.ENABLED:
                 for mig in gpu.mig_devices:
-                    readings = read_mig_metrics(self._nvml, mig)
-                    out[mig.name] = [proc(mig.name, p.pid, p.used_bytes) for p in readings.processes]
+                    on_mig = read_processes(self._nvml, mig.uuid).processes
+                    out[mig.name] = [proc(mig.name, p.pid, p.used_bytes) for p in on_mig]
             else:
-                readings = read_gpu_metrics(self._nvml, gpu)
-                out[gpu.name] = [proc(gpu.name, p.pid, p.used_bytes) for p in readings.processes]
+                on_gpu = read_processes(self._nvml, gpu.uuid).processes
+                out[gpu.name] = [proc(gpu.name, p.pid, p.used_bytes) for p in on_gpu]
         return out
 
     def report(self) -> VramReport:

@@ -1,4 +1,4 @@
-"""Real NVML for the node daemon: discovery into the device model, MIG lifecycle, readings.
+"""Real NVML for the node daemon: discovery into the device model, MIG lifecycle, GPU processes.
 
     from kubelet_plugin.nvml import open_nvml, discover
     nvml = open_nvml("real")              # the pynvml module, initialised
@@ -16,13 +16,13 @@ from typing import Any
 
 from kubelet_plugin.nvml.backends import describe_sources, find_backend
 from kubelet_plugin.nvml.discovery import discover, init_nvml, read_gpu
-from kubelet_plugin.nvml.gpu_readings import GpuReadings, ProcessReading, read_gpu_metrics, read_mig_metrics
 from kubelet_plugin.nvml.mig_lifecycle import create_mig_device, destroy_mig_device, find_mig_device
 from kubelet_plugin.nvml.nvml_errors import MigError, NvmlError, NvmlUnavailableError
+from kubelet_plugin.nvml.processes import DeviceProcesses, ProcessReading, read_processes
 
 __all__ = [
     "ENV_VAR",
-    "GpuReadings",
+    "DeviceProcesses",
     "MigError",
     "NvmlError",
     "NvmlUnavailableError",
@@ -36,8 +36,7 @@ __all__ = [
     "is_simulated",
     "open_nvml",
     "read_gpu",
-    "read_gpu_metrics",
-    "read_mig_metrics",
+    "read_processes",
 ]
 
 ENV_VAR = "GPUREADY_NVML"

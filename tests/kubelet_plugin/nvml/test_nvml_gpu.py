@@ -8,7 +8,7 @@ from __future__ import annotations
 import pynvml
 import pytest
 
-from kubelet_plugin.nvml import discover, open_nvml, read_gpu_metrics
+from kubelet_plugin.nvml import discover, open_nvml, read_processes
 from testbed.nvml_sim.card_readings import DEVICE_READINGS, MIG_READINGS, differences, load_readings
 
 pytestmark = pytest.mark.gpu
@@ -32,10 +32,9 @@ def test_real_h200_matches_the_fixture_readings() -> None:
 def test_real_readings_and_event_wait() -> None:
     nvml = open_nvml("real")
     gpu = discover(nvml).gpus[0]
-    readings = read_gpu_metrics(nvml, gpu)
-    assert readings.error is None, readings.error
-    assert readings.memory_total_bytes == gpu.memory_bytes
-    assert readings.temperature_c is not None and readings.power_milliwatts is not None
+    found = read_processes(nvml, gpu.uuid)
+    assert found.error is None, found.error
+    assert all(p.pid > 0 for p in found.processes)
     event_set = nvml.nvmlEventSetCreate()
     try:
         handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)

@@ -9,7 +9,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from kubelet_plugin.nvml import NvmlUnavailableError, discover, open_nvml, read_gpu_metrics
+from kubelet_plugin.nvml import NvmlUnavailableError, discover, open_nvml, read_processes
 from testbed.nvml_sim import SimulatedNvml
 
 
@@ -46,7 +46,7 @@ def test_gpu_lost_raises_gpu_is_lost_and_discovery_marks_only_that_gpu() -> None
     assert len(node.unreadable) == 1
     index, reason = node.unreadable[0]
     assert index == 3 and "GPU is lost" in reason and "NVML_ERROR_GPU_IS_LOST" in reason
-    assert read_gpu_metrics(sim, node.gpus[0]).error is None  # the other GPUs still answer
+    assert read_processes(sim, node.gpus[0].uuid).error is None  # the other GPUs still answer
 
 
 def test_unknown_error_on_named_functions_only() -> None:
@@ -174,32 +174,32 @@ def test_double_bit_ecc_raises_event_and_counters() -> None:
     sim.faults.ecc_double_bit(0)
     event = sim.nvmlEventSetWait_v2(event_set, 1000)
     assert event.eventType == pynvml.nvmlEventTypeDoubleBitEccError
-    gpu = discover(sim).gpus[0]
-    readings = read_gpu_metrics(sim, gpu)
-    assert readings.ecc_volatile_uncorrected == 1 and readings.ecc_aggregate_uncorrected == 1
     handle = sim.nvmlDeviceGetHandleByIndex(0)
+
+    def uncorrected() -> tuple[int, ...]:  # (volatile, aggregate), as the GPU collector reads them
+        return tuple(sim.nvmlDeviceGetTotalEccErrors(handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, counter)
+                     for counter in (pynvml.NVML_VOLATILE_ECC, pynvml.NVML_AGGREGATE_ECC))
+
+    assert uncorrected() == (1, 1)
     field = sim.nvmlDeviceGetFieldValues(handle, [pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL])[0]
     assert field.nvmlReturn == pynvml.NVML_SUCCESS and field.value.ullVal == 1
     sim.faults.clear(0)  # a reset clears volatile counters, not aggregate ones
-    readings = read_gpu_metrics(sim, gpu)
-    assert readings.ecc_volatile_uncorrected == 0 and readings.ecc_aggregate_uncorrected == 1
+    assert uncorrected() == (0, 1)
 
 
 def test_row_remap_pending_and_failure_are_visible() -> None:
     sim = _sim("h200-141gb")
-    gpu = discover(sim).gpus[0]
-    assert read_gpu_metrics(sim, gpu).remapping_pending is False
-    sim.faults.row_remap_pending(0)
-    readings = read_gpu_metrics(sim, gpu)
-    assert readings.remapping_pending is True and readings.remapping_failed is False
-    assert readings.remapped_rows_uncorrectable == 1
-    sim.faults.row_remap_pending(0, failed=True)
-    assert read_gpu_metrics(sim, gpu).remapping_failed is True
     handle = sim.nvmlDeviceGetHandleByIndex(0)
+    # nvmlDeviceGetRemappedRows: (correctable, uncorrectable, pending, failed), as nvml_checks reads it
+    assert sim.nvmlDeviceGetRemappedRows(handle)[1:] == (0, 0, 0)
+    sim.faults.row_remap_pending(0)
+    assert sim.nvmlDeviceGetRemappedRows(handle)[1:] == (1, 1, 0)
+    sim.faults.row_remap_pending(0, failed=True)
+    assert sim.nvmlDeviceGetRemappedRows(handle)[3] == 1
     action = sim.nvmlDeviceGetFieldValues(handle, [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])[0]
     assert action.value.ullVal == pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT
     sim.faults.clear(0)
-    assert read_gpu_metrics(sim, gpu).remapping_pending is False
+    assert sim.nvmlDeviceGetRemappedRows(handle)[2] == 0
 
 
 def test_probe_behaviour_is_per_gpu_and_validated() -> None:
@@ -226,16 +226,16 @@ def test_nvml_init_failure_is_a_clear_typed_error() -> None:
     assert len(discover(sim).gpus) == 8
 
 
-def test_metrics_on_a_lost_gpu_report_the_error_instead_of_raising() -> None:
+def test_processes_on_a_lost_gpu_report_the_error_instead_of_raising() -> None:
     sim = _sim("h100-80gb")
     gpu = discover(sim).gpus[0]
     sim.add_process(0, pid=4242, used_bytes=10 * 1024**3)
-    readings = read_gpu_metrics(sim, gpu)
-    assert readings.processes[0].pid == 4242 and readings.processes[0].gpu_instance_id is None
-    assert readings.memory_used_bytes is not None and readings.memory_used_bytes >= 10 * 1024**3
+    found = read_processes(sim, gpu.uuid)
+    assert found.error is None and [(p.pid, p.used_bytes) for p in found.processes] == [(4242, 10 * 1024**3)]
+    assert found.processes[0].gpu_instance_id is None
     sim.faults.gpu_lost(0)
-    lost = read_gpu_metrics(sim, gpu)
-    assert lost.error is not None and "GPU is lost" in lost.error and lost.memory_used_bytes is None
+    lost = read_processes(sim, gpu.uuid)
+    assert lost.error is not None and "GPU is lost" in lost.error and lost.processes == ()
 
 
 def test_simulated_nodes_in_one_process_are_independent() -> None:
