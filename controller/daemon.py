@@ -151,7 +151,6 @@ class Controller:
         self._leading = threading.Event()
         self._loop: threading.Thread | None = None
         self.passes = 0
-        self.last_pass_error = ""
         for inf in self.cache.informers:
             inf.add_handler(lambda _e, _k, _o: self._kick.set())
 
@@ -287,8 +286,6 @@ class Controller:
             if inv is not None:
                 self.metrics.set_inventory({"published": len(inv.devices), "allocated": len(inv.taken_by),
                                             "shared_in_use": len(inv.capacity_used)})
-            self.last_pass_error = ""
         except Exception as exc:  # a failed pass is retried on the next change or resync
-            self.last_pass_error = repr(exc)
             log.error("controller_pass_failed", error=repr(exc)[:500])
         self.passes += 1

@@ -47,8 +47,6 @@ class ReconcileStats:
     """What one pass did (for tests and logs)."""
 
     unhealthy: list[str] = field(default_factory=list)  # "ns/claim device-id"
-    conditions_set: int = 0
-    conditions_cleared: int = 0
     evicted: list[str] = field(default_factory=list)
     not_evicted: list[str] = field(default_factory=list)
 
@@ -127,11 +125,9 @@ class HealthReconciler:
             self.cache.claims.apply_local(updated)
             self._count(action)
             if reason is not None:
-                stats.conditions_set += 1
                 log.warning("claim_device_unhealthy", claim=f"{ns}/{name}", claim_uid=uid, device=ref.id,
                             node=ref.pool, reason=reason)
             else:
-                stats.conditions_cleared += 1
                 log.info("claim_device_healthy", claim=f"{ns}/{name}", claim_uid=uid, device=ref.id, node=ref.pool)
             return updated
         self._count(action, False)

@@ -224,7 +224,6 @@ class VramAccountant:
         self._container_names: dict[str, dict[str, str]] = {}  # pod uid -> container id -> name
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self.events_emitted = 0
 
     # --- reading ------------------------------------------------------------------------------
     def device_processes(self) -> dict[str, list[ProcessVram]]:
@@ -305,7 +304,6 @@ class VramAccountant:
         }
         try:
             self._core.create_namespaced_event(pod.namespace, body)
-            self.events_emitted += 1
         except Exception as exc:  # an Event is advisory: never let it break accounting
             log.error("vram_event_failed", claim_uid=usage.claim.claim_uid, device=usage.device,
                       node=self._node, error=str(exc))

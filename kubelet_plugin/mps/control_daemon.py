@@ -52,7 +52,6 @@ MPS_CONTROL = "nvidia-cuda-mps-control"
 PID_FILE = "nvidia-cuda-mps-control.pid"  # written by the daemon into CUDA_MPS_PIPE_DIRECTORY
 BINARY_ENV = "MPS_CONTROL_PATH"
 PRIVATE_SHM_ENV = "MPS_PRIVATE_SHM"
-CONTAINER_SHM = "/dev/shm"
 # The shell the private mount namespace runs: bind the claim's shm directory on /dev/shm, then become
 # the daemon launcher ($0 = shm directory, "$@" = the command).
 _PRIVATE_SHM_SCRIPT = 'mount --bind "$0" /dev/shm && exec "$@"'
