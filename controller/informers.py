@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.api_client import (
-    COORDINATION_V1,
     CORE_V1,
     RESOURCE_V1,
     ApiError,
@@ -58,7 +57,6 @@ CLASSES = Kind("deviceclasses", f"{RESOURCE_V1}/deviceclasses")
 TEMPLATES = Kind("resourceclaimtemplates", f"{RESOURCE_V1}/resourceclaimtemplates")
 NODES = Kind("nodes", f"{CORE_V1}/nodes")
 PODS = Kind("pods", f"{CORE_V1}/pods")
-LEASES = Kind("leases", f"{COORDINATION_V1}/leases")
 # DeviceTaintRule moved versions as it matured (the versions of resource.k8s.io each Kubernetes release serves): v1 in 1.37, v1beta2
 # in 1.36 (off by default), v1alpha3 in 1.33-1.35. The newest one the cluster serves is watched.
 TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
@@ -109,11 +107,6 @@ class Informer:
         """One cached object by ``namespace/name`` (or ``name``)."""
         with self._lock:
             return self._cache.get(key)
-
-    @property
-    def last_rv(self) -> str:
-        """The resourceVersion the next watch resumes from."""
-        return self._watch.resource_version
 
     @property
     def synced(self) -> bool:
@@ -303,7 +296,6 @@ class ClusterCache:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.builds = 0
-        self.build_seconds = 0.0
         self._skipped: set[Skipped] = set()  # what the last build left out (logged when it changes)
         for inf in (self.slices, self.claims, self.classes, self.taint_rules):
             inf.add_handler(lambda _e, _k, _o: self._dirty.set())
@@ -344,10 +336,8 @@ class ClusterCache:
 
     def _build(self) -> Inventory:
         with self._build_lock:
-            start = time.perf_counter()
             inv = build_inventory(self.slices.items(), self.claims.items(), self.classes.items(),
                                   cache=self._slice_cache, taint_rules=self.taint_rules.items())
-            self.build_seconds = time.perf_counter() - start
             self._log_skipped(inv.skipped)
         self.builds += 1
         return inv
