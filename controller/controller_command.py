@@ -17,7 +17,6 @@ from dra_driver.logs import get_logger
 
 log = get_logger(__name__)
 
-HELP = "run the controller: VRAM-shaping and validating webhooks, claim health reconciler, leader election"
 DESCRIPTION = """\
 The cluster-wide half of gpuready. Every replica serves two admission webhooks over HTTPS:
 /mutate turns a memory request of the VRAM DeviceClass (capacity.requests.memory) into a best-fit

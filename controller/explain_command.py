@@ -18,7 +18,6 @@ from controller.planning import explain
 from controller.planning.explain import unhealthy_from_node_conditions
 from dra_driver.kube_api import describe_error
 
-HELP = "explain why a claim (or a pod's claims) fits where it does, or does not fit"
 DESCRIPTION = """\
 Explain a ResourceClaim, or every claim of a Pod: for each request, which devices match its
 DeviceClass and selectors, which are excluded and why (in use by which claim, withdrawn or tainted

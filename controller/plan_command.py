@@ -22,7 +22,6 @@ from dra_driver.quantity import human_bytes
 
 log = get_logger(__name__)
 
-HELP = "show which devices the planner would allocate for a claim now"
 DESCRIPTION = """\
 Plan a ResourceClaim (or ResourceClaimTemplate) against the cluster as it is now: the devices and
 node the VRAM-aware planner chooses, and the status.allocation a scheduler would write. Nothing is

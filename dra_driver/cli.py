@@ -2,13 +2,14 @@
 
 Each subcommand lives in its own module, which provides::
 
-    HELP: str                                  # its one-line summary
     DESCRIPTION: str                           # what it does and what it needs
     def add_arguments(parser: argparse.ArgumentParser) -> None
     def run(args: argparse.Namespace) -> int   # exit status
 
-Modules are imported only when their subcommand runs (or shows its help), so ``gpuready --help``
-stays fast, a daemon carries only its own imports, and a broken subcommand cannot break the others.
+Its one-line summary is not in the module but beside its name (:data:`SUBCOMMANDS`, or an
+extension's entry point), so ``gpuready --help`` imports no subcommand and stays fast. A module is
+imported only when its subcommand runs (or shows its help): a daemon carries only its own imports,
+and a broken subcommand cannot break the others.
 
 The production subcommands are listed here. Others come from installed distributions under the
 entry-point group :data:`EXTENSION_GROUP`, each naming a ``(module, one-line help)`` pair: that is

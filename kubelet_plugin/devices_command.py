@@ -12,7 +12,6 @@ from dra_driver.devices import GIB, Gpu, MigMode, MigPlacement, NodeDevices
 from kubelet_plugin.nvml import ENV_VAR, NvmlUnavailableError, default_nvml_spec, discover, open_nvml
 from kubelet_plugin.nvml.backends import describe_sources
 
-HELP = "list the GPUs, MIG devices and MIG placements NVML reports on this node"
 DESCRIPTION = f"""\
 List what NVML reports on this node: each GPU's published name, product, UUID, memory (GiB, as NVML
 reports it: an "80GB" H100 shows 79.6), MIG mode, existing MIG devices and how many MIG placements

@@ -26,7 +26,6 @@ from kubelet_plugin.health.xid import parse_xid_list
 
 log = get_logger(__name__)
 
-HELP = "run the kubelet plugin node daemon (registration, prepare/unprepare, CDI, slices, health)"
 DESCRIPTION = """\
 The gpuready kubelet plugin for one node. It discovers the node's GPUs through NVML, publishes the
 healthy ones in ResourceSlices, registers with the kubelet through the plugin registry directory,

@@ -21,7 +21,6 @@ from kubelet_plugin.health.validation import (
     validate_node,
 )
 
-HELP = "check that this node's GPUs really compute (driver, device nodes, NVML faults, CUDA probe)"
 DESCRIPTION = """\
 Runs the same checks the kubelet plugin runs before it publishes a GPU, in order:
   driver     NVML initialises and answers (driver and CUDA versions)

@@ -8,7 +8,6 @@ import signal
 import tempfile
 import threading
 
-HELP = "run a local Kubernetes API server (for demos and tests; kubectl works against it)"
 DESCRIPTION = """\
 Runs a single-process Kubernetes API server on 127.0.0.1 that serves the kinds gpuready uses:
 resource.k8s.io/v1 ResourceSlices, DeviceClasses, ResourceClaims (and templates); core/v1 Nodes, Pods,

@@ -24,7 +24,6 @@ from testbed.demo.output import (
 )
 from testbed.demo.scenarios import DEFAULT, SCENARIOS
 
-HELP = "run the whole driver on simulated GPUs: placement, prepare, a GPU fault and recovery"
 DESCRIPTION = f"""\
 Starts a local Kubernetes API server, two simulated GPU nodes (8 x H100 with static MIG; 4 x H200
 with dynamic MIG and a shared GPU) each with the real kubelet plugin on real gRPC sockets, a

@@ -29,7 +29,7 @@ def test_top_level_help_lists_every_subcommand() -> None:
 def test_each_subcommand_module_exists_and_matches_its_summary(name: str) -> None:
     module_name, help_line = COMMANDS[name]
     module = importlib.import_module(module_name)
-    for attr in ("HELP", "DESCRIPTION", "add_arguments", "run"):
+    for attr in ("DESCRIPTION", "add_arguments", "run"):
         assert hasattr(module, attr), f"{module_name} lacks {attr}"
     assert help_line
 
