@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 
 RESOURCE_GROUP = "resource.k8s.io"
 COORDINATION_GROUP = "coordination.k8s.io"
-POLICY_GROUP = "policy"
 EVENTS_GROUP = "events.k8s.io"
 ADMISSION_GROUP = "admissionregistration.k8s.io"
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import json
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,9 +106,6 @@ def _field_value(obj: dict[str, Any], path: str) -> str:
     if isinstance(cur, bool):
         return "true" if cur else "false"
     return str(cur)
-
-
-FieldPredicate = Callable[[dict[str, Any]], bool]
 
 
 # Kinds for which the real server registers a field-label conversion that answers "field label not

@@ -149,14 +149,6 @@ class RegisteredPlugin:
         if self._closed:
             raise KubeletError(f"plugin {self.driver_name} at {self.endpoint} is no longer registered")
 
-    def wait_connected(self, timeout: float = 10.0) -> None:
-        """Block until the DRA socket accepts a connection; raise KubeletError after ``timeout``."""
-        self._check_open()
-        try:
-            grpc.channel_ready_future(self._channel).result(timeout=timeout)
-        except grpc.FutureTimeoutError as err:
-            raise KubeletError(f"cannot connect to DRA socket {self.endpoint} within {timeout} s") from err
-
     def prepare(
         self, claims: list[ClaimRef], timeout: float = DEFAULT_CALL_TIMEOUT
     ) -> dict[str, PrepareResult]:

@@ -96,7 +96,6 @@ class NodeProfile:
     """A whole simulated node."""
 
     name: str
-    description: str
     driver_version: str
     cuda_driver_version: int
     gpus: tuple[GpuSpec, ...]
@@ -212,7 +211,6 @@ def parse_profile(raw: dict[str, Any], source: str) -> NodeProfile:
         ))
     return NodeProfile(
         name=_need(raw, "name", str, source),
-        description=str(raw.get("description", "")),
         driver_version=_need(raw, "driver_version", str, source),
         cuda_driver_version=_need(raw, "cuda_driver_version", int, source),
         gpus=tuple(gpus),

@@ -158,7 +158,7 @@ def validate_device_class(obj: dict[str, Any], old: dict[str, Any] | None = None
             + _configs("spec.config", spec.get("config"), None, stored=stored))
 
 
-def _exact(field: str, req: Any, subrequest: bool = False) -> list[Cause]:
+def _exact(field: str, req: Any) -> list[Cause]:
     req = req if isinstance(req, dict) else {}
     out: list[Cause] = []
     if not req.get("deviceClassName"):
@@ -238,7 +238,7 @@ def _claim_spec(prefix: str, spec: Any) -> list[Cause]:
                     out.append(required(f"{sfield}.name"))
                 else:
                     out += dns_label(f"{sfield}.name", sub["name"])
-                out += _exact(sfield, sub, subrequest=True)
+                out += _exact(sfield, sub)
             out += _duplicates(f"{field}.firstAvailable", first, lambda s: (s or {}).get("name"))
     out += _duplicates(rfield, requests, lambda r: r.get("name") if isinstance(r, dict) else None)
     names = request_names(spec)
