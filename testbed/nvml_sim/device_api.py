@@ -13,7 +13,6 @@ import pynvml
 from testbed.nvml_sim.sim_core import SimCore, SimDeviceHandle
 from testbed.nvml_sim.sim_state import ID_ANY, SimGpu
 
-_NVML_VERSION_PREFIX = "13."
 _FIELD_NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
 
 
@@ -45,19 +44,11 @@ class DeviceApi(SimCore):
             self._require_init()
             return self.profile.driver_version
 
-    def nvmlSystemGetNVMLVersion(self) -> str:
-        """``"13.580.159.04"``."""
-        with self._lock:
-            self._require_init()
-            return _NVML_VERSION_PREFIX + self.profile.driver_version
-
     def nvmlSystemGetCudaDriverVersion(self) -> int:
         """CUDA driver version as an integer: 13000 is 13.0."""
         with self._lock:
             self._require_init()
             return self.profile.cuda_driver_version
-
-    nvmlSystemGetCudaDriverVersion_v2 = nvmlSystemGetCudaDriverVersion
 
     # ---- enumeration ----------------------------------------------------------------------------
 
@@ -121,22 +112,6 @@ class DeviceApi(SimCore):
             gpu, _, ci = self._device(handle, "nvmlDeviceGetUUID")
             return ci.uuid if ci is not None else gpu.uuid
 
-    def nvmlDeviceGetSerial(self, handle: Any) -> str:
-        """Board serial number."""
-        with self._lock:
-            gpu = self._gpu_only(handle, "nvmlDeviceGetSerial")
-            return gpu.spec.serial or f"{1653724030000 + gpu.index}"
-
-    def nvmlDeviceGetVbiosVersion(self, handle: Any) -> str:
-        """VBIOS version."""
-        with self._lock:
-            return self._gpu_only(handle, "nvmlDeviceGetVbiosVersion").spec.model.vbios
-
-    def nvmlDeviceGetBoardPartNumber(self, handle: Any) -> str:
-        """Board part number."""
-        with self._lock:
-            return self._gpu_only(handle, "nvmlDeviceGetBoardPartNumber").spec.model.board_part
-
     def nvmlDeviceGetIndex(self, handle: Any) -> int:
         """The GPU's current NVML index (lower than its profile place once a GPU before it is off the bus)."""
         with self._lock:
@@ -164,8 +139,6 @@ class DeviceApi(SimCore):
             info.pciSubSystemId = gpu.spec.model.pci_subsystem_id
             return info
 
-    nvmlDeviceGetPciInfo_v3 = nvmlDeviceGetPciInfo
-
     def nvmlDeviceGetNumaNodeId(self, handle: Any) -> int:
         """NUMA node, or NOT_SUPPORTED where the platform does not report one (the H200 VM)."""
         with self._lock:
@@ -191,12 +164,6 @@ class DeviceApi(SimCore):
         with self._lock:
             gpu, _, _ = self._device(handle, "nvmlDeviceGetCudaComputeCapability")
             return gpu.spec.model.cuda_compute_capability
-
-    def nvmlDeviceGetPersistenceMode(self, handle: Any) -> int:
-        """Persistence mode: on, as on the real card."""
-        with self._lock:
-            self._gpu_only(handle, "nvmlDeviceGetPersistenceMode")
-            return 1
 
     def nvmlDeviceGetComputeMode(self, handle: Any) -> int:
         """Compute mode: default."""
@@ -261,12 +228,6 @@ class DeviceApi(SimCore):
         with self._lock:
             return self._gpu_only(handle, "nvmlDeviceGetTotalEnergyConsumption").energy_mj()
 
-    def nvmlDeviceGetEccMode(self, handle: Any) -> list[int]:
-        """``[current, pending]``: ECC on."""
-        with self._lock:
-            self._gpu_only(handle, "nvmlDeviceGetEccMode")
-            return [1, 1]
-
     def nvmlDeviceGetTotalEccErrors(self, handle: Any, error_type: int, counter_type: int) -> int:
         """ECC error count by ``NVML_MEMORY_ERROR_TYPE_*`` and ``NVML_VOLATILE_ECC``/``AGGREGATE``."""
         with self._lock:
@@ -301,8 +262,6 @@ class DeviceApi(SimCore):
                 "gpuInstanceId": ID_ANY if p.gi_id is None else p.gi_id,
                 "computeInstanceId": ID_ANY if p.ci_id is None else p.ci_id,
             }) for p in procs]
-
-    nvmlDeviceGetComputeRunningProcesses_v3 = nvmlDeviceGetComputeRunningProcesses
 
     def nvmlDeviceGetClockInfo(self, handle: Any, clock_type: int) -> int:
         """Current clock in MHz (graphics/SM boost under load, idle otherwise; memory fixed)."""

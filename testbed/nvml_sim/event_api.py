@@ -78,8 +78,6 @@ class EventApi(SimCore):
                     raise pynvml.NVMLError_Uninitialized()
             return event_set.queue.popleft()
 
-    nvmlEventSetWait = nvmlEventSetWait_v2
-
     def nvmlEventSetFree(self, event_set: Any) -> None:
         """Free the set; a thread waiting on it wakes with ``NVMLError_Uninitialized``."""
         with self._events_changed:

@@ -92,12 +92,6 @@ class MigApi(SimCore):
             gi, ci = devices[index]
             return self._handle(gpu, gi, ci)
 
-    def nvmlDeviceIsMigDeviceHandle(self, handle: Any) -> int:
-        """1 for a MIG device handle."""
-        with self._lock:
-            _, gi, _ = self._device(handle, "nvmlDeviceIsMigDeviceHandle")
-            return int(gi is not None)
-
     def nvmlDeviceGetGpuInstanceId(self, handle: Any) -> int:
         """GPU instance id of a MIG device handle."""
         with self._lock:
@@ -113,14 +107,6 @@ class MigApi(SimCore):
             if ci is None:
                 raise pynvml.NVMLError_NotSupported()
             return ci.id
-
-    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle: Any) -> SimDeviceHandle:
-        """The parent GPU of a MIG device."""
-        with self._lock:
-            gpu, gi, _ = self._device(handle, "nvmlDeviceGetDeviceHandleFromMigDeviceHandle")
-            if gi is None:
-                raise pynvml.NVMLError_InvalidArgument()
-            return self._handle(gpu)
 
     # ---- profiles and placements ----------------------------------------------------------------
 
@@ -149,8 +135,6 @@ class MigApi(SimCore):
             info.encoderCount, info.jpegCount = spec.encoder_count, spec.jpeg_count
             info.ofaCount, info.memorySizeMB = spec.ofa_count, spec.memory_size_mb
             return info
-
-    nvmlDeviceGetGpuInstanceProfileInfoV = nvmlDeviceGetGpuInstanceProfileInfo
 
     def nvmlDeviceGetGpuInstancePossiblePlacements(
         self, handle: Any, profile_id: int, placements_ref: Any, count_ref: Any
@@ -208,14 +192,6 @@ class MigApi(SimCore):
             self._emit(gpu, pynvml.nvmlEventMigConfigChange, 0, ID_ANY, ID_ANY)
             return SimGpuInstanceHandle(self._sim_id, gpu.index, gi.serial)
 
-    def nvmlDeviceCreateGpuInstance(self, handle: Any, profile_id: int) -> SimGpuInstanceHandle:
-        """Create a GPU instance at the first placement that fits."""
-        with self._lock:
-            gpu = self._gpu_only(handle, "nvmlDeviceCreateGpuInstance")
-            gi = create_gpu_instance(gpu, profile_id, None, self._next_serial())
-            self._emit(gpu, pynvml.nvmlEventMigConfigChange, 0, ID_ANY, ID_ANY)
-            return SimGpuInstanceHandle(self._sim_id, gpu.index, gi.serial)
-
     def nvmlDeviceGetGpuInstanceById(self, handle: Any, gpu_instance_id: int) -> SimGpuInstanceHandle:
         """A GPU instance by id; NOT_FOUND when there is none."""
         with self._lock:
@@ -270,8 +246,6 @@ class MigApi(SimCore):
             info.sharedJpegCount, info.sharedOfaCount = gi.profile.jpeg_count, gi.profile.ofa_count
             return info
 
-    nvmlGpuInstanceGetComputeInstanceProfileInfoV = nvmlGpuInstanceGetComputeInstanceProfileInfo
-
     def nvmlGpuInstanceCreateComputeInstance(self, gpu_instance: Any, profile_id: int) -> SimComputeInstanceHandle:
         """Create a compute instance (the MIG device a container gets)."""
         with self._lock:
@@ -298,8 +272,6 @@ class MigApi(SimCore):
                 self._handle(gpu, gi, ci), SimGpuInstanceHandle(self._sim_id, gpu.index, gi.serial),
                 ci.id, ci.profile, placement,
             )
-
-    nvmlComputeInstanceGetInfo_v2 = nvmlComputeInstanceGetInfo
 
     def nvmlComputeInstanceDestroy(self, compute_instance: Any) -> int:
         """Destroy a compute instance: IN_USE while a process runs on it."""

@@ -62,8 +62,6 @@ class GpuModel:
     retired_pages_supported: bool
     power_mw: int
     temperature_c: int
-    vbios: str
-    board_part: str
     gi_profiles: tuple[GiProfileSpec, ...]
 
     def profile_by_id(self, profile_id: int) -> GiProfileSpec | None:
@@ -84,7 +82,6 @@ class GpuSpec:
     minor: int
     pci_bus_id: str  # NVML form: "00000000:18:00.0"
     uuid: str | None
-    serial: str | None
     pcie_root: str | None
     numa_node: int | None  # None: nvmlDeviceGetNumaNodeId answers NOT_SUPPORTED (as on the real H200 VM)
     mig_mode: str  # "disabled" | "enabled" | "unsupported"
@@ -164,8 +161,6 @@ def _model(key: str, raw: dict[str, Any]) -> GpuModel:
         retired_pages_supported=_need(raw, "retired_pages_supported", bool, where),
         power_mw=_need(raw, "power_mw", int, where),
         temperature_c=_need(raw, "temperature_c", int, where),
-        vbios=_need(raw, "vbios", str, where),
-        board_part=_need(raw, "board_part", str, where),
         gi_profiles=tuple(
             _gi_profile(p, f"{where}.gi_profiles[{i}]")
             for i, p in enumerate(_need(raw, "gi_profiles", list, where))
@@ -203,7 +198,6 @@ def parse_profile(raw: dict[str, Any], source: str) -> NodeProfile:
             minor=_need(g, "minor", int, where),
             pci_bus_id=_need(g, "pci_bus_id", str, where),
             uuid=g.get("uuid"),
-            serial=g.get("serial"),
             pcie_root=g.get("pcie_root"),
             numa_node=g.get("numa_node"),
             mig_mode=mig_mode,

@@ -151,7 +151,7 @@ def gpu_instance_id(profile: GiProfileSpec, start: int) -> int:
     return 7 + start
 
 
-def create_gpu_instance(gpu: SimGpu, profile_id: int, start: int | None, serial: int) -> SimGpuInstance:
+def create_gpu_instance(gpu: SimGpu, profile_id: int, start: int, serial: int) -> SimGpuInstance:
     """Create a GPU instance following NVML's rules, or raise the error NVML would return."""
     if gpu.mig_current is None or not gpu.mig_enabled:
         raise pynvml.NVMLError_NotSupported()
@@ -159,13 +159,6 @@ def create_gpu_instance(gpu: SimGpu, profile_id: int, start: int | None, serial:
     if profile is None:
         raise pynvml.NVMLError_InvalidArgument()
     starts = [st for st, _ in profile.placements]
-    if start is None:  # nvmlDeviceCreateGpuInstance: the first placement that fits
-        for candidate in starts:
-            if fits(gpu, profile, candidate):
-                start = candidate
-                break
-        else:
-            raise pynvml.NVMLError_InsufficientResources()
     if start not in starts:
         raise pynvml.NVMLError_InvalidArgument()
     if not fits(gpu, profile, start):
