@@ -1,0 +1,25 @@
+#!/bin/sh
+# TEST ONLY. Adds the testbed's simulated NVML to a gpuready image: add-testbed.sh SOURCE_TREE
+#
+# The production image leaves the testbed package out (production code never imports it), so
+# `--nvml sim:<profile>` (the chart's nvml.source=simulated) has no backend there. A GPU-less
+# node, such as the e2e suite's, runs the plugin from the test-only tag this makes instead
+# (gpuready:<version>-testbed): the production layers plus testbed/__init__.py and
+# testbed/nvml_sim/, which gpuready's installed entry point `sim = testbed.nvml_sim:backend` finds.
+# Only that subpackage: it needs nothing but the standard library and gpuready itself, while the
+# rest of the testbed (local API server, demo, real-cluster harness) has no place in a pod.
+set -eu
+umask 022
+# No bytecode from imports: only compileall writes it, in the one form below (an import would
+# leave timestamp-checked files that compileall then counts as done).
+export PYTHONDONTWRITEBYTECODE=1
+src=$1
+site=$(python3 -c 'import os, dra_driver; print(os.path.dirname(os.path.dirname(dra_driver.__file__)))')
+[ ! -e "$site/testbed" ] || { echo "add-testbed.sh: $site/testbed exists already" >&2; exit 1; }
+mkdir -p "$site/testbed"
+cp "$src/testbed/__init__.py" "$site/testbed/"
+cp -R "$src/testbed/nvml_sim" "$site/testbed/"
+find "$site/testbed" -depth -type d -name __pycache__ -exec rm -rf {} +
+find "$site/testbed" -exec chmod u=rwX,go=rX {} +
+PYTHONHASHSEED=0 python3 -m compileall -q -f --invalidation-mode unchecked-hash "$site/testbed" >/dev/null
+gpuready devices --nvml sim:4xh200 >/dev/null
