@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Everything the end-to-end suite needs on a fresh machine, in one step (as root):
-# the host programs from Debian (install-host-deps.sh), then the real Kubernetes, etcd and
-# containerd binaries built from their Go modules into the version-keyed cache (build-binaries.sh).
-# Cold: about 12 minutes on 2 cores; warm: under a second. Prints the bin path on its last line.
+# Everything the end-to-end suite needs on a fresh machine, in one step (as root, in the project's
+# venv): the host programs from Debian (install-host-deps.sh), the gpuready image built from Debian's
+# packages and deploy/image/'s recipe into the content-keyed cache (build-image.sh: about 40 s cold,
+# 6 s warm), then the real Kubernetes, etcd and containerd binaries built from their Go modules into
+# the version-keyed cache (build-binaries.sh). Cold: about 13 minutes on 2 cores; warm: under 10 s.
+# Prints the bin path on its last line. helm (build-helm.sh) is not built here: no test uses it yet.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 "$here/install-host-deps.sh"
+"$here/build-image.sh" >/dev/null
 "$here/build-binaries.sh" "$@"
