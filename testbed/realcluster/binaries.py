@@ -15,16 +15,19 @@ from dataclasses import dataclass
 KUBE_VERSION = "v1.37.2"
 ETCD_VERSION = "v3.6.16"
 CONTAINERD_VERSION = "v2.3.7"
+HELM_VERSION = "v4.3.2"
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 BUILD_SCRIPT = os.path.join(_HERE, "build-binaries.sh")
+HELM_SCRIPT = os.path.join(_HERE, "build-helm.sh")
 DEPS_SCRIPT = os.path.join(_HERE, "install-host-deps.sh")
 
 # Debian's packages install these here; also searched on PATH.
 _CNI_DIRS = ("/usr/lib/cni", "/opt/cni/bin")
 _CLUSTER_PROGRAMS = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubelet",
                      "kubectl", "containerd", "containerd-shim-runc-v2", "ctr")
-_HOST_PROGRAMS = ("runc", "busybox", "ip", "go")  # go builds the pause image
+# go builds the pause image; iptables stands in for kube-proxy for the API server's Service (hostnet.py)
+_HOST_PROGRAMS = ("runc", "busybox", "ip", "iptables", "go")
 
 
 class MissingBinary(RuntimeError):
@@ -38,7 +41,7 @@ def default_bin_dirs(cache: str | None = None, kube_version: str = KUBE_VERSION)
         return [d for d in env.split(":") if d]
     cache = cache or os.environ.get("GPUREADY_K8S_CACHE") or os.path.expanduser("~/.cache/gpuready/k8s")
     return [os.path.join(cache, f"kubernetes-{kube_version}"), os.path.join(cache, f"etcd-{ETCD_VERSION}"),
-            os.path.join(cache, f"containerd-{CONTAINERD_VERSION}")]
+            os.path.join(cache, f"containerd-{CONTAINERD_VERSION}"), os.path.join(cache, f"helm-{HELM_VERSION}")]
 
 
 @dataclass(frozen=True)
@@ -57,8 +60,10 @@ class Binaries:
     runc: str
     busybox: str
     ip: str
+    iptables: str
     go: str
     cni_dir: str
+    helm: str  # "" when not built: only the chart mode of the e2e suite needs it
 
     @property
     def containerd_dir(self) -> str:
@@ -88,12 +93,13 @@ def find(bin_dirs: Sequence[str] | None = None) -> Binaries:
     if cni is None:
         missing.append(f"CNI plugins bridge, host-local, loopback (not in {', '.join(_CNI_DIRS)}; install them: "
                        f"{DEPS_SCRIPT})")
+    helm = next((os.path.join(d, "helm") for d in dirs if os.access(os.path.join(d, "helm"), os.X_OK)), "")
     if missing:
         raise MissingBinary("the real-cluster testbed is missing:\n  " + "\n  ".join(missing))
     return Binaries(
         etcd=found["etcd"], kube_apiserver=found["kube-apiserver"], kube_scheduler=found["kube-scheduler"],
         kube_controller_manager=found["kube-controller-manager"], kubelet=found["kubelet"],
         kubectl=found["kubectl"], containerd=found["containerd"], containerd_shim=found["containerd-shim-runc-v2"],
-        ctr=found["ctr"], runc=found["runc"], busybox=found["busybox"], ip=found["ip"], go=found["go"],
-        cni_dir=str(cni),
+        ctr=found["ctr"], runc=found["runc"], busybox=found["busybox"], ip=found["ip"], iptables=found["iptables"],
+        go=found["go"], cni_dir=str(cni), helm=helm,
     )

@@ -3,6 +3,11 @@
 The kubelet refuses a loopback node IP, and these VMs have no ``dummy`` link type, so the node IP
 is a /32 on an empty bridge of its own. Pods get a second bridge through the CNI ``bridge`` plugin
 (host-local IPAM, state under the cluster's directory, no masquerade: test pods need no way out).
+
+The testbed runs no kube-proxy. Pods reach the API server the way in-cluster clients do, at the
+``kubernetes`` Service's ClusterIP (``KUBERNETES_SERVICE_HOST``), through one DNAT rule in a chain
+of our own: kube-proxy's job for that one Service. Webhook Services need none: the API server
+routes to their endpoints (``--enable-aggregator-routing``), and tests scrape pods by pod IP.
 """
 
 from __future__ import annotations
@@ -49,6 +54,30 @@ def write_cni_config(conf_dir: str, state_dir: str, bridge: str, subnet: str) ->
     with open(path, "w") as f:
         json.dump(conf, f, indent=2)
     return path
+
+
+NAT_CHAIN = "GPUREADY-E2E"
+
+
+def _nat(iptables: str, *args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([iptables, "-w", "-t", "nat", *args], capture_output=True, check=False)
+
+
+def service_nat(iptables: str, cluster_ip: str, port: int, to_ip: str, to_port: int) -> None:
+    """Send pods' TCP to ``cluster_ip:port`` on to ``to_ip:to_port``, replacing an earlier run's rule."""
+    remove_service_nat(iptables)
+    run([iptables, "-w", "-t", "nat", "-N", NAT_CHAIN], "iptables: the service chain")
+    run([iptables, "-w", "-t", "nat", "-A", NAT_CHAIN, "-d", f"{cluster_ip}/32", "-p", "tcp", "--dport", str(port),
+         "-j", "DNAT", "--to-destination", f"{to_ip}:{to_port}"], "iptables: the service rule")
+    run([iptables, "-w", "-t", "nat", "-I", "PREROUTING", "-j", NAT_CHAIN], "iptables: the PREROUTING jump")
+
+
+def remove_service_nat(iptables: str) -> None:
+    """Remove the chain and every jump to it (none there is fine)."""
+    while _nat(iptables, "-D", "PREROUTING", "-j", NAT_CHAIN).returncode == 0:
+        pass
+    _nat(iptables, "-F", NAT_CHAIN)
+    _nat(iptables, "-X", NAT_CHAIN)
 
 
 def teardown(ip: str, bridges: list[str]) -> None:

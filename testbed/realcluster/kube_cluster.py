@@ -196,6 +196,8 @@ class Cluster:
         stuck = cleanup.unmount_all(self.dir)
         cleanup.remove_links_into("/var/log/containers", self.dir)
         self.device_nodes.remove()
+        if self.config.kubelet:
+            hostnet.remove_service_nat(self.bins.iptables)
         hostnet.teardown(self.bins.ip, [self.config.node_bridge, self.config.pod_bridge])
         self.timings["stop"] = time.monotonic() - t0
         self._release_machine_lock()  # the host-wide parts are gone; the directory is ours alone
@@ -275,6 +277,8 @@ class Cluster:
             gates_future = pool.submit(driver_gates, self.bins.kube_apiserver)
             self._certificates()
             self._phase("certificates")
+            if cfg.kubelet:  # the node IP: the kubelet's, and the API server's advertised address
+                hostnet.node_bridge(self.bins.ip, cfg.node_bridge, cfg.node_ip)
             etcd = self._start_etcd()
             containerd = self._start_containerd() if cfg.kubelet else None
             self.gates = gates_future.result()
@@ -294,6 +298,8 @@ class Cluster:
             apiserver.wait_ready(lambda: self._healthy(f"{self.api_url}/readyz"), cfg.start_timeout, "ready (/readyz)",
                                 watch=self._running())
             self._phase("kube-apiserver")
+            if containerd is not None:
+                hostnet.service_nat(self.bins.iptables, self._service_ip(), 443, cfg.node_ip, self.api_port)
             scheduler = self._start_scheduler()
             cm = self._start_controller_manager()
             kubelet = None
@@ -330,7 +336,7 @@ class Cluster:
         self._serving = pki.issue("apiserver", "kube-apiserver", server=True,
                                   dns=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
                                        "kubernetes.default.svc.cluster.local"),
-                                  ips=("127.0.0.1", self._service_ip()))
+                                  ips=("127.0.0.1", cfg.node_ip, self._service_ip()))
         self._local_serving = pki.issue("loopback-serving", "localhost", server=True, dns=("localhost",),
                                         ips=("127.0.0.1",))
         self._kubelet_serving = pki.issue("kubelet-serving", cfg.node_name, server=True, dns=(cfg.node_name,),
@@ -374,8 +380,9 @@ class Cluster:
         argv = [
             self.bins.kube_apiserver,
             f"--etcd-servers=http://127.0.0.1:{self._etcd_port}",
-            "--bind-address=127.0.0.1", f"--secure-port={self.api_port}", "--advertise-address=127.0.0.1",
-            "--endpoint-reconciler-type=none",  # the default reconciler refuses a loopback advertise address
+            f"--secure-port={self.api_port}", *self._api_address_flags(),
+            # No kube-proxy: webhooks are called at their Service's endpoints, not its ClusterIP.
+            "--enable-aggregator-routing=true",
             f"--cert-dir={os.path.join(self.dir, 'apiserver')}",
             f"--tls-cert-file={self._serving.cert}", f"--tls-private-key-file={self._serving.key}",
             f"--client-ca-file={self._pki.ca.cert}",
@@ -393,6 +400,14 @@ class Cluster:
         if self.gates.values():
             argv.append(f"--feature-gates={self.gates.flag()}")
         return self._add("kube-apiserver", argv)
+
+    def _api_address_flags(self) -> list[str]:
+        if self.config.kubelet:
+            # All addresses: pods reach it at the node IP through the Service's ClusterIP (hostnet.py),
+            # which is what the `kubernetes` Service's endpoints say.
+            return ["--bind-address=0.0.0.0", f"--advertise-address={self.config.node_ip}"]
+        # No node bridge without a kubelet; the default reconciler refuses a loopback advertise address.
+        return ["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none"]
 
     def _runtime_config(self) -> str:
         """The API groups served. Where device taints are alpha (1.34, 1.35) DeviceTaintRule exists
@@ -434,7 +449,6 @@ class Cluster:
         base = os.path.dirname(self.containerd_socket)
         cni_conf = os.path.join(base, "cni")
         hostnet.write_cni_config(cni_conf, base, cfg.pod_bridge, cfg.pod_subnet)
-        hostnet.node_bridge(self.bins.ip, cfg.node_bridge, cfg.node_ip)
         config_path = os.path.join(base, "config.toml")
         with open(config_path, "w") as f:
             f.write(containerd_config.render(

@@ -176,6 +176,42 @@ def test_daemonset_mounts_host_paths_at_the_same_paths_the_kubelet_uses() -> Non
     assert env["PROC_ROOT"] == "/host/proc" and env["NVIDIA_DRIVER_ROOT"] == "/driver-root"
 
 
+def test_driver_root_propagates_host_mounts_only_for_a_driver_container() -> None:
+    # Found on the real cluster: with driverRoot "/" and HostToContainer, containerd refused the
+    # plugin's container ("path / is mounted on / but it is not a shared or slave mount") on a host
+    # whose / is private, and the plugin never started. A host install needs no propagation; the GPU
+    # Operator's driver root (mounted after the pod starts) does.
+    def mount(values: dict[str, Any]) -> dict[str, Any]:
+        return next(m for m in _plugin_pod(values)["containers"][0]["volumeMounts"] if m["name"] == "driver-root")
+
+    assert "mountPropagation" not in mount({})
+    assert "mountPropagation" not in mount({"driverRoot": "/"})
+    assert mount({"driverRoot": "/run/nvidia/driver"})["mountPropagation"] == "HostToContainer"
+
+
+def test_simulated_nvml_gives_each_node_its_own_gpu_uuids() -> None:
+    # Found on the real cluster: "sim:<profile>" alone gave every node the same UUIDs. The seed is
+    # the node's name, expanded by the kubelet from NODE_NAME (defined earlier in the list).
+    env_list = _plugin_pod({"nvml": {"source": "simulated", "simulatedProfile": "8xh100"}})["containers"][0]["env"]
+    names = [e["name"] for e in env_list]
+    assert _env({"env": env_list})["NVML"] == "sim:8xh100@$(NODE_NAME)"
+    assert names.index("NODE_NAME") < names.index("NVML")
+    fixed = _plugin_pod({"nvml": {"source": "simulated", "simulatedProfile": "8xh100@lab"}})["containers"][0]
+    assert _env(fixed)["NVML"] == "sim:8xh100@lab"
+    assert _env(_plugin_pod({})["containers"][0])["NVML"] == "real"
+
+
+def test_the_testbed_fault_directory_is_mounted_only_when_set() -> None:
+    pod = _plugin_pod({})
+    assert "GPUREADY_SIM_CONTROL_DIR" not in _env(pod["containers"][0])
+    assert not [v for v in pod["volumes"] if v["name"] == "sim-control"]
+    pod = _plugin_pod({"testbed": {"simControlDir": "/tmp/faults"}})
+    [volume] = [v for v in pod["volumes"] if v["name"] == "sim-control"]
+    assert volume["hostPath"]["path"] == "/tmp/faults"
+    [mount] = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "sim-control"]
+    assert _env(pod["containers"][0])["GPUREADY_SIM_CONTROL_DIR"] == mount["mountPath"]
+
+
 def test_daemonset_mounts_the_kubelets_pod_resources_directory_read_only(monkeypatch: pytest.MonkeyPatch) -> None:
     # Container names of allocated GPUs come from the kubelet's PodResources socket: the plugin sees
     # the directory (the kubelet re-creates the socket on restart) at the path it dials.
@@ -229,8 +265,13 @@ def _plugin_config_from_chart(values: dict[str, Any], monkeypatch: pytest.Monkey
     container = _plugin_pod(values)["containers"][0]
     downward = {"spec.nodeName": "gpu-node-7", "metadata.uid": "3f1b2c4d-5e6f-4a1b-9c2d-0123456789ab",
                 "metadata.name": "gpuready-kubelet-plugin-x", "metadata.namespace": NAMESPACE}
+    seen: dict[str, str] = {}
     for name, value in _env(container).items():
-        monkeypatch.setenv(name, downward[value[9:]] if value.startswith("fieldRef:") else value)
+        value = downward[value[9:]] if value.startswith("fieldRef:") else value
+        # The kubelet expands $(NAME) from variables defined earlier in the list.
+        value = re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: seen.get(m[1], m[0]), value)
+        seen[name] = value
+        monkeypatch.setenv(name, value)
     assert container["args"][-1] == "kubelet-plugin"
     parser = argparse.ArgumentParser()
     command.add_arguments(parser)
@@ -271,7 +312,7 @@ def test_daemon_options_reach_the_plugin(monkeypatch: pytest.MonkeyPatch) -> Non
     listed = _plugin_config_from_chart(VALUE_SETS["no-controller"], monkeypatch)
     assert listed.shared_gpus == frozenset({"gpu-0", "gpu-2"})
     sim = _plugin_pod(VALUE_SETS["simulated-evict"])
-    assert _plugin_config_from_chart(VALUE_SETS["simulated-evict"], monkeypatch).nvml == "sim:8xh100"
+    assert _plugin_config_from_chart(VALUE_SETS["simulated-evict"], monkeypatch).nvml == "sim:8xh100@gpu-node-7"
     assert sim["containers"][0]["args"][0] == "--log-level=debug"
     assert "PROC_ROOT" not in _env(sim["containers"][0])
     assert "host-proc" not in {v["name"] for v in sim["volumes"]}
@@ -650,8 +691,13 @@ def test_the_controller_accepts_the_configuration_the_chart_gives_it(values_name
     values = VALUE_SETS[values_name]
     container = one(values, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     downward = {"metadata.name": "gpuready-controller-abc", "metadata.namespace": NAMESPACE}
+    seen: dict[str, str] = {}
     for name, value in _env(container).items():
-        monkeypatch.setenv(name, downward[value[9:]] if value.startswith("fieldRef:") else value)
+        value = downward[value[9:]] if value.startswith("fieldRef:") else value
+        # The kubelet expands $(NAME) from variables defined earlier in the list.
+        value = re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: seen.get(m[1], m[0]), value)
+        seen[name] = value
+        monkeypatch.setenv(name, value)
     assert container["args"][-1] == "controller"
     parser = argparse.ArgumentParser()
     command.add_arguments(parser)

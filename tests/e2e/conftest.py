@@ -6,6 +6,15 @@ on a simulated node, registered with that kubelet through its plugin registry di
 DeviceClasses of deploy/deviceclasses/. Tests talk to it like users do: the API, pod logs, files
 on the node.
 
+Two modes, one suite (``GPUREADY_E2E_MODE``):
+
+- ``chart`` (CI's): ``helm install`` of deploy/helm/gpuready with the gpuready image
+  (``e2e_chart.py``): the plugin is the DaemonSet's pod, the controller the Deployment's, the
+  DeviceClasses the chart's.
+- ``process`` (the default; quicker to iterate on, no image): the plugin and, for the tests that
+  ask for it, the controller run as host processes from this checkout, and deploy/deviceclasses/
+  is applied.
+
 A missing binary, a component that does not come up or a plugin the kubelet does not register is
 a test error, never a skip: the suite exists to run against the real thing.
 """
@@ -18,11 +27,14 @@ import sys
 import time
 import uuid
 from collections.abc import Generator, Iterator
+from typing import Any
 
 import pytest
-from e2e_controller import RunningController, start_controller
+from e2e_chart import install_release
+from e2e_controller import ChartController, RunningController, start_controller, webhook_shapes_claims
 from e2e_support import (
     E2E,
+    MODE,
     NODE,
     PROFILE,
     REPO,
@@ -34,7 +46,7 @@ from e2e_support import (
 
 from testbed.realcluster import Cluster, ClusterConfig, ComponentError, MissingBinary, binaries
 
-_started: dict[str, Cluster] = {}
+_started: dict[str, Any] = {}
 
 
 @pytest.fixture(scope="session")
@@ -62,30 +74,45 @@ def e2e() -> Iterator[E2E]:
     try:
         for path, major, minor in sim_device_nodes(PROFILE):
             cluster.device_nodes.ensure(path, major, minor)
-        cluster.kubectl("apply", "-f", os.path.join(REPO, "deploy", "deviceclasses"))
         from kubernetes import client as k
 
         api = cluster.api_client()
         control_dir = os.path.join(cluster.dir, "sim-control", NODE)
-        env = E2E(cluster=cluster, plugin=start_plugin(cluster, extra_args=SESSION_PLUGIN_ARGS, control_dir=control_dir),
-                  api=api, core=k.CoreV1Api(api), resource=k.ResourceV1Api(api), control_dir=control_dir)
-        env.wait_plugin_registered(env.plugin)
+        env = E2E(cluster=cluster, api=api, core=k.CoreV1Api(api), resource=k.ResourceV1Api(api),
+                  control_dir=control_dir)
+        t_install = time.monotonic()
+        if MODE == "chart":
+            env.release = install_release(cluster, control_dir)
+            cluster.timings.update(env.release.timings)
+        else:
+            cluster.kubectl("apply", "-f", os.path.join(REPO, "deploy", "deviceclasses"))
+            env.plugin = start_plugin(cluster, extra_args=SESSION_PLUGIN_ARGS, control_dir=control_dir)
+            env.wait_plugin_registered(env.plugin)
         wait_for(f"{NODE}'s ResourceSlices with devices", env.slice_devices, 60)
+        cluster.timings["install-to-first-slice"] = round(time.monotonic() - t_install, 2)
         cluster.timings["e2e-ready"] = round(time.monotonic() - t0, 2)
-        print(f"\ne2e cluster in {cluster.dir}: {cluster.timings}", file=sys.stderr)
+        print(f"\ne2e cluster ({MODE} mode) in {cluster.dir}: {cluster.timings}", file=sys.stderr)
+        _started["env"] = env
         yield env
     except BaseException:
         print(cluster.failure_report(), file=sys.stderr)
         raise
     finally:
         _started.pop("cluster", None)
+        _started.pop("env", None)
         cluster.stop()
 
 
 @pytest.fixture(scope="session")
-def controller(e2e: E2E) -> Iterator[RunningController]:
-    """The gpuready controller as a process, its webhooks registered in the API server, placement
-    mode on: started by the first test that needs it, stopped (webhooks unregistered) at the end."""
+def controller(e2e: E2E) -> Iterator[RunningController | ChartController]:
+    """The gpuready controller with its webhooks registered in the API server, placement mode on.
+    Chart mode: the chart's Deployment, once its webhook shapes a claim. Process mode: a process,
+    started by the first test that needs it, stopped (webhooks unregistered) at the end."""
+    if e2e.release is not None:
+        wait_for("the chart's mutating webhook to shape a VRAM claim (dry run)",
+                 lambda: webhook_shapes_claims(e2e.cluster), 60)
+        yield ChartController(e2e.release)
+        return
     running = start_controller(e2e.cluster)
     yield running
     running.stop(e2e.cluster)
@@ -111,4 +138,6 @@ def pytest_runtest_makereport(item: pytest.Item,
     cluster = _started.get("cluster")
     if report.failed and cluster is not None and "e2e" in item.keywords:
         report.sections.append(("real cluster logs", cluster.failure_report()))
+        if env := _started.get("env"):
+            report.sections.append(("gpuready pods", env.release_report()))
     return report

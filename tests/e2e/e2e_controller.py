@@ -17,6 +17,7 @@ import sys
 import urllib.request
 from dataclasses import dataclass
 
+from e2e_chart import CONTROLLER_SELECTOR, ChartRelease
 from e2e_support import DRIVER, REPO
 
 from testbed.apiserver.webhook_configs import gpuready_webhook_configurations
@@ -34,6 +35,11 @@ class RunningController:
 
     process: Component
     webhook_url: str
+
+    def log_text(self) -> str:
+        """What the controller has logged so far."""
+        with open(self.process.log_path, errors="replace") as f:
+            return f.read()
 
     def stop(self, cluster: Cluster) -> None:
         """Unregister the webhooks first (the validating one fails closed), then stop the process."""
@@ -74,10 +80,25 @@ def start_controller(cluster: Cluster, placement: bool = True) -> RunningControl
         cluster.kubectl("apply", "-f", "-", input_text=json.dumps(config))
     # The API server picks new webhook configurations up from its own informer: wait until a
     # (server-side dry-run) VRAM claim really comes back shaped before a test relies on it.
-    proc.wait_ready(lambda: "firstAvailable" in cluster.kubectl(
-        "create", "--dry-run=server", "-o", "json", "-f", "-", input_text=_PROBE_CLAIM), 30,
-        "called by the API server for a VRAM claim (dry run)")
+    proc.wait_ready(lambda: webhook_shapes_claims(cluster), 30, "called by the API server for a VRAM claim (dry run)")
     return RunningController(proc, url)
+
+
+def webhook_shapes_claims(cluster: Cluster) -> bool:
+    """Whether a (server-side dry-run) VRAM claim comes back shaped by the mutating webhook."""
+    return "firstAvailable" in cluster.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-",
+                                               input_text=_PROBE_CLAIM)
+
+
+@dataclass
+class ChartController:
+    """The chart's controller Deployment (chart mode): nothing to start or stop here."""
+
+    release: ChartRelease
+
+    def log_text(self) -> str:
+        """What the controller's pods have logged so far (the leader's lines among them)."""
+        return self.release.logs(CONTROLLER_SELECTOR)
 
 
 _PROBE_CLAIM = json.dumps({

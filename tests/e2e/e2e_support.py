@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if REPO not in sys.path:  # testbed/ is not an installed package; the suite runs from a checkout
@@ -24,6 +24,9 @@ from testbed.realcluster import Cluster, ComponentError  # noqa: E402
 from testbed.realcluster.kubelet_metrics import Operation, grpc_operations  # noqa: E402
 from testbed.realcluster.procs import Component  # noqa: E402
 
+if TYPE_CHECKING:
+    from e2e_chart import ChartRelease
+
 NODE = "node-a"
 # Six whole H100s with MIG off plus two MIG-partitioned ones: whole GPUs are published in the default
 # static MIG mode. (4xh200 has MIG on everywhere with no instances, so static mode publishes nothing.)
@@ -32,6 +35,10 @@ DRIVER = "gpu.nvidia.com"
 # The session's plugin: a faulted GPU comes back 2 s after its cause clears, after one validation
 # (production: 60 s and three), so the fault tests see withdrawal and recovery in one run.
 SESSION_PLUGIN_ARGS = ("--hold-down", "2", "--recovery-passes", "1")
+# chart: gpuready installed by its Helm chart and image; process: as processes from this checkout.
+MODE = os.environ.get("GPUREADY_E2E_MODE", "process")
+if MODE not in ("chart", "process"):
+    raise SystemExit(f"GPUREADY_E2E_MODE={MODE!r}: want chart or process")
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0, interval: float = 0.2) -> Any:
@@ -56,12 +63,19 @@ class E2E:
     """The running cluster and plugin, with the helpers tests need."""
 
     cluster: Cluster
-    plugin: Component
     api: Any  # kubernetes.client.ApiClient (admin)
     core: Any  # CoreV1Api
     resource: Any  # ResourceV1Api
     node: str = NODE
     control_dir: str = ""  # the node's simulated NVML takes faults from files here (sim_control.py)
+    plugin: Component | None = None  # process mode: the node's plugin process
+    release: ChartRelease | None = None  # chart mode: the Helm release
+
+    def release_report(self) -> str:
+        """Chart mode: the gpuready pods' state and the tail of their logs (for a failed test)."""
+        if self.release is None:
+            return "(process mode: the plugin's and controller's logs are among the cluster logs)"
+        return self.release.report()
 
     @property
     def kubeconfig(self) -> str:

@@ -6,8 +6,8 @@ pod, and the kubelet runs it with the device the controller chose."""
 from __future__ import annotations
 
 import pytest
-from e2e_controller import PLACEMENT_GATE, RunningController
-from e2e_support import DRIVER, E2E, log_has, one_gpu_pod_manifest, wait_for
+from e2e_controller import PLACEMENT_GATE, ChartController, RunningController
+from e2e_support import DRIVER, E2E, one_gpu_pod_manifest, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("realcluster")]  # one real cluster per run
 
@@ -23,7 +23,7 @@ def _allocation_managers(claim: object, api: object) -> set[str]:
 
 
 def test_gated_pod_is_allocated_by_the_controller_and_bound_by_the_scheduler(
-        e2e: E2E, namespace: str, controller: RunningController) -> None:
+        e2e: E2E, namespace: str, controller: RunningController | ChartController) -> None:
     e2e.apply(MANIFEST, namespace)
     pod = e2e.wait_pod_phase(namespace, "placed", "Running", timeout=90)
     assert pod.spec.node_name == e2e.node
@@ -37,8 +37,10 @@ def test_gated_pod_is_allocated_by_the_controller_and_bound_by_the_scheduler(
     # reserved the claim for the pod and bound it.
     managers = _allocation_managers(claim, e2e.api)
     assert managers and "kube-scheduler" not in managers, managers
-    assert log_has(controller.process.log_path, f"claim={namespace}/{claim_name}"), "no claim_placed line"
-    assert log_has(controller.process.log_path, f"device={e2e.node}/{result.device}")
+    placed = [line for line in controller.log_text().splitlines()
+              if "claim_placed" in line and f"{namespace}/{claim_name}" in line]
+    assert placed, "no claim_placed line"
+    assert f"{e2e.node}/{result.device}" in placed[0], placed
     assert [r.name for r in claim.status.reserved_for] == ["placed"]
 
     uuid = e2e.slice_devices()[result.device]["attributes"]["uuid"]["string"]

@@ -82,3 +82,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "gpuready.placementMode" -}}
 {{- if eq (toString .Values.controller.placementMode) "gated" }}gated{{ else }}off{{ end -}}
 {{- end -}}
+
+{{/* The simulated NVML's spec: the profile, seeded with the node's name unless it names a seed itself. */}}
+{{- define "gpuready.simulatedNvml" -}}
+{{- if contains "@" .Values.nvml.simulatedProfile -}}
+sim:{{ .Values.nvml.simulatedProfile }}
+{{- else -}}
+sim:{{ .Values.nvml.simulatedProfile }}@$(NODE_NAME)
+{{- end -}}
+{{- end }}
