@@ -15,8 +15,11 @@ time, so in the order sent), each exactly once: the channel renames it to ``<nam
 the error to ``<name>.error`` and removes it. :func:`send_fault` writes a file atomically and, by
 default, waits for that answer.
 
-Only the public fault methods of :class:`SimFaults` can be named (:data:`FAULTS`); anything else is
-an ``.error``, never an arbitrary call.
+Only the public fault methods of :class:`SimFaults` can be named (:data:`FAULTS`), plus one fault of
+the plugin process rather than of its GPUs: ``pause_after_cdi_write`` with ``{"marker": "<name>"}``
+arms :func:`testbed.crash_points.pause_after_cdi_write`, so the next prepare stops dead after its CDI
+write and writes its PID to that file in this directory (a test then kills it there, in a plugin
+process or in the chart's pod alike). Anything else is an ``.error``, never an arbitrary call.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ CONTROL_DIR_ENV = "GPUREADY_SIM_CONTROL_DIR"
 POLL_S = 0.05
 FAULTS = frozenset({"inject_xid", "ecc_double_bit", "gpu_lost", "fall_off_bus", "return_to_bus",
                     "unknown_error", "row_remap_pending", "probe", "nvml_init_fails", "clear"})
+PROCESS_FAULTS = frozenset({"pause_after_cdi_write"})
 
 _sent = itertools.count(1)
 
@@ -68,8 +72,8 @@ class FaultFileError(ValueError):
 
 
 def _check(fault: Any, args: Any, path: str) -> dict[str, Any]:
-    if not isinstance(fault, str) or fault not in FAULTS:
-        raise FaultFileError(f"{path}: unknown fault {fault!r}; one of {', '.join(sorted(FAULTS))}")
+    if not isinstance(fault, str) or fault not in FAULTS | PROCESS_FAULTS:
+        raise FaultFileError(f"{path}: unknown fault {fault!r}; one of {', '.join(sorted(FAULTS | PROCESS_FAULTS))}")
     if not isinstance(args, dict):
         raise FaultFileError(f"{path}: args must be an object, got {args!r}")
     if fault == "unknown_error" and args.get("functions") is not None:
@@ -98,6 +102,10 @@ def apply_fault_file(sim: FaultTarget, path: str) -> str:
             raise FaultFileError(f"{path}: each fault must be an object, got {step!r}")
         checked.append((str(step.get("fault")), _check(step.get("fault"), step.get("args") or {}, path)))
     done = []
+    for fault, args in [(f, a) for f, a in checked if f in PROCESS_FAULTS]:
+        _arm_crash_point(os.path.dirname(path), args, path)
+        done.append(f"{fault}(marker={args.get('marker')})")
+    checked = [(f, a) for f, a in checked if f not in PROCESS_FAULTS]
     with sim.faults.together():
         for fault, args in checked:
             try:
@@ -106,6 +114,15 @@ def apply_fault_file(sim: FaultTarget, path: str) -> str:
                 raise FaultFileError(f"{path}: {fault}({args}) failed: {e}") from e
             done.append(f"{fault}({', '.join(f'{k}={v}' for k, v in sorted(args.items()))})")
     return "; ".join(done)
+
+
+def _arm_crash_point(directory: str, args: dict[str, Any], path: str) -> None:
+    marker = args.get("marker")
+    if set(args) != {"marker"} or not isinstance(marker, str) or not marker or os.path.basename(marker) != marker:
+        raise FaultFileError(f"{path}: pause_after_cdi_write takes {{\"marker\": <file name>}}, got {args!r}")
+    from testbed.crash_points import pause_after_cdi_write  # the plugin process's own code, wrapped
+
+    pause_after_cdi_write(os.path.join(directory, marker))
 
 
 class ControlChannel:

@@ -173,6 +173,7 @@ def test_the_testbed_tag_adds_the_simulated_nvml_in_one_labelled_layer(archive: 
     assert info.manifest["layers"][:2] == production.manifest["layers"]  # the production image, unchanged
     added = list(oci_layout.iter_layer_names(testbed, 2))
     assert f"{SITE}/testbed/nvml_sim/__init__.py" in added
+    assert f"{SITE}/testbed/crash_points.py" in added  # armed through the fault channel (test_plugin_restarts)
     assert not [n for n in added if n != SITE and not n.startswith(f"{SITE}/testbed")], added[:10]
     assert not [n for n in added if n.startswith((f"{SITE}/testbed/realcluster", f"{SITE}/testbed/demo"))]
     assert info.config["config"]["Labels"]["org.opencontainers.image.description"].startswith("TEST ONLY")

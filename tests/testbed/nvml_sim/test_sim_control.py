@@ -58,6 +58,9 @@ def test_without_the_env_var_no_channel_runs(monkeypatch: pytest.MonkeyPatch) ->
     ('{"fault": "inject_xid", "args": {"gpu_index": 99, "xid": 48}}', "has GPUs 0..7"),
     ('{"fault": "inject_xid", "args": {"gpu": 0}}', "unexpected keyword"),
     ("not json", "not a JSON fault file"),
+    # The process fault names a file in the control directory, nothing elsewhere.
+    ('{"fault": "pause_after_cdi_write", "args": {"marker": "../elsewhere"}}', "takes"),
+    ('{"fault": "pause_after_cdi_write", "args": {}}', "takes"),
 ])
 def test_a_bad_fault_file_gets_an_error_file_and_changes_nothing(tmp_path: Path, body: str, words: str) -> None:
     sim = SimulatedNvml("8xh100")
