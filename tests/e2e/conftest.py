@@ -130,6 +130,16 @@ def namespace(e2e: E2E) -> Iterator[str]:
         e2e.core.delete_namespace(name)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The marker of the test that removes the Helm release (run last: the others need it)."""
+    config.addinivalue_line("markers", "uninstalls_the_release: runs after every other e2e test")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Move the tests that uninstall the release to the end of the session."""
+    items.sort(key=lambda item: item.get_closest_marker("uninstalls_the_release") is not None)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item,
                               call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:

@@ -1,0 +1,184 @@
+"""What only a Helm install has, on the real cluster (chart mode; skipped in process mode):
+
+- least privilege, with the service accounts' own tokens against the real API server: the plugin
+  may write its node's ResourceSlices and is refused another node's by the chart's admission policy
+  (its message), cannot read Secrets, and each account can do exactly the list written here beyond
+  what any authenticated account may (``kubectl auth can-i --list`` as the witness);
+- the pods' metrics ports answer from the pod network, with figures that match the cluster;
+- ``helm uninstall`` leaves no ResourceSlice, CDI spec, socket, webhook configuration, policy or
+  DeviceClass behind (the last test of the session: it removes the release).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import urllib.request
+from typing import Any
+
+import pytest
+from e2e_chart import CONTROLLER_SELECTOR, NAMESPACE, PLUGIN_SELECTOR, RELEASE
+from e2e_support import DRIVER, E2E, MODE, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("realcluster"),
+              pytest.mark.skipif(MODE != "chart", reason="chart mode only (GPUREADY_E2E_MODE=chart)")]
+
+PLUGIN_SA, CONTROLLER_SA = f"{RELEASE}-kubelet-plugin", f"{RELEASE}-controller"
+
+# What each account may do beyond any authenticated account: (resource, resource names, verbs), as
+# `kubectl auth can-i --list` prints them, in the release's namespace (the controller's Lease Role).
+PLUGIN_MAY = {
+    ("resourceslices.resource.k8s.io", "[]", "[get list watch create update delete]"),
+    ("resourceclaims.resource.k8s.io", "[]", "[get]"),
+    ("nodes", "[]", "[get]"),
+    ("nodes/status", "[]", "[patch]"),
+    ("pods", "[]", "[get]"),  # VRAM accounting: container names of the pods in prepared claims
+    ("events", "[]", "[create]"),
+}
+CONTROLLER_MAY = {
+    ("resourceslices.resource.k8s.io", "[]", "[get list watch]"),
+    ("deviceclasses.resource.k8s.io", "[]", "[get list watch]"),
+    ("resourceclaimtemplates.resource.k8s.io", "[]", "[get list watch]"),
+    ("devicetaintrules.resource.k8s.io", "[]", "[get list watch]"),
+    ("resourceclaims.resource.k8s.io/status", "[]", "[update]"),
+    ("resourceclaims.resource.k8s.io/driver", f"[{DRIVER}]", "[arbitrary-node:update]"),
+    ("nodes", "[]", "[get list watch]"),
+    # patch: placementMode=gated (this suite's values): the claim's finalizer, lifting the pod's gate,
+    # and the allocation through resourceclaims/binding.
+    ("resourceclaims.resource.k8s.io", "[]", "[get list watch patch]"),
+    ("pods", "[]", "[get list watch patch]"),
+    ("resourceclaims.resource.k8s.io/binding", "[]", "[update]"),
+    ("events", "[]", "[create]"),
+    ("leases.coordination.k8s.io", "[]", "[create]"),
+    ("leases.coordination.k8s.io", f"[{RELEASE}-controller]", "[get update]"),
+}
+
+
+def _token(e2e: E2E, account: str, bound_pod: str = "") -> str:
+    """A token of the account from the TokenRequest API; bound to a pod it carries that pod's node."""
+    args = ["create", "token", account, "--namespace", NAMESPACE, "--duration", "10m"]
+    if bound_pod:
+        args += ["--bound-object-kind", "Pod", "--bound-object-name", bound_pod]
+    return e2e.cluster.kubectl(*args).strip()
+
+
+def _kubectl_as(e2e: E2E, token: str, *args: str) -> str:
+    """kubectl with only this token (no admin certificate), against the real API server."""
+    from testbed.realcluster.procs import run
+
+    return run([e2e.cluster.bins.kubectl, "--kubeconfig", "/dev/null", "--server", e2e.cluster.api_url,
+                "--certificate-authority", e2e.cluster.ca_file, "--token", token, *args], "kubectl (token)")
+
+
+def _can_list(e2e: E2E, token: str) -> set[tuple[str, str, str]]:
+    """`kubectl auth can-i --list` in the release's namespace: (resource, names, verbs) of resource rules."""
+    out = _kubectl_as(e2e, token, "auth", "can-i", "--list", "--namespace", NAMESPACE, "--no-headers")
+    rows = set()
+    for line in out.splitlines():
+        m = re.match(r"^(\S+)\s+\[([^\]]*)\]\s+\[([^\]]*)\]\s+\[([^\]]*)\]\s*$", line)
+        if m and m[1] != "":
+            rows.add((m[1], f"[{m[3]}]", f"[{m[4]}]"))
+    return rows
+
+
+def _api_as(e2e: E2E, token: str) -> Any:
+    from kubernetes import client as k
+
+    config = k.Configuration()
+    config.host, config.ssl_ca_cert = e2e.cluster.api_url, e2e.cluster.ca_file
+    config.api_key = {"authorization": f"Bearer {token}"}
+    return k.ApiClient(config)
+
+
+def _slice(node: str, name: str) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
+            "spec": {"driver": DRIVER, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                     "devices": []}}
+
+
+def test_each_account_can_do_exactly_what_the_daemon_needs(e2e: E2E) -> None:
+    assert e2e.release is not None
+    plugin_pod = e2e.release.plugin_pod().metadata.name
+    # Baseline: an account with no bindings of its own has what every authenticated account has.
+    e2e.cluster.kubectl("create", "serviceaccount", "rbac-baseline", "--namespace", NAMESPACE)
+    baseline = _can_list(e2e, _token(e2e, "rbac-baseline"))
+    assert baseline, "can-i --list printed nothing to compare against"
+    assert _can_list(e2e, _token(e2e, PLUGIN_SA, plugin_pod)) - baseline == PLUGIN_MAY
+    assert _can_list(e2e, _token(e2e, CONTROLLER_SA)) - baseline == CONTROLLER_MAY
+
+
+def test_the_plugin_writes_only_its_own_nodes_slices_and_reads_no_secrets(e2e: E2E) -> None:
+    from kubernetes import client as k
+    from kubernetes.client import ApiException
+
+    assert e2e.release is not None
+    pod = e2e.release.plugin_pod()
+    api = _api_as(e2e, _token(e2e, PLUGIN_SA, pod.metadata.name))  # what the pod's projected token carries
+    resource = k.ResourceV1Api(api)
+    # Its own node: admitted (a server-side dry run, so the real pool is not touched).
+    resource.create_resource_slice(_slice(e2e.node, "rbac-own-node"), dry_run="All")
+    with pytest.raises(ApiException) as refused:
+        resource.create_resource_slice(_slice("node-elsewhere", "rbac-other-node"), dry_run="All")
+    assert refused.value.status in (403, 422)
+    assert (f"may only write ResourceSlices with spec.nodeName {e2e.node}, not \\\"node-elsewhere\\\""
+            in refused.value.body), refused.value.body
+    # Tokens not bound to a pod carry no node name: refused with the policy's fix.
+    unbound = k.ResourceV1Api(_api_as(e2e, _token(e2e, PLUGIN_SA)))
+    with pytest.raises(ApiException) as no_node:
+        unbound.create_resource_slice(_slice(e2e.node, "rbac-unbound"), dry_run="All")
+    assert "must run as a pod of the DaemonSet" in no_node.value.body, no_node.value.body
+    with pytest.raises(ApiException) as secrets:
+        k.CoreV1Api(api).list_namespaced_secret(NAMESPACE)
+    assert secrets.value.status == 403
+
+
+def _scrape(pod: Any, port: int) -> str:
+    with urllib.request.urlopen(f"http://{pod.status.pod_ip}:{port}/metrics", timeout=10) as resp:
+        return str(resp.read().decode())
+
+
+def _samples(text: str, name: str) -> list[float]:
+    return [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith(name + "{") or line.startswith(name + " ")]
+
+
+def test_the_pods_serve_metrics_on_their_ports(e2e: E2E) -> None:
+    assert e2e.release is not None
+    plugin = e2e.release.plugin_pod()
+    text = _scrape(plugin, 8080)  # the chart's kubeletPlugin.metrics.port, from the pod network
+    published = wait_for("the plugin's published-devices figure to match its slices",
+                         lambda: (s := _samples(_scrape(plugin, 8080), "gpuready_published_devices"))
+                         and s == [float(len(e2e.slice_devices()))] and s, 30)
+    assert published and "gpuready_build_info" in text
+    controllers = e2e.release.pods(CONTROLLER_SELECTOR)
+    assert len(controllers) == 2  # the chart's default replicas, one leader
+    leaders = [_samples(_scrape(p, 8080), "gpuready_controller_is_leader") for p in controllers]
+    assert sorted(leaders) == [[0.0], [1.0]], leaders
+
+
+@pytest.mark.uninstalls_the_release
+def test_helm_uninstall_leaves_nothing_behind(e2e: E2E) -> None:
+    release = e2e.release
+    assert release is not None
+    plugin_pod = release.plugin_pod()
+    registry = os.path.join(e2e.cluster.kubelet_root, "plugins_registry")
+    plugin_dir = os.path.join(e2e.cluster.kubelet_root, "plugins", DRIVER)
+    assert [n for n in os.listdir(registry) if DRIVER in n], "the plugin's registration socket was never there"
+    assert e2e.slice_devices()
+
+    release.uninstall()
+    e2e.release = None  # later failure reports must not ask for its pods
+    wait_for(f"the plugin pod {plugin_pod.metadata.name} to go", lambda: not release.pods(PLUGIN_SELECTOR), 60)
+    wait_for(f"{e2e.node}'s ResourceSlices to go", lambda: not e2e.slice_devices(), 90)
+    assert e2e.cdi_spec_files() == [], "CDI specs left on the node"
+    assert [n for n in os.listdir(registry) if DRIVER in n] == [], "registration sockets left"
+    assert glob.glob(os.path.join(plugin_dir, "*.sock")) == [], "DRA sockets left"
+    for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations",
+                 "validatingadmissionpolicies", "validatingadmissionpolicybindings", "deviceclasses",
+                 "clusterroles", "clusterrolebindings"):
+        left = e2e.cluster.kubectl("get", kind, "-l", f"app.kubernetes.io/instance={RELEASE}", "-o", "name")
+        assert left.strip() == "", f"{kind} left behind: {left}"
+    left = e2e.cluster.kubectl("get", "all,secrets,configmaps,serviceaccounts,roles", "--namespace", NAMESPACE,
+                               "-l", f"app.kubernetes.io/instance={RELEASE}", "-o", "name")
+    assert left.strip() == "", f"left in {NAMESPACE}: {left}"
