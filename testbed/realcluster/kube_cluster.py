@@ -9,11 +9,11 @@ overlapping (the machines have two cores):
 3. kube-apiserver once etcd answers; scheduler, controller-manager and kubelet once it is ready;
 4. done when the Node is Ready without the not-ready taint and the default ServiceAccount exists.
 
-Settings forced by these machines, each met for real (issue 13): the API server on 127.0.0.1
-needs ``--endpoint-reconciler-type=none``; the kubelet needs a non-loopback node IP (a /32 on a
-bridge), ``failCgroupV1: false`` and ``cgroupsPerQOS: false`` (cgroup v1 hybrid) and no node
-allocatable enforcement; containerd must not lower oom_score_adj (``restrict_oom_score_adj``) and
-has CDI on, reading the plugin's CDI directory.
+Settings forced by these machines, each met for real (issue 13): the kubelet needs a non-loopback
+node IP (a /32 on a bridge), which the API server also advertises so that pods reach it through the
+``kubernetes`` Service (hostnet.py; a control-plane-only cluster stays on 127.0.0.1 with
+``--endpoint-reconciler-type=none``); the kubelet's settings are in kubelet_config.py; containerd must
+not lower oom_score_adj (``restrict_oom_score_adj``) and has CDI on, reading the plugin's CDI directory.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from testbed.realcluster import cleanup, containerd_config, fake_nodes, hostnet, images
+from testbed.realcluster import cleanup, containerd_config, fake_nodes, hostnet, images, kubelet_config
 from testbed.realcluster.binaries import Binaries
 from testbed.realcluster.feature_gates import Gates, driver_gates
 from testbed.realcluster.pki import CertFiles, Pki
@@ -467,30 +467,10 @@ class Cluster:
         cfg = self.config
         self.kubelet_port = free_port(cfg.node_ip)
         self._kubelet_healthz = free_port()
-        config: dict[str, Any] = {
-            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
-            "address": cfg.node_ip, "port": self.kubelet_port, "readOnlyPort": 0,
-            "healthzBindAddress": "127.0.0.1", "healthzPort": self._kubelet_healthz,
-            "tlsCertFile": self._kubelet_serving.cert, "tlsPrivateKeyFile": self._kubelet_serving.key,
-            # Clients (the API server for logs, tests for /metrics) present certificates of the cluster CA.
-            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False},
-                               "x509": {"clientCAFile": self._pki.ca.cert}},
-            "authorization": {"mode": "AlwaysAllow"},
-            "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
-            "cgroupDriver": "cgroupfs",
-            # cgroup v1 hybrid hosts: 1.35+ refuses v1 unless told, and QoS cgroups/allocatable
-            # enforcement need controllers this VM's nested hierarchy does not give it.
-            "failCgroupV1": False, "cgroupsPerQOS": False, "enforceNodeAllocatable": [],
-            "failSwapOn": False,
-            "podLogsDir": os.path.join(self.dir, "pod-logs"),
-            "resolvConf": "/etc/resolv.conf",
-            # The test machine's disk is shared and may be fuller than a node's: do not evict or GC on it.
-            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%",
-                             "nodefs.inodesFree": "1%"},
-            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
-            "serializeImagePulls": False,
-            "featureGates": self.gates.mapping(),
-        }
+        config = kubelet_config.render(
+            node_ip=cfg.node_ip, port=self.kubelet_port, healthz_port=self._kubelet_healthz,
+            serving=self._kubelet_serving, client_ca=self._pki.ca.cert, containerd_socket=self.containerd_socket,
+            pod_logs_dir=os.path.join(self.dir, "pod-logs"), feature_gates=self.gates.mapping())
         path = os.path.join(self.dir, "kubelet-config.yaml")
         with open(path, "w") as f:
             yaml.safe_dump(config, f)

@@ -8,10 +8,10 @@ on the node.
 
 Two modes, one suite (``GPUREADY_E2E_MODE``):
 
-- ``chart`` (CI's): ``helm install`` of deploy/helm/gpuready with the gpuready image
+- ``chart`` (the default, and CI's): ``helm install`` of deploy/helm/gpuready with the gpuready image
   (``e2e_chart.py``): the plugin is the DaemonSet's pod, the controller the Deployment's, the
   DeviceClasses the chart's.
-- ``process`` (the default; quicker to iterate on, no image): the plugin and, for the tests that
+- ``process`` (quicker to iterate on: no image to rebuild after a change): the plugin and, for the tests that
   ask for it, the controller run as host processes from this checkout, and deploy/deviceclasses/
   is applied.
 

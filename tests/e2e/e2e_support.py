@@ -36,7 +36,7 @@ DRIVER = "gpu.nvidia.com"
 # (production: 60 s and three), so the fault tests see withdrawal and recovery in one run.
 SESSION_PLUGIN_ARGS = ("--hold-down", "2", "--recovery-passes", "1")
 # chart: gpuready installed by its Helm chart and image; process: as processes from this checkout.
-MODE = os.environ.get("GPUREADY_E2E_MODE", "process")
+MODE = os.environ.get("GPUREADY_E2E_MODE", "chart")
 if MODE not in ("chart", "process"):
     raise SystemExit(f"GPUREADY_E2E_MODE={MODE!r}: want chart or process")
 

@@ -142,6 +142,13 @@ def test_rolling_update_of_the_plugin_fails_no_prepare(e2e: E2E, namespace: str,
 
         wait_for("the new plugin pod to be Ready (registered beside the old one)", new_pod_ready, 120)
         create("both-registered")
+
+        def old_stopping() -> bool:
+            pods = e2e.core.list_namespaced_pod(NAMESPACE, field_selector=f"metadata.name={old_pod.metadata.name}").items
+            return not pods or pods[0].metadata.deletion_timestamp is not None
+
+        wait_for("the DaemonSet controller to delete the old plugin pod", old_stopping, 60)
+        create("old-stopping")
         watcher.join(120)
         assert old.get("deleted"), "the DaemonSet controller did not remove the old plugin pod"
         create("after-update")

@@ -1,0 +1,40 @@
+"""The e2e node's KubeletConfiguration: what these machines force, each setting met for real.
+
+The kubelet serves on the node IP (it refuses loopback) with a certificate of the cluster CA and
+accepts client certificates of that CA (the API server for logs, tests for /metrics). cgroup v1
+hybrid hosts: 1.35+ refuses v1 unless told, and QoS cgroups and allocatable enforcement need
+controllers this VM's nested hierarchy does not give it. The test machine's disk is shared and
+may be fuller than a node's: nothing is evicted or garbage-collected for disk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from testbed.realcluster.pki import CertFiles
+
+
+def render(*, node_ip: str, port: int, healthz_port: int, serving: CertFiles, client_ca: str,
+           containerd_socket: str, pod_logs_dir: str, feature_gates: Mapping[str, bool]) -> dict[str, Any]:
+    """The KubeletConfiguration (kubelet.config.k8s.io/v1beta1) as a dict, ready for YAML."""
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+        "address": node_ip, "port": port, "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1", "healthzPort": healthz_port,
+        "tlsCertFile": serving.cert, "tlsPrivateKeyFile": serving.key,
+        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False},
+                           "x509": {"clientCAFile": client_ca}},
+        "authorization": {"mode": "AlwaysAllow"},
+        "containerRuntimeEndpoint": f"unix://{containerd_socket}",
+        "cgroupDriver": "cgroupfs",
+        "failCgroupV1": False, "cgroupsPerQOS": False, "enforceNodeAllocatable": [],
+        "failSwapOn": False,
+        "podLogsDir": pod_logs_dir,
+        "resolvConf": "/etc/resolv.conf",
+        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%",
+                         "nodefs.inodesFree": "1%"},
+        "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+        "serializeImagePulls": False,
+        "featureGates": dict(feature_gates),
+    }
