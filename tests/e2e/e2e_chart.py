@@ -23,7 +23,7 @@ from typing import Any
 
 from e2e_support import PROFILE, REPO, wait_for
 
-from testbed.realcluster import Cluster, gpuready_image, images
+from testbed.realcluster import Cluster, binaries, gpuready_image, images
 from testbed.realcluster.procs import ComponentError, run
 
 RELEASE = "gpuready"
@@ -61,7 +61,7 @@ class ChartRelease:
     def helm(self, *args: str, timeout: float = 300.0) -> str:
         """Run helm against the cluster as admin; return its output."""
         if not self.cluster.bins.helm:
-            raise ComponentError("helm", "helm is not built: testbed/realcluster/build-helm.sh")
+            raise ComponentError("helm", f"helm is not built: {binaries.HELM_SCRIPT}")
         return run([self.cluster.bins.helm, "--kubeconfig", self.cluster.kubeconfig, *args], "helm", timeout=timeout)
 
     def values(self, image: str | None = None) -> dict[str, Any]:

@@ -87,6 +87,7 @@ def test_the_entrypoint_lists_the_production_subcommands_and_no_testbed_ones(
     listed = re.findall(r"^    ([a-z][\w-]*)(?:\s|$)", log, re.M)
     assert listed == list(SUBCOMMANDS), f"gpuready --help lists {listed}, want {list(SUBCOMMANDS)}:\n{log}"
     assert "unavailable" not in log, log
+    assert "gpuready demo" not in log, f"the help points at a demo the image does not have:\n{log}"
     code, log = run_once(e2e, namespace, "plugin-help", {"args": ["kubelet-plugin", "--help"]})
     assert code == 0 and "--node-name" in log, log
 
