@@ -39,6 +39,11 @@ class PluginConfig:
     write_mig_status: bool = True  # write created MIG UUIDs into the claim's status.devices
     health_stream: bool = True  # serve and advertise the kubelet health service
     claim_prefetch: bool = False  # read claims when their pod reaches the node (kubelet_plugin.kubelet.claims)
+    # Bind-time validation (kubelet_plugin.bind_validation): devices carry binding conditions, and an
+    # allocated device is checked (NVML now, the CUDA probe unless one passed this recently) before
+    # the scheduler binds the pod.
+    bind_time_validation: bool = False
+    bind_validation_freshness: float = 30.0
     xid_ignore: frozenset[int] = frozenset()  # XIDs never to withdraw for, beyond the catalogue's
     xid_fatal: frozenset[int] = frozenset()  # XIDs always to withdraw for, beyond the catalogue's
     revalidate_interval: float = 0.0  # re-probe healthy GPUs this often (0 = only at start/recovery)
@@ -86,6 +91,12 @@ class PluginConfig:
                              "to where the host's /proc is mounted (e.g. /host/proc)")
         if self.health_interval <= 0:
             raise ValueError(f"health interval {self.health_interval} must be positive")
+        if self.bind_time_validation and self.health_mode == "off":
+            raise ValueError("--bind-time-validation needs the health monitor: set --health-mode withdraw or taint "
+                             "(env HEALTH_MODE), or turn bind-time validation off")
+        if self.bind_validation_freshness < 0:
+            raise ValueError(f"BIND_VALIDATION_FRESHNESS={self.bind_validation_freshness}: must not be negative "
+                             "(seconds; 0 = probe at every binding)")
         self._check_absolute_paths()
 
     def _check_absolute_paths(self) -> None:

@@ -15,7 +15,8 @@ Concurrency model: **threads**. gRPC requests run on a pool of ``grpc_workers`` 
 transport is grpc.aio on one event-loop thread (:mod:`kubelet_plugin.kubelet.grpc_loop`; the
 synchronous server woke every 200 ms), where the only plugin code is the health streams' wait for
 the next change (coroutines: an open stream holds no thread). The health monitor, the slice
-publisher, the claim prefetch (a watch of this node's pods), the VRAM accounting check, the MPS
+publisher, the claim prefetch (a watch of this node's pods), bind-time validation (a watch of
+claims and a few check workers), the VRAM accounting check, the MPS
 daemon watch, the prerequisite watch and the registration retry timer run their own daemon threads;
 /metrics scrapes run on the metrics server's thread. Shared state is guarded by locks: per-claim
 locks plus the checkpoint lock in the preparer, the fan-out's delivery lock (health snapshots one at
@@ -76,6 +77,7 @@ from kubelet_plugin.periodic import Periodic
 from kubelet_plugin.prepare.node_devices import NodeDevice, index_devices
 
 if TYPE_CHECKING:
+    from kubelet_plugin.bind_validation import BindTimeValidator
     from kubelet_plugin.checkpoint.store import CheckpointStore
     from kubelet_plugin.health import HealthMonitor
     from kubelet_plugin.health.node_status import NodeStatusReporter
@@ -128,6 +130,7 @@ class KubeletPlugin:
         self.vram: VramAccountant | None = None
         self.allocations: PluginAllocations | None = None
         self._watches: list[Periodic] = []  # the MPS daemon watch and the prerequisite watch
+        self.bind_validator: BindTimeValidator | None = None
         self._metrics_server: Any = None
         # /healthz and /readyz on the metrics port (kubelet_plugin.liveness): DRA socket, loops, registration.
         self.probes = PluginProbes(self.kubelet, lambda: self.health_monitor, node=config.node_name)
@@ -201,6 +204,8 @@ class KubeletPlugin:
         """Deregister (remove the registration socket), stop serving, stop background threads."""
         for watch in self._watches:
             watch.stop()
+        if self.bind_validator is not None:
+            self.bind_validator.stop()
         self.kubelet.stop()
         for part in (self.vram, self.health_monitor, self.node_status):
             if part is not None:
@@ -311,6 +316,16 @@ class KubeletPlugin:
         for watch in self._watches:
             watch.start()
         prerequisites.report_current()
+        if cfg.bind_time_validation and self.health_monitor is not None and self.kubelet.claims is not None:
+            from kubelet_plugin.bind_validation import BindTimeValidator
+
+            metrics = self.metrics
+            self.bind_validator = BindTimeValidator(
+                self.kubelet.claims.api, cfg.node_name, cfg.driver_name, self.health_monitor.check_for_binding,
+                cfg.bind_validation_freshness,
+                on_answer=lambda device, result, seconds: metrics.observe_bind_validation(result.ok, result.reason,
+                                                                                        seconds))
+            self.bind_validator.start()
         if cfg.pod_resources_socket:
             from kubelet_plugin.metrics.pod_resources_client import PodResourcesCache, PodResourcesReader
 

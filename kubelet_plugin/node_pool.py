@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
+from dra_driver.binding_conditions import BindingConditions
 from dra_driver.devices import NodeDevices
 from dra_driver.logs import get_logger
 from dra_driver.slices import SliceOptions, SliceSpec, build_pool, listed_device_names
@@ -100,8 +101,10 @@ class NodePool:
 
     def slice_options(self) -> SliceOptions:
         """How the pool is laid out now: the configured MIG mode, minus what this cluster drops."""
+        binding = BindingConditions.for_driver(self._driver) if self.config.bind_time_validation else None
         return SliceOptions(mig_mode="dynamic" if self._dynamic_mig else "static",
-                            shared_gpus=self.fallback.shared_gpus, health_mode=self.fallback.health_mode)
+                            shared_gpus=self.fallback.shared_gpus, health_mode=self.fallback.health_mode,
+                            binding_conditions=binding)
 
     def _listed_names(self, devices: NodeDevices) -> frozenset[str]:
         """The device names the pool lists when all are healthy (cached: snapshots outnumber changes)."""

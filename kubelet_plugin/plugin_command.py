@@ -55,6 +55,7 @@ _NUMBERS: dict[str, tuple[str, type]] = {
     "--hold-down": ("HEALTH_HOLD_DOWN", float),
     "--metrics-port": ("METRICS_PORT", int),
     "--vram-interval": ("VRAM_CHECK_INTERVAL", float),
+    "--bind-validation-freshness": ("BIND_VALIDATION_FRESHNESS", float),
 }
 
 
@@ -111,6 +112,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--claim-prefetch", default=_env("CLAIM_PREFETCH", "false"), choices=["true", "false"],
       help="watch this node's pods and read their claims before the kubelet prepares them; needs list "
            "and watch on pods (env CLAIM_PREFETCH)")
+    a("--bind-time-validation", default=_env("BIND_TIME_VALIDATION", "false"), choices=["true", "false"],
+      help="publish devices with binding conditions and check each allocated device (NVML, then the CUDA "
+           "probe) before the scheduler binds its pod; needs list and watch on resourceclaims "
+           "(env BIND_TIME_VALIDATION)")
+    a("--bind-validation-freshness", default=_env("BIND_VALIDATION_FRESHNESS", "30"),
+      help="seconds a passed CUDA probe of a GPU stands in for a new one at binding; 0: probe at every "
+           "binding (env BIND_VALIDATION_FRESHNESS)")
     a("--xid-ignore", default=_env("XID_IGNORE", ""),
       help="comma list of XIDs (whole numbers of 1 or more, each once) that never withdraw a GPU, "
            "beyond the catalogue (env XID_IGNORE)")
@@ -220,6 +228,8 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         shared_gpus=_shared(args.shared_gpus), health_mode=args.health_mode, pod_uid=args.pod_uid,
         health_interval=_number(args, "--health-interval"), metrics_port=_port(_number(args, "--metrics-port")),
         health_stream=args.health_stream == "true", claim_prefetch=getattr(args, "claim_prefetch", "false") == "true",
+        bind_time_validation=getattr(args, "bind_time_validation", "false") == "true",
+        bind_validation_freshness=_number(args, "--bind-validation-freshness"),
         xid_ignore=_xids(args, "--xid-ignore"),
         xid_fatal=_xids(args, "--xid-fatal"), revalidate_interval=_number(args, "--revalidate-interval"),
         probe_timeout=_number(args, "--probe-timeout"), recovery_passes=_number(args, "--recovery-passes"),

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from dra_driver.binding_conditions import BindingConditions
 from dra_driver.devices import GIB, Gpu, MigMode, NodeDevices
 from dra_driver.ordering import FitKey, best_fit_key
 
@@ -71,6 +72,8 @@ class SliceOptions:
     shared_memory_min_bytes: int = GIB
     shared_memory_step_bytes: int = GIB
     health_mode: Literal["withdraw", "taint"] = "withdraw"
+    # Bind-time validation: every device carries these binding conditions (None: no conditions).
+    binding_conditions: BindingConditions | None = None
 
     def __post_init__(self) -> None:
         if self.mig_mode not in ("static", "dynamic"):
@@ -267,6 +270,10 @@ def build_pool(
         if counter_set is not None:
             counter_sets.append(counter_set)
     entries.sort(key=lambda e: e.key)
+    bind = options.binding_conditions
+    if bind is not None:
+        entries = [replace(e, device=replace(e.device, binding_conditions=(bind.validated,),
+                                             binding_failure_conditions=(bind.failed,))) for e in entries]
     device_chunks = _chunk([e.device for e in entries])
     counter_chunks = [
         counter_sets[i:i + MAX_COUNTER_SETS_PER_SLICE]

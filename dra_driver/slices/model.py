@@ -123,6 +123,9 @@ class DeviceSpec:
     taints: tuple[DeviceTaint, ...] = ()
     allow_multiple_allocations: bool = False
     memory_bytes: int = 0  # the sort key; also what the device offers, in bytes
+    # Bind-time validation (dra_driver.binding_conditions): the scheduler waits for these in PreBind.
+    binding_conditions: tuple[str, ...] = ()
+    binding_failure_conditions: tuple[str, ...] = ()
 
     @property
     def limited(self) -> bool:
@@ -146,6 +149,9 @@ class DeviceSpec:
             out["taints"] = [t.to_k8s() for t in self.taints]
         if self.allow_multiple_allocations:
             out["allowMultipleAllocations"] = True
+        if self.binding_conditions:  # the API takes both lists together or neither
+            out["bindingConditions"] = list(self.binding_conditions)
+            out["bindingFailureConditions"] = list(self.binding_failure_conditions)
         return out
 
 

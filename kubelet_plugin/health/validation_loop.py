@@ -12,6 +12,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
 from typing import Any
 
 from dra_driver.devices import Gpu, NodeDevices
@@ -28,6 +29,15 @@ from kubelet_plugin.health.validation import DEVICE_NODE_KEY, ValidationConfig, 
 log = get_logger(__name__)
 
 IDLE_WAIT_S = 30.0  # an all-healthy node's validation loop wakes at least this often (a safety net)
+
+
+@dataclass(frozen=True)
+class BindCheck:
+    """The answer of a bind-time check of one allocated device."""
+
+    ok: bool
+    reason: str  # CamelCase, the condition's reason: "Validated", "RecentlyValidated", "Xid79", "ProbeFailed"
+    message: str  # for people: what was checked, or what failed
 
 
 class ValidationLoop:
@@ -52,6 +62,7 @@ class ValidationLoop:
     _reg: Any
     _last_probe: dict[tuple[str, str], float]
     _on_inventory_change: Callable[[], None]
+    _gpu_of: dict[str, str]
 
     def _update(self, change: Callable[[], Iterable[tuple[str, DeviceRecord]]],
                 node_problem: str | bool | None = False) -> None:
@@ -122,6 +133,46 @@ class ValidationLoop:
                 self._apply_probe(target, future.result())
         if any(t.mode is ProbeMode.TEMPORARY for _, t in due):
             self._resync_after_temporary()
+
+    def check_for_binding(self, device: str, fresh_s: float) -> BindCheck:
+        """Check one allocated device now, for bind-time validation: its GPU's NVML health (and device
+        nodes), then the CUDA probe of the device's target unless a probe on that physical GPU ran
+        within ``fresh_s`` seconds (so shares and MIG devices of one GPU cost one probe per window).
+
+        A failure goes through the health state machine like any fault (the device is withdrawn and
+        recovers the usual way); the answer says what failed.
+        """
+        topo = self._topo.get(self._gpu_of.get(device, ""))
+        with self._lock:
+            record = self._records.get(device)
+        if topo is None or record is None:
+            return BindCheck(False, "UnknownDevice", f"{device} is not a device of this node now")
+        if not record.published:
+            return BindCheck(False, record.code or "DeviceUnhealthy", f"{device} is {record.state.value}: {record.reason}")
+        try:
+            faults = check_gpu(self._nvml, topo.gpu)
+        except NvmlUnavailable as exc:
+            self._mark_nvml_down(str(exc))
+            return BindCheck(False, "NvmlUnavailable", f"NVML cannot be asked about {device}: {exc}")
+        if self._device_nodes is not None:
+            faults += device_node_faults(topo.gpu, self._devices, self._device_nodes)
+        if faults:
+            self._apply_conditions(topo, faults, POLLED_KEYS | {DEVICE_NODE_KEY})
+            return BindCheck(False, faults[0].code, "; ".join(f.reason for f in faults))
+        now = self._clock()
+        probed = [at for (uuid, _label), at in list(self._last_probe.items()) if uuid == topo.gpu.uuid]
+        if probed and now - max(probed) <= fresh_s:
+            return BindCheck(True, "RecentlyValidated", f"NVML reports {topo.gpu.name} healthy; its CUDA probe "
+                                                       f"passed {now - max(probed):.1f}s ago")
+        message = f"NVML reports {topo.gpu.name} healthy"
+        for target in [t for t in topo.probe_targets if device in t.device_names]:
+            result = run_target(self._nvml, topo.gpu, target, self._prober, self._policy.probe_timeout_s)
+            self._last_probe[(target.gpu_uuid, target.label)] = self._clock()
+            self._apply_probe(target, result)
+            if not result.ok:
+                return BindCheck(False, result.code, f"CUDA {result.reason} on {target.label}")
+            message += f"; CUDA {result.reason}" if result.probed else f"; {result.reason}"
+        return BindCheck(True, "Validated", message)
 
     def _apply_probe(self, target: ProbeTarget, result: ProbeResult) -> None:
         now = self._clock()

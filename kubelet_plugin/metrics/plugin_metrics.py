@@ -87,6 +87,10 @@ class PluginMetrics:
             "gpuready_validation_failures",
             "Validation probes that failed, by the step that failed (nvml, device_node, cuda, timeout).",
             ["node", "device", "step"], registry=r)
+        self.bind_validations = Histogram(
+            "gpuready_bind_validation_duration_seconds",
+            "Bind-time checks of allocated devices (the scheduler waits on them), by result and reason.",
+            ["node", "result", "reason"], buckets=VALIDATION_BUCKETS, registry=r)
         self.published_devices = Gauge(
             "gpuready_published_devices",
             "Devices this node currently publishes in its ResourceSlices.", ["node"], registry=r)
@@ -217,6 +221,10 @@ class PluginMetrics:
     def observe_publish(self, seconds: float, ok: bool) -> None:
         """Record one ResourceSlice sync."""
         self.slice_publish_duration.labels(self.node, "success" if ok else "error").observe(seconds)
+
+    def observe_bind_validation(self, ok: bool, reason: str, seconds: float) -> None:
+        """Record one bind-time check (kubelet_plugin.bind_validation)."""
+        self.bind_validations.labels(self.node, "passed" if ok else "failed", reason).observe(seconds)
 
     # --- prepare ------------------------------------------------------------------------------
     def observe_prepare(self, seconds: float, ok: bool, reason: str = "") -> None:

@@ -801,3 +801,23 @@ def test_plugin_probes_follow_a_custom_metrics_port_and_port_zero_is_refused() -
     with pytest.raises(helm.HelmValuesError) as info:
         _chart().render({"kubeletPlugin": {"metrics": {"port": 0}}}, name=RELEASE, namespace=NAMESPACE)
     assert "/kubeletPlugin/metrics/port" in str(info.value)
+
+
+def test_bind_time_validation_reaches_the_plugin_with_the_grants_it_needs(monkeypatch: pytest.MonkeyPatch) -> None:
+    on = {"kubeletPlugin": {"bindTimeValidation": {"enabled": True, "freshnessSeconds": 5}}}
+    config = _plugin_config_from_chart(on, monkeypatch)
+    assert (config.bind_time_validation, config.bind_validation_freshness) == (True, 5.0)
+    assert _plugin_config_from_chart({}, monkeypatch).bind_time_validation is False
+
+    def plugin_rules(values: dict[str, Any]) -> list[tuple[str, tuple[str, ...], tuple[str, ...]]]:
+        [role] = [o for o in find(values, "ClusterRole", "kubelet-plugin")]
+        return [(r, tuple(rule.get("resourceNames") or ()), tuple(rule["verbs"]))
+                for rule in role["rules"] for r in rule["resources"]]
+
+    granted = plugin_rules(on)
+    assert ("resourceclaims", (), ("list", "watch")) in granted  # the watch of claims awaiting this node
+    assert ("resourceclaims/status", (), ("update",)) in granted
+    assert ("resourceclaims/driver", ("gpu.nvidia.com",), ("associated-node:update",)) in granted
+    default = plugin_rules({})
+    assert not [g for g in default if g[0] in ("resourceclaims/status", "resourceclaims/driver")
+                or (g[0] == "resourceclaims" and "watch" in g[2])], default

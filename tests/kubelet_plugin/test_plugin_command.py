@@ -226,3 +226,20 @@ def test_numbers_and_the_proc_root_come_from_the_environment(monkeypatch: pytest
     cfg = command.config_from_args(_args([]))
     assert (cfg.metrics_port, cfg.probe_timeout, cfg.proc_root, cfg.vram_interval) == (9400, 12.5, "/host/proc", 5.0)
     assert command.config_from_args(_args(["--proc-root", "/p", "--metrics-port", "1"])).proc_root == "/p"
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--bind-time-validation", "true", "--health-mode", "off"], "needs the health monitor"),
+    (["--bind-time-validation", "true", "--bind-validation-freshness", "-1"], "BIND_VALIDATION_FRESHNESS=-1.0"),
+    (["--bind-validation-freshness", "soon"], "--bind-validation-freshness (env BIND_VALIDATION_FRESHNESS)"),
+])
+def test_bind_time_validation_settings_that_cannot_work_are_refused_by_name(
+        monkeypatch: pytest.MonkeyPatch, argv: list[str], words: str) -> None:
+    monkeypatch.setenv("NODE_NAME", "node-7")
+    with pytest.raises(ValueError) as refused:
+        command.config_from_args(_args(argv))
+    assert words in str(refused.value)
+    monkeypatch.setenv("BIND_TIME_VALIDATION", "true")
+    monkeypatch.setenv("BIND_VALIDATION_FRESHNESS", "12.5")
+    cfg = command.config_from_args(_args([]))
+    assert (cfg.bind_time_validation, cfg.bind_validation_freshness) == (True, 12.5)
