@@ -12,7 +12,7 @@ overlapping (the machines have two cores):
 Settings forced by these machines, each met for real (issue 13): the kubelet needs a non-loopback
 node IP (a /32 on a bridge), which the API server also advertises so that pods reach it through the
 ``kubernetes`` Service (hostnet.py; a control-plane-only cluster stays on 127.0.0.1 with
-``--endpoint-reconciler-type=none``); the kubelet's settings are in kubelet_config.py; containerd must
+``--endpoint-reconciler-type=none``); the kubelet's and scheduler's settings are in component_config.py; containerd must
 not lower oom_score_adj (``restrict_oom_score_adj``) and has CDI on, reading the plugin's CDI directory.
 """
 
@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from testbed.realcluster import cleanup, containerd_config, fake_nodes, hostnet, images, kubelet_config
+from testbed.realcluster import cleanup, component_config, containerd_config, fake_nodes, hostnet, images
 from testbed.realcluster.binaries import Binaries
 from testbed.realcluster.feature_gates import Gates, driver_gates
 from testbed.realcluster.pki import CertFiles, Pki
@@ -65,6 +65,10 @@ class ClusterConfig:
     kubelet_verbosity: int = 2
     image_cache: str = ""  # default: ~/.cache/gpuready/k8s/images
     start_timeout: float = 90.0
+    # How long kube-scheduler waits in PreBind for a device's binding conditions (its DynamicResources
+    # plugin's bindingTimeout; Kubernetes' default is 600 s). Short here, so a test of a plugin that
+    # never answers sees the pod requeued within seconds.
+    binding_timeout_s: int = 15
     keep_dir: bool = False  # leave the directory (logs, configs) after stop, for a post-mortem
 
 
@@ -430,8 +434,14 @@ class Cluster:
 
     def _start_scheduler(self) -> Component:
         self._scheduler_port = free_port()
-        return self._add("kube-scheduler", [self.bins.kube_scheduler,
-                                            *self._control_plane_flags("kube-scheduler", self._scheduler_port)])
+        kubeconfig = os.path.join(self.dir, "kube-scheduler.kubeconfig")
+        config = component_config.scheduler(kubeconfig=kubeconfig, binding_timeout_s=self.config.binding_timeout_s)
+        path = os.path.join(self.dir, "kube-scheduler-config.yaml")
+        with open(path, "w") as f:
+            yaml.safe_dump(config, f)
+        flags = [f for f in self._control_plane_flags("kube-scheduler", self._scheduler_port)
+                 if not f.startswith(("--kubeconfig=", "--leader-elect="))]
+        return self._add("kube-scheduler", [self.bins.kube_scheduler, f"--config={path}", *flags])
 
     def _start_controller_manager(self) -> Component:
         assert self._pki is not None
@@ -467,7 +477,7 @@ class Cluster:
         cfg = self.config
         self.kubelet_port = free_port(cfg.node_ip)
         self._kubelet_healthz = free_port()
-        config = kubelet_config.render(
+        config = component_config.kubelet(
             node_ip=cfg.node_ip, port=self.kubelet_port, healthz_port=self._kubelet_healthz,
             serving=self._kubelet_serving, client_ca=self._pki.ca.cert, containerd_socket=self.containerd_socket,
             pod_logs_dir=os.path.join(self.dir, "pod-logs"), feature_gates=self.gates.mapping())

@@ -5,6 +5,10 @@ PreBind after allocating one, and the plugin checks exactly that GPU (NVML and a
 freshness 0) before answering in the claim's ``status.devices``.
 
 - A healthy GPU: the condition turns True, and only then is the pod bound.
+- Nobody answers (the plugin frozen with SIGSTOP): after ``bindingTimeout`` (15 s on the testbed's
+  scheduler, ``ClusterConfig.binding_timeout_s``; 600 s by default) the scheduler gives up on the
+  allocation with "device binding timeout" and requeues the pod, which is bound once the plugin
+  answers again: never stuck.
 - A GPU whose probe fails (the simulated NVML's ``probe`` fault, injected after it was published and
   before the pod exists, so nothing but the bind-time check can see it): the failure condition
   turns True, the scheduler clears the allocation and places the pod on the other GPU its claim
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 from typing import Any
 
 import pytest
@@ -107,6 +112,8 @@ def test_pods_bind_only_to_gpus_that_pass_the_bind_time_check(e2e: E2E, namespac
             scheduled = next(c for c in pod.status.conditions if c.type == "PodScheduled")
             assert _time(cond.last_transition_time) <= _time(scheduled.last_transition_time)
             assert log_has(plugin.log_path, "bind_validation_passed")
+            # The scheduler says it waited in PreBind (its Event on the pod).
+            assert [m for r, m in e2e.events_for(namespace, "checked") if r == "BindingConditionsPending"]
             e2e.core.delete_namespaced_pod("checked", namespace, grace_period_seconds=0)
 
             # gpu-0's probe now fails; only the bind-time check will see it (no periodic re-validation).
@@ -123,4 +130,31 @@ def test_pods_bind_only_to_gpus_that_pass_the_bind_time_check(e2e: E2E, namespac
             e2e.core.delete_namespaced_pod("moved", namespace, grace_period_seconds=0)
         finally:
             send_fault(control, "clear", gpu_index=0, wait_s=None)
+            plugin.stop()
+
+
+def test_a_binding_nobody_answers_times_out_and_the_pod_binds_once_the_plugin_is_back(e2e: E2E, namespace: str) -> None:
+    node = "node-f"
+    with e2e.cluster.fake_nodes([node]):
+        plugin = start_plugin(e2e.cluster, node, "h200-141gb", extra_args=("--bind-time-validation", "true"))
+        frozen = False
+        try:
+            devices = wait_for(f"{node}'s gpu-0", lambda: "gpu-0" in (d := e2e.slice_devices(node)) and d, 60)
+            os.kill(plugin.pid, signal.SIGSTOP)  # slices stay published; no answer comes
+            frozen = True
+            manifest = _manifest("unanswered", [devices["gpu-0"]["attributes"]["uuid"]["string"]]).replace(
+                f"kubernetes.io/hostname: {NODE}", f"kubernetes.io/hostname: {node}")
+            e2e.apply(manifest, namespace)
+            timed_out = wait_for("the scheduler to give up waiting (device binding timeout)", lambda: [
+                m for r, m in e2e.events_for(namespace, "unanswered")
+                if r == "FailedScheduling" and "binding timeout" in m], 90)
+            assert timed_out and not e2e.pod(namespace, "unanswered").spec.node_name
+            os.kill(plugin.pid, signal.SIGCONT)
+            frozen = False
+            pod = _bound(e2e, namespace, "unanswered")
+            assert pod.spec.node_name == node
+            e2e.core.delete_namespaced_pod("unanswered", namespace, grace_period_seconds=0)
+        finally:
+            if frozen:
+                os.kill(plugin.pid, signal.SIGCONT)
             plugin.stop()

@@ -1,10 +1,13 @@
-"""The e2e node's KubeletConfiguration: what these machines force, each setting met for real.
+"""The configuration files of the e2e cluster's kubelet and kube-scheduler.
 
-The kubelet serves on the node IP (it refuses loopback) with a certificate of the cluster CA and
+Kubelet: what these machines force, each setting met for real. The kubelet serves on the node IP (it refuses loopback) with a certificate of the cluster CA and
 accepts client certificates of that CA (the API server for logs, tests for /metrics). cgroup v1
 hybrid hosts: 1.35+ refuses v1 unless told, and QoS cgroups and allocatable enforcement need
 controllers this VM's nested hierarchy does not give it. The test machine's disk is shared and
 may be fuller than a node's: nothing is evicted or garbage-collected for disk.
+
+Scheduler: a file only for its DynamicResources plugin's arguments (``bindingTimeout``); it then has to
+carry the client connection and leader election too, which the other components take as flags.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any
 from testbed.realcluster.pki import CertFiles
 
 
-def render(*, node_ip: str, port: int, healthz_port: int, serving: CertFiles, client_ca: str,
+def kubelet(*, node_ip: str, port: int, healthz_port: int, serving: CertFiles, client_ca: str,
            containerd_socket: str, pod_logs_dir: str, feature_gates: Mapping[str, bool]) -> dict[str, Any]:
     """The KubeletConfiguration (kubelet.config.k8s.io/v1beta1) as a dict, ready for YAML."""
     return {
@@ -37,4 +40,16 @@ def render(*, node_ip: str, port: int, healthz_port: int, serving: CertFiles, cl
         "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
         "serializeImagePulls": False,
         "featureGates": dict(feature_gates),
+    }
+
+
+def scheduler(*, kubeconfig: str, binding_timeout_s: int) -> dict[str, Any]:
+    """The KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1) as a dict, ready for YAML."""
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": kubeconfig}, "leaderElection": {"leaderElect": False},
+        "profiles": [{"schedulerName": "default-scheduler", "pluginConfig": [{
+            "name": "DynamicResources",
+            "args": {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "DynamicResourcesArgs",
+                     "bindingTimeout": f"{binding_timeout_s}s"}}]}],
     }
