@@ -93,6 +93,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _answers(port: int) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2):
+            return True
+    except OSError:
+        return False
+
+
 def _plugin_seconds(port: int, family: str) -> tuple[float, float]:
     """(count, sum) of the plugin's own ``family`` histogram (successful calls), from its /metrics."""
     import urllib.request
@@ -240,8 +250,10 @@ class KubeletBench:
         self.metrics_port = port
         try:
             self._wait("kubelet registration", lambda: b"plugin_registered" in Path(log_path).read_bytes())
+            # /metrics starts last in the plugin's start-up, a moment after the registration.
+            self._wait("the plugin's /metrics", lambda: _answers(port), interval=0.05)
             inside0 = [_plugin_seconds(port, f"gpuready_{m}_duration_seconds") for m in ("prepare", "unprepare")]
-            prepare, unprepare = self._pods(variant.name, pods)
+            prepare, unprepare, start = self._pods(variant.name, pods)
             inside1 = [_plugin_seconds(port, f"gpuready_{m}_duration_seconds") for m in ("prepare", "unprepare")]
             rss = _rss_mib(proc.pid)
             time.sleep(5)  # let the last unprepare's work settle
@@ -257,6 +269,7 @@ class KubeletBench:
                       target="median < 5 ms, p95 < 10 ms", median_max=5.0, p95_max=10.0, peers=PEERS["prepare"]),
             summarize(f"{label}NodeUnprepareResources at the kubelet", unprepare, target="median < 3 ms",
                       median_max=3.0, peers=PEERS["unprepare"]),
+            summarize(f"{label}pod create -> Running (scheduling, binding, prepare, container start)", start, "s"),
             summarize(f"{label}of NodePrepareResources, inside the plugin's handler (mean)", [inside[0]]),
             summarize(f"{label}of NodeUnprepareResources, inside the plugin's handler (mean)", [inside[1]]),
             summarize(f"{label}plugin start to first ResourceSlice with devices (health on)", first_slices, "s",
@@ -267,17 +280,21 @@ class KubeletBench:
                       target="< 0.1 s", median_max=0.1, peers=PEERS["idle"]),
         ]
 
-    def _pods(self, prefix: str, count: int) -> tuple[list[float], list[float]]:
+    def _pods(self, prefix: str, count: int) -> tuple[list[float], list[float], list[float]]:
+        """(prepare ms, unprepare ms, pod create -> Running s) for ``count`` pods, one after the other."""
         prepare: list[float] = []
         unprepare: list[float] = []
+        start: list[float] = []
         for i in range(count):
             name = f"bench-{prefix}-{i}".lower().replace("_", "-")
             selector = f"metadata.name={name}"
             since = self.core.list_namespaced_pod("default", field_selector=selector).metadata.resource_version
             before = self._operations()
+            t0 = time.monotonic()
             self.core.create_namespaced_pod("default", _pod(name))
             running = self._watch_until(f"pod {name} Running", self.core.list_namespaced_pod, ("default",), selector,
                                         since, lambda kind, p: kind != "DELETED" and p.status.phase == "Running")
+            start.append(time.monotonic() - t0)
             after = self._operations()  # the kubelet prepared before it started the containers
             prepare.append(_one_call(after, before, "NodePrepareResources"))
             self.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
@@ -288,7 +305,7 @@ class KubeletBench:
             unprepare.append(self._wait("NodeUnprepareResources",
                                         lambda a=after: _calls(self._operations(), a, "NodeUnprepareResources"),
                                         interval=0.1))
-        return prepare, unprepare
+        return prepare, unprepare, start
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

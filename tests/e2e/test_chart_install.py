@@ -1,6 +1,7 @@
 """What only a Helm install has, on the real cluster (chart mode; skipped in process mode):
 
-- least privilege, with the service accounts' own tokens against the real API server: the plugin
+- least privilege, with the service accounts' own tokens against the real API server (and the
+  plugin's grants with ``kubeletPlugin.bindTimeValidation`` on, applied beside the release): the plugin
   may write its node's ResourceSlices and is refused another node's by the chart's admission policy
   (its message), cannot read Secrets, and each account can do exactly the list written here beyond
   what any authenticated account may (``kubectl auth can-i --list`` as the witness);
@@ -18,7 +19,7 @@ import urllib.request
 from typing import Any
 
 import pytest
-from e2e_chart import CONTROLLER_SELECTOR, NAMESPACE, PLUGIN_SELECTOR, RELEASE
+from e2e_chart import CHART, CONTROLLER_SELECTOR, NAMESPACE, PLUGIN_SELECTOR, RELEASE
 from e2e_support import DRIVER, E2E, MODE, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("realcluster"),
@@ -106,6 +107,27 @@ def test_each_account_can_do_exactly_what_the_daemon_needs(e2e: E2E) -> None:
     assert baseline, "can-i --list printed nothing to compare against"
     assert _can_list(e2e, _token(e2e, PLUGIN_SA, plugin_pod)) - baseline == PLUGIN_MAY
     assert _can_list(e2e, _token(e2e, CONTROLLER_SA)) - baseline == CONTROLLER_MAY
+
+
+def test_bind_time_validation_adds_exactly_the_claim_grants_it_needs(e2e: E2E) -> None:
+    # The chart's plugin RBAC with kubeletPlugin.bindTimeValidation on, applied beside the release
+    # under another release name, and read back from the real API server as that account.
+    assert e2e.release is not None
+    rbac = e2e.release.helm("template", "bindcheck", CHART, "--namespace", NAMESPACE,
+                            "--show-only", "templates/rbac-kubelet-plugin.yaml",
+                            "--set", "kubeletPlugin.bindTimeValidation.enabled=true")
+    e2e.cluster.kubectl("apply", "-f", "-", input_text=rbac)
+    try:
+        e2e.cluster.kubectl("create", "serviceaccount", "rbac-baseline-2", "--namespace", NAMESPACE)
+        baseline = _can_list(e2e, _token(e2e, "rbac-baseline-2"))
+        granted = _can_list(e2e, _token(e2e, "bindcheck-kubelet-plugin")) - baseline
+        extra = {("resourceclaims.resource.k8s.io", "[]", "[get list watch]"),
+                 ("resourceclaims.resource.k8s.io/status", "[]", "[update]"),
+                 ("resourceclaims.resource.k8s.io/driver", f"[{DRIVER}]", "[associated-node:update]")}
+        want = {row for row in PLUGIN_MAY if row[0] != "resourceclaims.resource.k8s.io"} | extra
+        assert granted == want, granted ^ want
+    finally:
+        e2e.cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input_text=rbac)
 
 
 def test_the_plugin_writes_only_its_own_nodes_slices_and_reads_no_secrets(e2e: E2E) -> None:
