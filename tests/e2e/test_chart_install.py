@@ -19,6 +19,7 @@ import urllib.request
 from typing import Any
 
 import pytest
+import yaml
 from e2e_chart import CHART, CONTROLLER_SELECTOR, NAMESPACE, PLUGIN_SELECTOR, RELEASE
 from e2e_support import DRIVER, E2E, MODE, wait_for
 
@@ -120,7 +121,8 @@ def test_bind_time_validation_adds_exactly_the_claim_grants_it_needs(e2e: E2E) -
     try:
         e2e.cluster.kubectl("create", "serviceaccount", "rbac-baseline-2", "--namespace", NAMESPACE)
         baseline = _can_list(e2e, _token(e2e, "rbac-baseline-2"))
-        granted = _can_list(e2e, _token(e2e, "bindcheck-kubelet-plugin")) - baseline
+        [account] = [d["metadata"]["name"] for d in yaml.safe_load_all(rbac) if d and d["kind"] == "ServiceAccount"]
+        granted = _can_list(e2e, _token(e2e, account)) - baseline
         extra = {("resourceclaims.resource.k8s.io", "[]", "[get list watch]"),
                  ("resourceclaims.resource.k8s.io/status", "[]", "[update]"),
                  ("resourceclaims.resource.k8s.io/driver", f"[{DRIVER}]", "[associated-node:update]")}
