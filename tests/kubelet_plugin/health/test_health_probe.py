@@ -149,3 +149,27 @@ def test_real_gpu_monitor_publishes_after_validation() -> None:
         t1 = time.monotonic()
         monitor.stop()
         assert time.monotonic() - t1 < 5
+
+
+@pytest.mark.gpu
+def test_real_gpu_bind_time_check_probes_then_trusts_the_window() -> None:
+    # What bind-time validation runs between allocation and binding, on real NVML and real CUDA.
+    from kubelet_plugin.health import HealthMonitor, HealthPolicy, HealthSnapshot
+
+    nvml = open_nvml("real")
+    devices = discover(nvml)
+    snaps: list[HealthSnapshot] = []
+    monitor = HealthMonitor(nvml, devices, HealthPolicy(probe_timeout_s=120), CudaProber(), snaps.append)
+    monitor.start()
+    try:
+        assert monitor.wait_validated(300)
+        name = devices.gpus[0].name
+        t0 = time.monotonic()
+        fresh = monitor.check_for_binding(name, fresh_s=0.0)
+        took = time.monotonic() - t0
+        assert fresh.ok and fresh.reason == "Validated" and "CUDA probe ok" in fresh.message, fresh
+        window = monitor.check_for_binding(name, fresh_s=300.0)
+        assert window.ok and window.reason == "RecentlyValidated", window
+        print(f"bind-time check of {name}: {took:.2f}s with a fresh probe ({fresh.message})")
+    finally:
+        monitor.stop()
