@@ -75,6 +75,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         choices=["none", "evict"],
                         help="none: condition and Events only; evict: also evict pods that have a controller "
                              "[UNHEALTHY_CLAIM_POLICY]")
+    parser.add_argument("--readiness-taint-mode", default=_env("READINESS_TAINT_MODE", "off"),
+                        choices=["off", "bootstrap-only", "continuous"],
+                        help="GPUReady gates the node: bootstrap-only removes the readiness taint from a node once "
+                             "its GPUReady condition is True; continuous also adds it back whenever GPUReady is "
+                             "not True [READINESS_TAINT_MODE]")
+    parser.add_argument("--readiness-taint", default=_env("READINESS_TAINT", "readiness.k8s.io/GPUReady"),
+                        help="the readiness taint's key (value pending, effect NoSchedule) [READINESS_TAINT]")
     parser.add_argument("--allocate", action=argparse.BooleanOptionalAction, default=_env_bool("ALLOCATE", False),
                         help="allocate claims and bind pods (local clusters without kube-scheduler) [ALLOCATE]")
     parser.add_argument("--webhook-port", type=int,
@@ -132,6 +139,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         lease_duration=args.lease_duration, renew_deadline=args.renew_deadline, retry_period=args.retry_period,
         allocate=args.allocate, placement_mode=args.placement_mode,
         on_device_failure=args.on_device_failure, resync_s=args.resync,
+        readiness_taint_mode=args.readiness_taint_mode, readiness_taint_key=args.readiness_taint,
     )
 
 

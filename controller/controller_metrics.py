@@ -70,6 +70,13 @@ class ControllerMetrics:
             "gpuready_controller_inventory_devices",
             "Devices in the controller's inventory of published ResourceSlices, by state.",
             ["state"], registry=r)
+        self.readiness_taint_changes = Counter(
+            "gpuready_controller_readiness_taint_changes",
+            "Readiness taints the leader removed from or added to Nodes (GPUReady gates the node), by result.",
+            ["action", "result"], registry=r)
+        self.readiness_tainted_nodes = Gauge(
+            "gpuready_controller_readiness_tainted_nodes",
+            "Nodes carrying the readiness taint now (they take no pods that do not tolerate it).", registry=r)
         self.is_leader.set(0)
 
     def set_leader(self, leader: bool) -> None:
@@ -104,6 +111,14 @@ class ControllerMetrics:
     def reconciler_action(self, action: str, ok: bool = True) -> None:
         """Count one reconciler action."""
         self.reconciler_actions.labels(action, "success" if ok else "error").inc()
+
+    def readiness_taint_change(self, action: str, ok: bool) -> None:
+        """Count one readiness taint write (``action``: add | remove)."""
+        self.readiness_taint_changes.labels(action, "success" if ok else "error").inc()
+
+    def set_readiness_tainted_nodes(self, count: int) -> None:
+        """Record how many Nodes carry the readiness taint after a pass."""
+        self.readiness_tainted_nodes.set(count)
 
     def set_inventory(self, counts: Mapping[str, int]) -> None:
         """Record inventory size by state (e.g. {'published': 64, 'tainted': 1, 'allocated': 12})."""

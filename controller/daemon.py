@@ -1,4 +1,5 @@
-"""The controller daemon: informers, leader election, webhooks, claim health reconciler, local allocator.
+"""The controller daemon: informers, leader election, webhooks, claim health reconciler, readiness
+taint, local allocator.
 
 Concurrency model: **threads**, one job each, like the kubelet plugin (the synchronous ``kubernetes``
 client and ``http.server`` are thread-based). Informer threads (one per kind) own the watches and
@@ -6,11 +7,13 @@ write only their own caches (each behind its own lock); the inventory thread reb
 inventory after a debounce and swaps it in under a lock; the webhook server answers each connection
 in its own thread and only *reads* the swapped-in inventory, so admission never waits on the API
 server or on a rebuild; the leader-election thread renews the Lease and starts/stops the leader
-loop; the leader loop thread is the only writer of claims and pods (allocator, then health
-reconciler, one pass at a time), woken by informer changes (debounced) or every ``resync_s``. The
-metrics and health HTTP servers each have their own thread. Nothing holds a lock while doing I/O.
+loop; the leader loop thread is the only writer of claims, pods and Node taints (allocator, then
+health reconciler, then the readiness taint, one pass at a time), woken by informer changes
+(debounced) or every ``resync_s``. The metrics and health HTTP servers each have their own thread.
+Nothing holds a lock while doing I/O.
 
-Every replica serves the webhooks; only the leader runs the reconciler and allocator.
+Every replica serves the webhooks; only the leader runs the reconciler, the allocator and the
+readiness taint.
 
 In-process use (tests, the demo)::
 
@@ -36,6 +39,9 @@ from controller.claim_health.reconciler import EVICT, NONE, HealthReconciler
 from controller.controller_metrics import ControllerMetrics
 from controller.informers import ClusterCache
 from controller.leader import LeaderElector, LeaseConfig
+from controller.node_readiness.taint_gate import ReadinessTaintGate
+from controller.node_readiness.taint_rule import DEFAULT_KEY as DEFAULT_READINESS_KEY
+from controller.node_readiness.taint_rule import ReadinessTaint
 from controller.placement.placement_mode import MODES as PLACEMENT_MODES
 from controller.placement.placement_mode import PlacementController
 from controller.planning.planner import Policy
@@ -76,6 +82,8 @@ class ControllerConfig:
     allocate: bool = False
     placement_mode: str = "off"  # off | gated (controller.placement.placement_mode)
     on_device_failure: str = NONE
+    readiness_taint_mode: str = "off"  # off | bootstrap-only | continuous (controller.node_readiness)
+    readiness_taint_key: str = DEFAULT_READINESS_KEY
     resync_s: float = 30.0
     debounce_s: float = 0.05
 
@@ -86,6 +94,7 @@ class ControllerConfig:
             raise ValueError(f"--placement-mode {self.placement_mode!r}: use off or gated")
         if self.on_device_failure not in (NONE, EVICT):
             raise ValueError(f"--on-device-failure {self.on_device_failure!r}: use none or evict")
+        ReadinessTaint(mode=self.readiness_taint_mode, key=self.readiness_taint_key)  # ValueError naming the flag
         if self.webhook_port is not None and not (self.cert_file and self.key_file):
             raise ValueError("the webhook serves HTTPS only: give --webhook-cert and --webhook-key (or "
                              "--webhook-cert-dir holding tls.crt and tls.key), or turn it off with --webhook-port 0")
@@ -98,6 +107,11 @@ class ControllerConfig:
     def memory_class_name(self) -> str:
         """The DeviceClass whose memory requests the mutating webhook shapes."""
         return self.memory_class or f"vram.{self.driver_name}"
+
+    @property
+    def readiness_taint(self) -> ReadinessTaint:
+        """The readiness taint rule (GPUReady gates the node)."""
+        return ReadinessTaint(mode=self.readiness_taint_mode, key=self.readiness_taint_key)
 
     @property
     def identity_name(self) -> str:
@@ -142,6 +156,9 @@ class Controller:
                           if config.allocate else None)
         self.placement = (PlacementController(self.api, self.cache, config.driver_name, cast(Policy, config.policy),
                                               self.metrics) if config.placement_mode == "gated" else None)
+        rule = config.readiness_taint
+        self.readiness_gate = (ReadinessTaintGate(self.api, self.cache.nodes, rule, self.metrics)
+                               if rule.enabled else None)
         self.webhook: WebhookServer | None = None
         self.elector: LeaderElector | None = None
         self._metrics_server: Any = None
@@ -185,7 +202,7 @@ class Controller:
             self._start_leading()
         log.info("controller_started", driver=cfg.driver_name, policy=cfg.policy, allocate=cfg.allocate,
                  placement_mode=cfg.placement_mode, on_device_failure=cfg.on_device_failure, identity=cfg.identity_name,
-                 webhook=self.webhook.url if self.webhook else "off")
+                 readiness_taint=cfg.readiness_taint_mode, webhook=self.webhook.url if self.webhook else "off")
         return self
 
     def stop(self, release: bool = True) -> None:
@@ -282,6 +299,8 @@ class Controller:
             if self.placement is not None:
                 self.placement.reconcile()
             self.reconciler.reconcile()
+            if self.readiness_gate is not None:
+                self.readiness_gate.reconcile()
             inv = self.cache.inventory()
             if inv is not None:
                 self.metrics.set_inventory({"published": len(inv.devices), "allocated": len(inv.taken_by),

@@ -28,6 +28,7 @@ CHART_ENV = {  # what deploy/helm/gpuready/templates/controller-deployment.yaml 
     "LEADER_ELECTION_NAMESPACE": "gpuready", "LEADER_ELECTION_LEASE_NAME": "gpuready-controller",
     "LEASE_DURATION": "15", "RENEW_DEADLINE": "10", "RETRY_PERIOD": "2", "METRICS_PORT": "9090",
     "WEBHOOK_PORT": "9443", "WEBHOOK_CERT_DIR": "/etc/gpuready/webhook-tls",
+    "READINESS_TAINT_MODE": "bootstrap-only", "READINESS_TAINT": "readiness.k8s.io/GPUReady",
 }
 
 
@@ -77,6 +78,7 @@ def test_chart_environment_configures_the_controller(monkeypatch: pytest.MonkeyP
     assert (cfg.metrics_port, cfg.webhook_port) == (9090, 9443)
     assert (cfg.cert_file, cfg.key_file) == ("/etc/gpuready/webhook-tls/tls.crt", "/etc/gpuready/webhook-tls/tls.key")
     assert cfg.memory_class_name == "vram.gpu.example.com" and cfg.leader_elect and not cfg.allocate
+    assert (cfg.readiness_taint.mode, cfg.readiness_taint.key) == ("bootstrap-only", "readiness.k8s.io/GPUReady")
     # Flags win over the environment.
     cfg = config_from_args(build_parser().parse_args(["controller", "--policy", "binpack", "--no-leader-elect"]))
     assert cfg.policy == "binpack" and not cfg.leader_elect
@@ -89,6 +91,8 @@ def test_chart_environment_configures_the_controller(monkeypatch: pytest.MonkeyP
 @pytest.mark.parametrize(("argv", "message"), [
     (["--webhook-port", "8443"], "--webhook-cert"),
     (["--webhook-port", "0", "--lease-duration", "5", "--renew-deadline", "10"], "lease duration (5.0) > renew deadline"),
+    (["--webhook-port", "0", "--readiness-taint-mode", "continuous", "--readiness-taint", "readiness.k8s.io/"],
+     "--readiness-taint 'readiness.k8s.io/': the name part must be 1-63 characters"),
 ])
 def test_bad_configuration_exits_2_with_a_message_naming_the_flag(argv: list[str], message: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "dra_driver", "controller", *argv], capture_output=True, text=True,

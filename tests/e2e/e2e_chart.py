@@ -5,7 +5,8 @@ cluster, with the test-only image tag (the production image plus the simulated N
 ``build-image.sh`` and imported into the node's containerd) and only the values a user of a
 GPU-less test cluster would set: the image, the simulated profile, the kubelet's own directories
 (this kubelet's root is not /var/lib/kubelet), the short recovery times the fault tests need, the
-controller's placement mode, and the fault directory (``testbed.simControlDir``, a test-only value).
+controller's placement mode, the readiness taint mode, and the fault directory
+(``testbed.simControlDir``, a test-only value).
 The node carries the label GPU nodes get from the GPU Operator, which the DaemonSet's affinity asks
 for. The plugin is then the DaemonSet's pod and the controller the Deployment's pods, reached by
 the API server through the chart's own Services, certificate and webhook configurations.
@@ -78,6 +79,7 @@ class ChartRelease:
             # A faulted GPU comes back 2 s after its cause clears, after one validation.
             "validation": {"holdDownSeconds": 2, "recoveryPasses": 1},
             "controller": {"placementMode": "gated"},
+            "readinessTaint": {"mode": "bootstrap-only"},
             "testbed": {"simControlDir": self.control_dir},
         }
 

@@ -66,7 +66,8 @@ def start_controller(cluster: Cluster, placement: bool = True) -> RunningControl
     argv = [sys.executable, "-m", "dra_driver", "controller", "--kubeconfig", cluster.kubeconfig,
             "--webhook-cert", cert.cert, "--webhook-key", cert.key, "--webhook-port", str(webhook_port),
             "--bind-address", "127.0.0.1", "--metrics-port", "0", "--health-port", str(health_port),
-            "--no-leader-elect", "--placement-mode", "gated" if placement else "off"]
+            "--no-leader-elect", "--placement-mode", "gated" if placement else "off",
+            "--readiness-taint-mode", "bootstrap-only"]
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
     proc = Component(CONTROLLER, argv, cluster.log_path(CONTROLLER), env=env, cwd=REPO).start()
     cluster.components[proc.name] = proc

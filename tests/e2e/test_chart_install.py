@@ -45,7 +45,8 @@ CONTROLLER_MAY = {
     ("devicetaintrules.resource.k8s.io", "[]", "[get list watch]"),
     ("resourceclaims.resource.k8s.io/status", "[]", "[update]"),
     ("resourceclaims.resource.k8s.io/driver", f"[{DRIVER}]", "[arbitrary-node:update]"),
-    ("nodes", "[]", "[get list watch]"),
+    # patch: readinessTaint.mode=bootstrap-only (this suite's values) lifts the readiness taint.
+    ("nodes", "[]", "[get list watch patch]"),
     # patch: placementMode=gated (this suite's values): the claim's finalizer, lifting the pod's gate,
     # and the allocation through resourceclaims/binding.
     ("resourceclaims.resource.k8s.io", "[]", "[get list watch patch]"),
@@ -155,6 +156,25 @@ def test_the_plugin_writes_only_its_own_nodes_slices_and_reads_no_secrets(e2e: E
     with pytest.raises(ApiException) as secrets:
         k.CoreV1Api(api).list_namespaced_secret(NAMESPACE)
     assert secrets.value.status == 403
+
+
+def test_the_controller_may_change_only_the_readiness_taint_of_a_node(e2e: E2E) -> None:
+    from kubernetes import client as k
+    from kubernetes.client import ApiException
+
+    core = k.CoreV1Api(_api_as(e2e, _token(e2e, CONTROLLER_SA)))
+    taints = [t.to_dict() for t in e2e.core.read_node(e2e.node).spec.taints or []]
+    gate = {"key": "readiness.k8s.io/GPUReady", "value": "pending", "effect": "NoSchedule"}
+    # The readiness taint: admitted (dry run: the node is not touched).
+    core.patch_node(e2e.node, {"spec": {"taints": [*taints, gate]}}, dry_run="All")
+    for patch, words in (({"metadata": {"labels": {"gpuready-e2e": "x"}}}, "not its labels"),
+                         ({"spec": {"taints": [*taints, {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}]}},
+                          "not its other taints"),
+                         ({"spec": {"unschedulable": True}}, "unschedulable")):
+        with pytest.raises(ApiException) as refused:
+            core.patch_node(e2e.node, patch, dry_run="All")
+        assert refused.value.status in (403, 422) and words in refused.value.body, refused.value.body
+        assert f"may only change the readiness taint readiness.k8s.io/GPUReady of Node {e2e.node}" in refused.value.body
 
 
 def _scrape(pod: Any, port: int) -> str:

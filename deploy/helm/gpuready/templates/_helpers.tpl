@@ -83,6 +83,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if eq (toString .Values.controller.placementMode) "gated" }}gated{{ else }}off{{ end -}}
 {{- end -}}
 
+{{/* readinessTaint.mode: an unquoted off in YAML is false, taken as off. */}}
+{{- define "gpuready.readinessTaintMode" -}}
+{{- $m := toString .Values.readinessTaint.mode }}{{ if has $m (list "bootstrap-only" "continuous") }}{{ $m }}{{ else }}off{{ end -}}
+{{- end -}}
+
 {{/* The simulated NVML's spec: the profile, seeded with the node's name unless it names a seed itself. */}}
 {{- define "gpuready.simulatedNvml" -}}
 {{- if contains "@" .Values.nvml.simulatedProfile -}}
