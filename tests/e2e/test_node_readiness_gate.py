@@ -11,6 +11,7 @@ import contextlib
 import time
 
 import pytest
+from e2e_controller import ChartController, RunningController
 from e2e_support import E2E, wait_for
 from test_gpu_fault import fault_off_the_bus, gpu_ready, unschedulable
 
@@ -46,7 +47,8 @@ def _gpu_ready_status(e2e: E2E) -> str:
     return str(cond.status) if cond is not None else ""
 
 
-def test_a_node_takes_no_pods_until_its_gpus_are_ready(e2e: E2E, namespace: str) -> None:
+def test_a_node_takes_no_pods_until_its_gpus_are_ready(
+        e2e: E2E, namespace: str, controller: RunningController | ChartController) -> None:
     try:
         fault_off_the_bus(e2e.control_dir, GPU)
         wait_for("GPUReady=False", lambda: _gpu_ready_status(e2e) == "False", 30)
