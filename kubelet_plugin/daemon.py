@@ -264,8 +264,8 @@ class KubeletPlugin:
     def _start_preparer(self) -> None:
         """Open the checkpoint (a corrupt one is quarantined, with an Event), make the preparer and
         reconcile the checkpoint with the node (:func:`kubelet_plugin.prepare.recovery.recover`)."""
-        from kubelet_plugin.cdi.cdi_spec import driver_mounts
-        from kubelet_plugin.cdi.driver_files import find_driver_files
+        from kubelet_plugin.cdi.cdi_spec import driver_mounts, ldcache_hook
+        from kubelet_plugin.cdi.driver_files import CONTAINER_LIB_DIR, find_driver_files
         from kubelet_plugin.prepare.mig_ops import NvmlMigOps
         from kubelet_plugin.prepare.preparer import Preparer, PrepareSettings
         from kubelet_plugin.prepare.recovery import recover
@@ -273,11 +273,18 @@ class KubeletPlugin:
         cfg = self.config
         assert self.devices is not None
         self._open_checkpoint()
-        mounts = driver_mounts(cfg.cdi_driver_root, find_driver_files(cfg.driver_root))
+        files = find_driver_files(cfg.driver_root)
+        for problem in files.skipped:
+            log.warning("driver_file_skipped", node=cfg.node_name, driver_root=cfg.driver_root, problem=problem)
+        log.info("driver_files_found", node=cfg.node_name, driver_root=cfg.driver_root,
+                 libraries=len(files.libraries), tools=len(files.tools))
+        mounts = driver_mounts(cfg.cdi_driver_root, files.files)
+        # Libraries need the container's loader to know their directory; no libraries, no hook.
+        hooks = (ldcache_hook(CONTAINER_LIB_DIR),) if files.libraries else ()
         self.preparer = Preparer(
             PrepareSettings(driver_name=cfg.driver_name, pool=cfg.node_name, cdi_root=cfg.cdi_root,
                             control_device_nodes=tuple(self.devices.control_device_nodes),
-                            driver_mounts=tuple(mounts), write_mig_status=cfg.write_mig_status,
+                            driver_mounts=tuple(mounts), driver_hooks=hooks, write_mig_status=cfg.write_mig_status,
                             taint_mode=self.pool.fallback.health_mode == "taint", driver_root=cfg.driver_root),
             self.checkpoint, self.kubelet.claim_reader(), self.device_index,
             mig=NvmlMigOps(self.nvml, on_change=self.refresh_devices, node=cfg.node_name) if cfg.dynamic_mig else None)

@@ -15,8 +15,9 @@ shared with ``sharing.strategy: MPS`` also gets the claim's MPS daemon: ``CUDA_M
 and a read-write mount of the daemon's pipe directory at the same path, plus its shared-memory
 directory mounted on ``/dev/shm`` (see :mod:`kubelet_plugin.mps.control_daemon`). Spec-level
 edits (applied whenever any device of the claim is injected): the control device nodes
-(``/dev/nvidiactl``, ``/dev/nvidia-uvm``...) and read-only bind mounts of the NVIDIA driver files
-found under the configured driver root.
+(``/dev/nvidiactl``, ``/dev/nvidia-uvm``...), read-only bind mounts of the NVIDIA driver files
+found under the configured driver root (libraries in one directory under their SONAMEs, tools in
+``/usr/bin``), and a hook that adds that directory to the container's loader cache.
 
 No I/O here; prepare writes the file (:meth:`kubelet_plugin.prepare.preparer.Preparer.write_spec`).
 """
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dra_driver.opaque_config import DeviceConfig
+from kubelet_plugin.cdi.driver_files import DriverFile
 
 CDI_CLASS = "claim"
 NVIDIA_MAJOR = 195  # fixed character major of /dev/nvidia<minor> and /dev/nvidiactl
@@ -106,18 +108,70 @@ def _device_node(path: str) -> dict[str, Any]:
     return node
 
 
-def driver_mounts(driver_root: str, files: Sequence[str]) -> list[dict[str, Any]]:
-    """Read-only bind mounts of NVIDIA driver files found under ``driver_root``.
+def driver_mounts(driver_root: str, files: Sequence[DriverFile]) -> list[dict[str, Any]]:
+    """Read-only bind mounts of the NVIDIA driver files found under ``driver_root``.
 
-    ``files`` are absolute paths as the container should see them (``/usr/bin/nvidia-smi``); the
-    host path is the same path under ``driver_root`` (``/`` for a driver installed on the host,
-    ``/run/nvidia/driver`` for the GPU operator's driver container).
+    Each file's ``source`` is its path inside the driver root (``/`` for a driver installed on the
+    host, ``/run/nvidia/driver`` for the GPU operator's driver container); the container sees it at
+    its ``container_path`` (libraries under their SONAME in one directory, tools in ``/usr/bin``).
     """
     root = driver_root.rstrip("/")
     return [
-        {"hostPath": f"{root}{path}", "containerPath": path, "type": "bind", "options": list(MOUNT_OPTIONS)}
-        for path in sorted(files)
+        {"hostPath": f"{root}{f.source}", "containerPath": f.container_path, "type": "bind",
+         "options": list(MOUNT_OPTIONS)}
+        for f in files
     ]
+
+
+# A createContainer hook runs in the container's mount namespace after its mounts and before
+# pivot_root, so it sees the image's root filesystem (and the driver files mounted into it) at the
+# bundle's rootfs, from the host's own programs. It adds the library directory to the image's loader
+# cache, so libcuda.so.1 is found in any glibc image (Debian's multiarch paths, RHEL's /usr/lib64, a
+# distroless image with no ldconfig): with the image's own ldconfig when it has one (it writes the
+# format its loader reads, and keeps its own search paths), else the host's ldconfig on the image's
+# root with the image's library directories named so they stay in the cache. It never fails the
+# container (a read-only root filesystem cannot take a cache): it says why on stderr and exits 0.
+LDCACHE_HOOK_SCRIPT = r"""dir=$1
+say() { echo "gpuready ldcache hook: $*" >&2; }
+state=$(cat)
+bundle=$(printf '%s' "$state" | sed -n 's/.*"bundle" *: *"\([^"]*\)".*/\1/p')
+[ -n "$bundle" ] && [ -f "$bundle/config.json" ] || { say "no bundle in the OCI state"; exit 0; }
+root=$(sed -n 's/.*"root" *: *{ *"path" *: *"\([^"]*\)".*/\1/p' "$bundle/config.json")
+case $root in /*) ;; "") root=$bundle/rootfs ;; *) root=$bundle/$root ;; esac
+[ -d "$root$dir" ] || { say "$dir is not in the container"; exit 0; }
+if [ -d "$root/etc/ld.so.conf.d" ]; then
+  echo "$dir" > "$root/etc/ld.so.conf.d/000-gpuready-nvidia.conf" 2>/dev/null || say "cannot write ld.so.conf.d"
+fi
+for own in /sbin/ldconfig /usr/sbin/ldconfig; do
+  if [ -x "$root$own" ] && command -v chroot >/dev/null; then
+    chroot "$root" "$own" "$dir" && exit 0
+    say "the image's $own failed"; break
+  fi
+done
+dirs=$dir
+for d in /lib64 /usr/lib64 /lib/x86_64-linux-gnu /usr/lib/x86_64-linux-gnu /lib/aarch64-linux-gnu \
+         /usr/lib/aarch64-linux-gnu /lib /usr/lib /usr/local/lib; do
+  [ -d "$root$d" ] && [ ! -L "$root$d" ] && dirs="$dirs $d"
+done
+for host in /sbin/ldconfig.real /sbin/ldconfig /usr/sbin/ldconfig; do
+  if [ -x "$host" ]; then
+    "$host" -r "$root" $dirs && exit 0
+    say "$host -r failed"; exit 0
+  fi
+done
+say "no ldconfig in the image nor on the host"
+exit 0
+"""
+HOOK_SHELL = "/bin/sh"
+HOOK_TIMEOUT_S = 10
+
+
+def ldcache_hook(lib_dir: str) -> dict[str, Any]:
+    """The CDI hook that puts ``lib_dir`` (where the driver's libraries are mounted) into the
+    container's loader cache; it needs only ``/bin/sh``, ``sed`` and ``ldconfig`` on the node."""
+    return {"hookName": "createContainer", "path": HOOK_SHELL,
+            "args": ["sh", "-c", LDCACHE_HOOK_SCRIPT, "gpuready-ldcache", lib_dir],
+            "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"], "timeout": HOOK_TIMEOUT_S}
 
 
 def _device_env(device: CdiDevice, request_devices: Sequence[CdiDevice]) -> list[str]:
@@ -155,7 +209,8 @@ def _device_mounts(device: CdiDevice) -> list[dict[str, Any]]:
 
 
 def claim_spec(driver_name: str, claim_uid: str, devices: Sequence[CdiDevice],
-               control_device_nodes: Sequence[str], mounts: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+               control_device_nodes: Sequence[str], mounts: Sequence[Mapping[str, Any]] = (),
+               hooks: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """The CDI spec (as a JSON-ready dict) for one prepared claim."""
     if not devices:
         raise ValueError("a CDI spec needs at least one device")
@@ -173,6 +228,8 @@ def claim_spec(driver_name: str, claim_uid: str, devices: Sequence[CdiDevice],
     top: dict[str, Any] = {"deviceNodes": [_device_node(p) for p in control_device_nodes]}
     if mounts:
         top["mounts"] = [dict(m) for m in mounts]
+    if hooks:
+        top["hooks"] = [dict(h) for h in hooks]
     spec: dict[str, Any] = {"cdiVersion": BASE_VERSION, "kind": cdi_kind(driver_name),
                             "devices": cdi_devices, "containerEdits": top}
     spec["cdiVersion"] = minimum_version(spec)

@@ -44,6 +44,7 @@ class PrepareSettings:
     cdi_root: str
     control_device_nodes: tuple[str, ...]
     driver_mounts: tuple[Mapping[str, Any], ...] = ()
+    driver_hooks: tuple[Mapping[str, Any], ...] = ()  # the loader-cache hook, when there are libraries
     write_mig_status: bool = True
     # Taint mode: an unhealthy device is published with a NoSchedule taint and the scheduler gives it
     # only to claims that tolerate it, so an allocation naming it is the scheduler's decision: prepare

@@ -298,7 +298,8 @@ class Preparer:
                     device_nodes=nodes, config=d.config, memory_bytes=d.device.memory_bytes)
             cdi_devices = self._start_mps(plan, self.checkpoint.get(plan.uid) or record, cdi_devices)
             spec = claim_spec(self.settings.driver_name, plan.uid, list(cdi_devices.values()),
-                              self.settings.control_device_nodes, self.settings.driver_mounts)
+                              self.settings.control_device_nodes, self.settings.driver_mounts,
+                              self.settings.driver_hooks)
             self.write_spec(record.cdi_spec_file, spec)
             answer = answer_for(plan, self.settings.driver_name)
             with self.checkpoint.update() as records:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from kubelet_plugin.cdi.cdi_spec import validate_spec
-from kubelet_plugin.cdi.driver_files import find_driver_files
+from kubelet_plugin.cdi.driver_files import CONTAINER_LIB_DIR, find_driver_files
 from kubelet_plugin.nvml import open_nvml
 from testbed.gpu_load import process_holding_vram
 from testbed.plugin_harness import PluginHarness
@@ -33,9 +34,16 @@ def test_real_gpu_registers_prepares_and_cdi_spec_names_device_node_and_uuid() -
         assert f"NVIDIA_VISIBLE_DEVICES={gpu.uuid}" in edits["env"]
         if gpu.minor == 0:
             assert edits["deviceNodes"][0]["path"] == "/dev/nvidia0"
-        # The driver files found on this machine are bind-mounted read-only.
-        mounts = [m["containerPath"] for m in spec["containerEdits"].get("mounts", [])]
-        assert mounts == find_driver_files("/")
+        # The driver files found on this machine are bind-mounted read-only: real ELF files, libcuda and
+        # NVML among them, with the hook that puts their directory in the container's loader cache.
+        found = find_driver_files("/")
+        mounts = spec["containerEdits"].get("mounts", [])
+        assert [m["containerPath"] for m in mounts] == [f.container_path for f in found.files]
+        assert {"libcuda.so.1", "libnvidia-ml.so.1"} <= {os.path.basename(f.container_path) for f in found.libraries}
+        for m in mounts:
+            with open(m["hostPath"], "rb") as f:
+                assert f.read(4) == b"\x7fELF", m
+        assert spec["containerEdits"]["hooks"][0]["args"][-1] == CONTAINER_LIB_DIR
         assert kubelet.unprepare([("default", "real", uid)]) == {uid: ""}
         assert h.cdi_files("gpu-node") == []
 

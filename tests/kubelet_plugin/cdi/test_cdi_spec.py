@@ -15,6 +15,7 @@ from kubelet_plugin.cdi.cdi_spec import (
     spec_file_name,
     validate_spec,
 )
+from kubelet_plugin.cdi.driver_files import DriverFile
 
 UID = "001e71af-c5fc-47a6-b4f5-477b213e4080"
 
@@ -27,7 +28,7 @@ def _spec() -> dict:
                   ("/dev/nvidia2", "/dev/nvidia-caps/nvidia-cap30", "/dev/nvidia-caps/nvidia-cap31")),
     ]
     return claim_spec("gpu.nvidia.com", UID, devices, NVIDIA_CONTROL_DEVICE_NODES,
-                      driver_mounts("/run/nvidia/driver", ["/usr/bin/nvidia-smi"]))
+                      driver_mounts("/run/nvidia/driver", [DriverFile("/usr/bin/nvidia-smi", "/usr/bin/nvidia-smi")]))
 
 
 def test_names_follow_cdi_conventions() -> None:
