@@ -10,6 +10,8 @@ DEFAULT_DRIVER = "gpu.nvidia.com"
 DEFAULT_REGISTRAR_DIR = "/var/lib/kubelet/plugins_registry"
 DEFAULT_PLUGINS_ROOT = "/var/lib/kubelet/plugins"
 DEFAULT_CDI_ROOT = "/var/run/cdi"
+# Not under the kubelet's 0750 root: MPS servers run as pods' users and must reach their pipe directories.
+DEFAULT_MPS_ROOT = "/run/gpuready/mps"
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
@@ -63,6 +65,8 @@ class PluginConfig:
     # The kubelet's PodResources API socket: container names of allocated devices (metrics labels,
     # VRAM accounting). "" = not asked; a missing socket is logged once and looked for again.
     pod_resources_socket: str = DEFAULT_POD_RESOURCES_SOCKET
+    # Claims' MPS directories ("" = under the plugin data directory, as the test harnesses use).
+    mps_root: str = ""
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

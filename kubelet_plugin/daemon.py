@@ -284,7 +284,8 @@ class KubeletPlugin:
         self.preparer = Preparer(
             PrepareSettings(driver_name=cfg.driver_name, pool=cfg.node_name, cdi_root=cfg.cdi_root,
                             control_device_nodes=tuple(self.devices.control_device_nodes),
-                            driver_mounts=tuple(mounts), driver_hooks=hooks, write_mig_status=cfg.write_mig_status,
+                            driver_mounts=tuple(mounts), driver_hooks=hooks, mps_root=cfg.mps_root,
+                            write_mig_status=cfg.write_mig_status,
                             taint_mode=self.pool.fallback.health_mode == "taint", driver_root=cfg.driver_root),
             self.checkpoint, self.kubelet.claim_reader(), self.device_index,
             mig=NvmlMigOps(self.nvml, on_change=self.refresh_devices, node=cfg.node_name) if cfg.dynamic_mig else None)

@@ -16,6 +16,7 @@ from dra_driver.slices.shared_gpus import SharedGpuNames, check_shared_gpu_names
 from kubelet_plugin.config import (
     DEFAULT_CDI_ROOT,
     DEFAULT_DRIVER,
+    DEFAULT_MPS_ROOT,
     DEFAULT_PLUGINS_ROOT,
     DEFAULT_POD_RESOURCES_SOCKET,
     DEFAULT_REGISTRAR_DIR,
@@ -90,6 +91,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="the kubelet's plugins directory, as the upstream helper names it: the plugin data directory is "
            "<this>/<driver name> (env KUBELET_PLUGINS_DIRECTORY_PATH)")
     a("--cdi-root", default=_env("CDI_ROOT", DEFAULT_CDI_ROOT), help="CDI spec directory (env CDI_ROOT)")
+    a("--mps-root", default=_env("MPS_ROOT", DEFAULT_MPS_ROOT),
+      help="where MPS-shared claims' daemons keep pipes, logs and shared memory; every user must be able "
+           "to reach it, since MPS runs each server as its pod's user (env MPS_ROOT)")
     a("--driver-root", default=_env("NVIDIA_DRIVER_ROOT", "/"),
       help="where the NVIDIA driver files are: / or /run/nvidia/driver (env NVIDIA_DRIVER_ROOT)")
     a("--host-driver-root", default=_env("NVIDIA_DRIVER_ROOT_HOST", ""),
@@ -235,7 +239,8 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         probe_timeout=_number(args, "--probe-timeout"), recovery_passes=_number(args, "--recovery-passes"),
         hold_down=_number(args, "--hold-down"), proc_root=args.proc_root,
         vram_interval=_number(args, "--vram-interval"), dev_root=getattr(args, "dev_root", ""),
-        pod_resources_socket=getattr(args, "pod_resources_socket", DEFAULT_POD_RESOURCES_SOCKET))
+        pod_resources_socket=getattr(args, "pod_resources_socket", DEFAULT_POD_RESOURCES_SOCKET),
+        mps_root=getattr(args, "mps_root", DEFAULT_MPS_ROOT))
 
 
 def _port(port: int) -> int:

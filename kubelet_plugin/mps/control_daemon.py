@@ -137,12 +137,14 @@ class MpsControl:
         """See :meth:`MpsOps.start`."""
         binary = self.locate()
         deadline = time.monotonic() + self.settings.start_timeout
-        for path in (record.pipe_dir, record.log_dir):
-            os.makedirs(path, mode=0o755, exist_ok=True)
+        # The daemon starts each MPS server as the user of its first client, and that server writes its
+        # pipes, log and shared memory here: containers run as any user, so these are open to all, with
+        # the sticky bit (like /tmp and /dev/shm), and are mounted only into this claim's containers.
+        for path in (record.pipe_dir, record.log_dir, *([record.shm_dir] if record.shm_dir else [])):
+            os.makedirs(path, exist_ok=True)
+            os.chmod(path, 0o1777)
         command = [binary, "-d"]
         if record.shm_dir:
-            os.makedirs(record.shm_dir, exist_ok=True)
-            os.chmod(record.shm_dir, 0o1777)  # like /dev/shm: clients may run as any user
             unshare = shutil.which("unshare")
             if unshare is None:
                 raise MpsError("mps_start_failed", "unshare (util-linux) is not installed in the plugin's image, "
@@ -230,6 +232,7 @@ class MpsControl:
             for pid in pids:
                 if not _wait_gone(pid, deadline):
                     _kill(pid, record.pipe_dir, self.settings.node)
+                reap(pid)
             while serving(record.pipe_dir):  # a daemon outside our PID namespace: only quit reaches it
                 if time.monotonic() >= deadline:
                     raise MpsError("mps_stop_failed", f"an MPS control daemon still answers on {record.pipe_dir} "
@@ -292,6 +295,17 @@ def _kill(pid: int, pipe_dir: str, node: str) -> None:
             return
     raise MpsError("mps_stop_failed", f"the MPS control daemon (PID {pid}, pipe directory {pipe_dir}) did not "
                    "exit after quit, SIGTERM and SIGKILL")
+
+
+def reap(pid: int) -> None:
+    """Collect ``pid``'s exit status if it is a child of this process.
+
+    ``-d`` daemonizes: the control daemon's parent exits and the daemon is re-parented to the PID
+    namespace's init, which in the DaemonSet's container is the plugin itself. Unreaped, every stopped
+    daemon would stay a zombie of the plugin for as long as it runs.
+    """
+    with contextlib.suppress(ChildProcessError, OSError):  # not our child, or already collected
+        os.waitpid(pid, os.WNOHANG)
 
 
 def _wait_gone(pid: int, deadline: float) -> bool:

@@ -10,9 +10,10 @@ from a record or a PID file counts as the claim's daemon only when the process i
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from dra_driver.logs import get_logger
 from kubelet_plugin.checkpoint.schema import MpsRecord
@@ -39,9 +40,23 @@ def legacy_dir_name(claim_uid: str) -> str:
     return name[:16] or "claim"
 
 
-def plan_record(data_dir: str, claim_uid: str, private_shm: bool) -> MpsRecord:
+@dataclass(frozen=True)
+class MpsBase:
+    """Where claims' MPS directories live: ``path`` for new ones, ``earlier`` where earlier versions put
+    them (records naming those are still trusted, so an upgrade stops the daemons it finds).
+
+    ``path`` must be reachable by every user (no 0700/0750 directory above it, as the kubelet's root
+    directory is): MPS runs each server as its client's user, and that server opens the claim's pipe
+    directory on the host.
+    """
+
+    path: str
+    earlier: tuple[str, ...] = ()
+
+
+def plan_record(base: MpsBase, claim_uid: str, private_shm: bool) -> MpsRecord:
     """The directories of a claim's daemon (fixed before anything starts, so a crash can clean up)."""
-    return _record_at(os.path.join(data_dir, "mps", claim_dir_name(claim_uid)), private_shm)
+    return _record_at(os.path.join(base.path, claim_dir_name(claim_uid)), private_shm)
 
 
 def _record_at(root: str, private_shm: bool) -> MpsRecord:
@@ -52,6 +67,9 @@ def _record_at(root: str, private_shm: bool) -> MpsRecord:
 def write_owner(record: MpsRecord, claim_uid: str) -> None:
     """Mark the claim's MPS directory as its own (before its daemon starts)."""
     os.makedirs(record.root, mode=0o755, exist_ok=True)
+    # Every user must reach the claim's directories through the base (umask may have narrowed it).
+    with contextlib.suppress(OSError):
+        os.chmod(os.path.dirname(record.root), 0o755)
     with open(os.path.join(record.root, OWNER_FILE), "w") as f:
         f.write(claim_uid)
 
@@ -65,7 +83,7 @@ def dir_owner(root: str) -> str | None:
         return None
 
 
-def trusted_record(data_dir: str, claim_uid: str, record: MpsRecord, node: str = "") -> MpsRecord:
+def trusted_record(base: MpsBase, claim_uid: str, record: MpsRecord, node: str = "") -> MpsRecord:
     """``record`` with every path and the binary checked against what the plugin itself would use.
 
     A checkpoint is a file on disk: its paths are never trusted (a record naming ``/`` as its root
@@ -73,8 +91,9 @@ def trusted_record(data_dir: str, claim_uid: str, record: MpsRecord, node: str =
     version used), the other directories fixed under it, the binary an ``nvidia-cuda-mps-control``;
     anything else is replaced by the derived value.
     """
-    allowed = {os.path.join(data_dir, "mps", name) for name in (claim_dir_name(claim_uid), legacy_dir_name(claim_uid))}
-    root = record.root if record.root in allowed else plan_record(data_dir, claim_uid, False).root
+    allowed = {os.path.join(where, name) for where in (base.path, *base.earlier)
+               for name in (claim_dir_name(claim_uid), legacy_dir_name(claim_uid))}
+    root = record.root if record.root in allowed else plan_record(base, claim_uid, False).root
     derived = _record_at(root, bool(record.shm_dir))
     binary = record.binary if os.path.basename(record.binary) == MPS_CONTROL else ""
     checked = replace(record, root=root, pipe_dir=derived.pipe_dir, log_dir=derived.log_dir,
@@ -85,10 +104,10 @@ def trusted_record(data_dir: str, claim_uid: str, record: MpsRecord, node: str =
     return checked
 
 
-def orphan_record(data_dir: str, claim_uid: str, node: str = "") -> MpsRecord | None:
+def orphan_record(base: MpsBase, claim_uid: str, node: str = "") -> MpsRecord | None:
     """The MPS directory of a claim that has no record, if it exists and is this claim's (its owner file
     names this UID, or names none under the hash of the full UID); None otherwise."""
-    root = os.path.join(data_dir, "mps", claim_dir_name(claim_uid))
+    root = os.path.join(base.path, claim_dir_name(claim_uid))
     if not os.path.isdir(root):
         return None
     owner = dir_owner(root)

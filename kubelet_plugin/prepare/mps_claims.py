@@ -17,7 +17,7 @@ from dra_driver.logs import get_logger
 from kubelet_plugin.checkpoint.schema import ClaimState, MpsRecord
 from kubelet_plugin.checkpoint.store import CheckpointStore
 from kubelet_plugin.kubelet.driver import PrepareError
-from kubelet_plugin.mps.mps_dirs import trusted_record, write_owner
+from kubelet_plugin.mps.mps_dirs import MpsBase, trusted_record, write_owner
 from kubelet_plugin.mps.mps_plan import (
     MPS_FIELD,
     MpsError,
@@ -69,7 +69,7 @@ def revive(ops: MpsOps, record: MpsRecord) -> MpsRecord | None:
 
 
 def revive_claim(uid: str, checkpoint: CheckpointStore, claim_lock: Callable[[str], AbstractContextManager[None]],
-                 ops: MpsOps, node: str, data_dir: str | None = None) -> bool:
+                 ops: MpsOps, node: str, base: MpsBase | None = None) -> bool:
     """:func:`revive` for one completed claim, under its lock, recording the new PID; never raises.
 
     True if the daemon was restarted. A failure is logged: the claim stays prepared, and its new
@@ -82,7 +82,7 @@ def revive_claim(uid: str, checkpoint: CheckpointStore, claim_lock: Callable[[st
         record = checkpoint.get(uid)
         if record is None or record.mps is None or record.state is not ClaimState.PREPARE_COMPLETED:
             return False
-        mps = trusted_record(data_dir, uid, record.mps, node) if data_dir is not None else record.mps
+        mps = trusted_record(base, uid, record.mps, node) if base is not None else record.mps
         try:
             started = revive(ops, mps)
         except Exception as exc:

@@ -40,7 +40,7 @@ from kubelet_plugin.checkpoint.schema import ClaimRecord, ClaimState, MigRecord,
 from kubelet_plugin.checkpoint.store import CheckpointStore, atomic_write
 from kubelet_plugin.kubelet.driver import ClaimOutcome, ClaimRef, PrepareError
 from kubelet_plugin.mps.control_daemon import MpsControl, MpsControlSettings, private_shm_default
-from kubelet_plugin.mps.mps_dirs import plan_record
+from kubelet_plugin.mps.mps_dirs import MpsBase, plan_record
 from kubelet_plugin.mps.mps_plan import MpsOps
 from kubelet_plugin.node_prerequisites import NodeDirectory, describe_os_error
 from kubelet_plugin.prepare.claim_plan import ClaimPlan, answer_for, plan_claim
@@ -79,11 +79,13 @@ class Preparer:
         self.on_change = on_change or (lambda: None)
         self._data_dir = os.path.dirname(checkpoint.path) or "."
         self.locks = ClaimLocks(os.path.join(self._data_dir, "locks"))
+        legacy_mps = os.path.join(self._data_dir, "mps")  # where MPS dirs were before settings.mps_root
+        self.mps_base = MpsBase(settings.mps_root, (legacy_mps,)) if settings.mps_root else MpsBase(legacy_mps)
         self.mig = MigInstances(settings, checkpoint, claim_status, mig, self.locks.lock_dir)
         self.unpreparer = Unpreparer(settings, checkpoint, self.locks.hold, self.locks.lock_dir, self.mig, mps or MpsControl(MpsControlSettings(
             binary=settings.mps_control,
             driver_root=settings.driver_root or os.environ.get("NVIDIA_DRIVER_ROOT", "") or "/",
-            start_timeout=settings.mps_start_timeout, node=settings.pool)), self._data_dir, self.on_change)
+            start_timeout=settings.mps_start_timeout, node=settings.pool)), self.mps_base, self.on_change)
         self._mps_private_shm = (settings.mps_private_shm if settings.mps_private_shm is not None
                                  else private_shm_default())
 
@@ -218,7 +220,7 @@ class Preparer:
         seen = self.checkpoint.get(uid)
         if seen is not None and seen.recovered:  # rebuilt without its devices' UUIDs: cannot restart it
             return False
-        return revive_claim(uid, self.checkpoint, self.claim_lock, self.mps, self.settings.pool, self._data_dir)
+        return revive_claim(uid, self.checkpoint, self.claim_lock, self.mps, self.settings.pool, self.mps_base)
 
     def _warn_tainted(self, plan: ClaimPlan, unhealthy: Mapping[str, str]) -> None:
         for d in plan.devices:
@@ -274,7 +276,7 @@ class Preparer:
                 shared_devices=[d.device.name for d in plan.devices if d.shared],
                 cdi_spec_file=self.spec_path(plan.uid),
                 mig=mig,
-                mps=plan_record(self._data_dir, plan.uid, self._mps_private_shm) if plan.mps_devices else None)
+                mps=plan_record(self.mps_base, plan.uid, self._mps_private_shm) if plan.mps_devices else None)
             records[plan.uid] = record
         return record
 

@@ -95,7 +95,7 @@ def rebuild_from_specs(preparer: Preparer, report: RecoveryReport) -> list[str]:
                     continue
                 path = preparer.spec_path(uid)
                 record = record_from_spec(read_spec(path), path, uid, settings.driver_name, preparer.device_index,
-                                          os.path.dirname(store.path) or ".", preparer.mig.ops is not None, settings.pool)
+                                          preparer.mps_base, preparer.mig.ops is not None, settings.pool)
                 with store.update() as records:
                     records.setdefault(uid, record)
             rebuilt.append(uid)

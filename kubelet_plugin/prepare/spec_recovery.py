@@ -27,7 +27,7 @@ from dra_driver.logs import get_logger
 from kubelet_plugin.cdi.cdi_spec import CDI_CLASS, cdi_kind, cdi_vendor
 from kubelet_plugin.checkpoint.schema import RECOVERED_FROM_SPEC, ClaimRecord, ClaimState, MigRecord
 from kubelet_plugin.kubelet.driver import uid_problem
-from kubelet_plugin.mps.mps_dirs import orphan_record
+from kubelet_plugin.mps.mps_dirs import MpsBase, orphan_record
 from kubelet_plugin.prepare.mig_instances import planned_mig
 from kubelet_plugin.prepare.node_devices import NodeDevice
 from kubelet_plugin.prepare.whole_gpu_instance import (
@@ -69,7 +69,7 @@ def spec_devices(spec: Any, driver: str, uid: str) -> list[str]:
 
 
 def record_from_spec(spec: Any, spec_file: str, uid: str, driver: str, index: Mapping[str, NodeDevice],
-                     data_dir: str, dynamic_mig: bool, node_name: str = "") -> ClaimRecord:
+                     mps_base: MpsBase, dynamic_mig: bool, node_name: str = "") -> ClaimRecord:
     """The record of a prepared claim rebuilt from its CDI spec (see the module docstring)."""
     devices = spec_devices(spec, driver, uid)
     mig: list[MigRecord] = []
@@ -86,7 +86,7 @@ def record_from_spec(spec: Any, spec_file: str, uid: str, driver: str, index: Ma
                 if placement is not None:
                     mig.append(full_instance_record(node.gpu, placement))
     return ClaimRecord(uid=uid, namespace="", name="", state=ClaimState.PREPARE_COMPLETED, devices=devices,
-                       cdi_spec_file=spec_file, cdi_spec=spec, mig=mig, mps=orphan_record(data_dir, uid, node_name),
+                       cdi_spec_file=spec_file, cdi_spec=spec, mig=mig, mps=orphan_record(mps_base, uid, node_name),
                        recovered=RECOVERED_FROM_SPEC)
 
 

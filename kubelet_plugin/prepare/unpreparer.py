@@ -22,7 +22,7 @@ from kubelet_plugin.cdi.cdi_spec import claim_spec_path
 from kubelet_plugin.checkpoint.schema import ClaimRecord
 from kubelet_plugin.checkpoint.store import CheckpointStore, remove_file
 from kubelet_plugin.kubelet.driver import ClaimOutcome, ClaimRef
-from kubelet_plugin.mps.mps_dirs import orphan_record, trusted_record
+from kubelet_plugin.mps.mps_dirs import MpsBase, orphan_record, trusted_record
 from kubelet_plugin.mps.mps_plan import MpsOps
 from kubelet_plugin.prepare.mig_instances import MigInstances
 from kubelet_plugin.prepare.prepare_types import PrepareSettings
@@ -37,14 +37,14 @@ class Unpreparer:
 
     def __init__(self, settings: PrepareSettings, checkpoint: CheckpointStore,
                  claim_lock: Callable[[str], AbstractContextManager[None]], lock_dir: str,
-                 mig: MigInstances, mps: MpsOps, data_dir: str, on_change: Callable[[], None]) -> None:
+                 mig: MigInstances, mps: MpsOps, mps_base: MpsBase, on_change: Callable[[], None]) -> None:
         self.settings = settings
         self.checkpoint = checkpoint
         self.claim_lock = claim_lock  # the preparer's per-claim lock
         self.lock_dir = lock_dir
         self.mig = mig
         self.mps = mps
-        self._data_dir = data_dir
+        self._mps_base = mps_base
         self.on_change = on_change
 
     def spec_path(self, uid: str) -> str:
@@ -62,7 +62,7 @@ class Unpreparer:
                     # spec left under the claim's deterministic file name.
                     if remove_file(self.spec_path(uid)):
                         log.info("claim_orphan_spec_removed", claim_uid=uid, node=self.settings.pool)
-                    orphan = orphan_record(self._data_dir, uid, self.settings.pool)  # only a directory this UID owns
+                    orphan = orphan_record(self._mps_base, uid, self.settings.pool)  # only a directory this UID owns
                     if orphan is not None:  # an MPS daemon whose record was lost
                         self.mps.stop(orphan)
                         log.info("claim_orphan_mps_stopped", claim_uid=uid, node=self.settings.pool)
@@ -96,7 +96,7 @@ class Unpreparer:
                         reason="the recorded CDI spec path is not the claim's file in the CDI directory")
         remove_file(spec)
         if record.mps is not None:  # before MIG: the daemon's server holds contexts on the instance
-            self.mps.stop(trusted_record(self._data_dir, record.uid, record.mps, self.settings.pool))
+            self.mps.stop(trusted_record(self._mps_base, record.uid, record.mps, self.settings.pool))
             log.info("claim_mps_stopped", claim_uid=record.uid, node=self.settings.pool, pid=record.mps.pid,
                      pipe_dir=record.mps.pipe_dir)
         # A whole GPU's full-size instance is shared: decide, destroy and drop the record under its

@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -453,3 +454,61 @@ def test_a_recorded_pid_that_is_not_this_claims_daemon_is_never_signalled(tmp_pa
         for proc in (mentions, impostor):
             proc.kill()
             proc.wait()
+
+
+def _zombie_or_alive(pid: int) -> str:
+    """The process state letter of ``pid`` (``Z`` for a zombie), or "" once it is gone entirely."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return ""
+    return text[text.rfind(")") + 2:].split()[0]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to another user and a private /dev/shm need root")
+def test_daemon_dirs_serve_any_user_and_a_stopped_daemon_is_reaped_not_left_a_zombie(
+        fake_on_path: dict[str, str], tmp_path: Any) -> None:
+    """Pods run as non-root users, and MPS starts each server as its client's user, so a uid-1000 client
+    must be able to use the claim's pipe, log and shm directories. In the DaemonSet the plugin is its
+    container's PID 1, so a daemonized control daemon becomes its child: stop must collect it."""
+    import ctypes
+
+    from kubelet_plugin.mps.mps_dirs import MpsBase, plan_record, write_owner
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_child_subreaper = 36
+    assert libc.prctl(pr_set_child_subreaper, 1, 0, 0, 0) == 0  # stand in for PID 1: orphans come to us
+    try:
+        # Like /run/gpuready/mps: reachable by every user (pytest's own tmp dirs are 0700), and short
+        # (the daemon's sockets live below it: 108 bytes at most).
+        base = tempfile.mkdtemp(prefix="mps-", dir="/tmp")
+        os.chmod(base, 0o755)
+        record = plan_record(MpsBase(base), "uid-multi-user", private_shm=True)
+        write_owner(record, "uid-multi-user")
+        mps = MpsControl(MpsControlSettings(start_timeout=5.0, stop_timeout=3.0, node=NODE))
+        started = mps.start(replace(record, device_uuids=["GPU-a"]))
+        for path in (started.pipe_dir, started.log_dir, started.shm_dir):
+            mode = os.stat(path).st_mode & 0o7777
+            assert mode == 0o1777, f"{path} is {oct(mode)}: a non-root MPS server or client cannot use it"
+        child = os.fork()
+        if child == 0:  # as uid/gid 1000, what an MPS server and client do in these directories
+            code = 1
+            try:
+                os.setgid(1000)
+                os.setuid(1000)
+                for path in (started.pipe_dir, started.log_dir, started.shm_dir):
+                    with open(os.path.join(path, "written-by-1000"), "w") as f:
+                        f.write("x")
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, "uid 1000 could not write into the claim's MPS dirs"
+        assert started.pid is not None and _zombie_or_alive(started.pid) not in ("", "Z")
+        mps.stop(started)
+        assert _zombie_or_alive(started.pid) == "", "the stopped daemon is left as a zombie of the plugin"
+        assert not os.path.exists(record.root)
+    finally:
+        libc.prctl(pr_set_child_subreaper, 0, 0, 0, 0)
+        shutil.rmtree(base, ignore_errors=True)
