@@ -52,6 +52,7 @@ MPS_CONTROL = "nvidia-cuda-mps-control"
 PID_FILE = "nvidia-cuda-mps-control.pid"  # written by the daemon into CUDA_MPS_PIPE_DIRECTORY
 BINARY_ENV = "MPS_CONTROL_PATH"
 PRIVATE_SHM_ENV = "MPS_PRIVATE_SHM"
+MULTIUSER_ENV = "MPS_MULTIUSER"
 # The shell the private mount namespace runs: bind the claim's shm directory on /dev/shm, then become
 # the daemon launcher ($0 = shm directory, "$@" = the command).
 _PRIVATE_SHM_SCRIPT = 'mount --bind "$0" /dev/shm && exec "$@"'
@@ -101,6 +102,22 @@ class MpsControl:
 
     def __init__(self, settings: MpsControlSettings | None = None) -> None:
         self.settings = settings or MpsControlSettings()
+        self._multiuser: dict[str, bool] = {}
+
+    def multiuser(self, binary: str) -> bool:
+        """Whether to start the daemon in multi-user mode (``-M``): when the driver's tool offers it and
+        ``MPS_MULTIUSER`` is not false. Without it MPS serves one user at a time: a second user's client
+        waits until every client of the first has exited, so two containers of one claim that run as
+        different users could not run side by side. Asked once per binary (``-h``)."""
+        if os.environ.get(MULTIUSER_ENV, "true").strip().lower() in ("0", "false", "no", "off"):
+            return False
+        if binary not in self._multiuser:
+            try:
+                shown = subprocess.run([binary, "-h"], capture_output=True, text=True, timeout=5, check=False)
+                self._multiuser[binary] = "--multiuser-server" in shown.stdout + shown.stderr
+            except (OSError, subprocess.TimeoutExpired):
+                self._multiuser[binary] = False
+        return self._multiuser[binary]
 
     def locate(self) -> str:
         """See :meth:`MpsOps.locate`."""
@@ -143,7 +160,7 @@ class MpsControl:
         for path in (record.pipe_dir, record.log_dir, *([record.shm_dir] if record.shm_dir else [])):
             os.makedirs(path, exist_ok=True)
             os.chmod(path, 0o1777)
-        command = [binary, "-d"]
+        command = [binary, "-d", *(["-M"] if self.multiuser(binary) else [])]
         if record.shm_dir:
             unshare = shutil.which("unshare")
             if unshare is None:

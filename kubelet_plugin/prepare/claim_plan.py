@@ -12,7 +12,7 @@ No I/O: the claim is a plain JSON dict as the API server returns it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dra_driver.devices import MigMode
@@ -24,6 +24,7 @@ from dra_driver.opaque_config import (
     config_applies_to_request,
     parse_config,
 )
+from dra_driver.quantity import parse_whole_quantity
 from kubelet_plugin.cdi.cdi_spec import qualified_device_id
 from kubelet_plugin.kubelet.driver import PreparedDevice, PrepareError
 from kubelet_plugin.mps.mps_plan import MpsDevice
@@ -40,6 +41,8 @@ class PlannedDevice:
     share_id: str | None
     admin_access: bool
     config: DeviceConfig
+    # A share of a device (consumable capacity): the memory the allocation consumed, in bytes.
+    consumed_memory_bytes: int | None = None
 
     @property
     def shared(self) -> bool:
@@ -126,20 +129,40 @@ def plan_claim(claim: Mapping[str, Any], uid: str, namespace: str, name: str, dr
                 config = config.merged_with(parsed.config, parsed.fields_set)
         planned.append(PlannedDevice(request=request, pool=result_pool, device=device,
                                      share_id=r.get("shareID"), admin_access=bool(r.get("adminAccess")),
-                                     config=config))
+                                     config=config, consumed_memory_bytes=_consumed_memory(r, ref)))
     needs_mig = any(d.device.placement is not None or (d.device.kind == "gpu" and d.device.gpu.mig_mode is MigMode.ENABLED)
                     for d in planned)
     return ClaimPlan(uid=uid, namespace=namespace, name=name, devices=tuple(planned), needs_mig=needs_mig,
                      mps_devices=tuple(mps_devices(planned)))
 
 
+def _consumed_memory(result: Mapping[str, Any], ref: str) -> int | None:
+    """The ``memory`` of an allocation result's ``consumedCapacity`` in bytes, or None (not a share)."""
+    value = (result.get("consumedCapacity") or {}).get("memory")
+    if value is None:
+        return None
+    try:
+        return parse_whole_quantity(str(value))
+    except ValueError as exc:
+        raise PrepareError("invalid_allocation", f"{ref}: status.allocation.devices.results "
+                           f"consumedCapacity.memory {value!r} is not a quantity: {exc}") from exc
+
+
 def mps_devices(planned: list[PlannedDevice]) -> list[MpsDevice]:
-    """The devices whose effective config says sharing.strategy: MPS (each once)."""
+    """The devices whose effective config says sharing.strategy: MPS (each once).
+
+    A share of a GPU (consumable capacity) with no ``defaultPinnedDeviceMemoryLimit`` gets its share's
+    memory as the limit: the daemon then enforces what the claim asked for, so an allocation past it
+    fails in the container instead of starving the GPU's other claims.
+    """
     result: dict[str, MpsDevice] = {}
     for d in planned:
         sharing = d.config.sharing
         if sharing is not None and sharing.strategy == "MPS":
-            result.setdefault(d.device.name, MpsDevice(d.device.name, sharing.mps))
+            settings = sharing.mps
+            if settings.pinned_memory_limit_bytes is None and d.consumed_memory_bytes:
+                settings = replace(settings, pinned_memory_limit_bytes=d.consumed_memory_bytes)
+            result.setdefault(d.device.name, MpsDevice(d.device.name, settings))
     return list(result.values())
 
 

@@ -132,7 +132,12 @@ def client() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(start() if sys.argv[1:] == ["-d"] else client())
+    if sys.argv[1:] == ["-h"]:  # the real tool lists -M, --multiuser-server from CUDA 12.x drivers on
+        print("  -d,--daemon  Setup the daemon in the background")
+        if os.environ.get("FAKE_MPS_MULTIUSER"):
+            print("  -M,--multiuser-server    Enable multi-user mode")
+        sys.exit(0)
+    sys.exit(start() if sys.argv[1:2] == ["-d"] else client())
 '''
 
 
@@ -511,4 +516,41 @@ def test_daemon_dirs_serve_any_user_and_a_stopped_daemon_is_reaped_not_left_a_zo
         assert not os.path.exists(record.root)
     finally:
         libc.prctl(pr_set_child_subreaper, 0, 0, 0, 0)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_shares_memory_becomes_its_daemons_pinned_limit_when_the_claim_sets_none(
+        h: PluginHarness, fake: dict[str, str]) -> None:
+    """A 20 GiB share of a GPU with MPS and no explicit limit: the daemon enforces the 20 GiB it asked for
+    (an allocation past it fails in the container), instead of letting it take the whole GPU."""
+    share = {"request": "gpu", "driver": "gpu.nvidia.com", "pool": NODE, "device": "gpu-2",
+             "shareID": "9c3f4a2e-1b5d-4e6f-8a7b-0c1d2e3f4a5b", "consumedCapacity": {"memory": "20Gi"}}
+    uid = h.create_claim("mps-share", [], config=[_mps(pct=None, limit=None)], extra_results=[share])
+    gpu2 = h.plugins[NODE].devices.gpu_by_name("gpu-2")
+    kubelet = h.kubelet(NODE)
+    result = kubelet.prepare([("default", "mps-share", uid)])[uid]
+    assert result.ok, result.error
+    commands = [e["command"] for e in events(fake["record"]) if e["kind"] == "command"]
+    assert commands == [f"set_default_device_pinned_mem_limit {gpu2.uuid} 20480M"]
+    assert kubelet.unprepare([("default", "mps-share", uid)]) == {uid: ""}
+
+
+def test_the_daemon_runs_multi_user_when_the_driver_offers_it(fake_on_path: dict[str, str], tmp_path: Any,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two containers of one claim running as different users share one daemon only in multi-user mode."""
+    from kubelet_plugin.mps.mps_dirs import MpsBase, plan_record
+
+    base = tempfile.mkdtemp(prefix="mps-", dir="/tmp")
+    try:
+        for offered, env, expected in ((False, "", ["-d"]), (True, "", ["-d", "-M"]), (True, "false", ["-d"])):
+            monkeypatch.setenv("FAKE_MPS_MULTIUSER", "1" if offered else "")
+            monkeypatch.setenv("MPS_MULTIUSER", env or "true")
+            mps = MpsControl(MpsControlSettings(start_timeout=5.0, stop_timeout=3.0, node=NODE))
+            record = replace(plan_record(MpsBase(base), f"uid-{offered}-{env}", private_shm=False),
+                             device_uuids=["GPU-a"])
+            started = mps.start(record)
+            mps.stop(started)
+            starts = [e for e in events(fake_on_path["record"]) if e["kind"] == "start"]
+            assert starts[-1]["argv"] == expected, (offered, env)
+    finally:
         shutil.rmtree(base, ignore_errors=True)
