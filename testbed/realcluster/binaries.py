@@ -71,25 +71,41 @@ class Binaries:
         return os.path.dirname(self.containerd_shim)
 
 
-def find(bin_dirs: Sequence[str] | None = None) -> Binaries:
-    """Find every program; raise :class:`MissingBinary` listing all that are missing and how to get them."""
+# What a host-network cluster without a controller-manager (the GPU machine's: no network tools, a
+# carried bundle) can do without; ClusterConfig.host_network and controller_manager say so.
+GPU_HOST_OPTIONAL = frozenset({"kube-controller-manager", "kubectl", "ip", "iptables", "go", "cni-bridge"})
+
+
+def find(bin_dirs: Sequence[str] | None = None, optional: frozenset[str] = frozenset()) -> Binaries:
+    """Find every program; raise :class:`MissingBinary` listing all that are missing and how to get them.
+
+    Names in ``optional`` may be missing (their path is then ""); ``cni-bridge`` there means only the
+    CNI ``loopback`` plugin is needed (a host-network cluster).
+    """
     dirs = list(bin_dirs) if bin_dirs is not None else default_bin_dirs()
     found: dict[str, str] = {}
     missing: list[str] = []
     for name in _CLUSTER_PROGRAMS:
         path = next((os.path.join(d, name) for d in dirs if os.access(os.path.join(d, name), os.X_OK)), None)
         if path is None:
+            if name in optional:
+                found[name] = ""
+                continue
             missing.append(f"{name} (not in {':'.join(dirs)}; build it: {BUILD_SCRIPT})")
         else:
             found[name] = path
     for name in _HOST_PROGRAMS:
         path = shutil.which(name, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin:/usr/local/go/bin")
         if path is None:
+            if name in optional:
+                found[name] = ""
+                continue
             missing.append(f"{name} (not on PATH; install it: {DEPS_SCRIPT})")
         else:
             found[name] = path
-    cni = next((d for d in _CNI_DIRS if os.access(os.path.join(d, "bridge"), os.X_OK)
-                and os.access(os.path.join(d, "host-local"), os.X_OK)), None)
+    wanted = ("loopback",) if "cni-bridge" in optional else ("bridge", "host-local", "loopback")
+    cni = next((d for d in (*_CNI_DIRS, *dirs) if all(os.access(os.path.join(d, p), os.X_OK) for p in wanted)),
+               None)
     if cni is None:
         missing.append(f"CNI plugins bridge, host-local, loopback (not in {', '.join(_CNI_DIRS)}; install them: "
                        f"{DEPS_SCRIPT})")

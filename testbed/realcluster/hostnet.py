@@ -56,6 +56,39 @@ def write_cni_config(conf_dir: str, state_dir: str, bridge: str, subnet: str) ->
     return path
 
 
+def write_loopback_cni_config(conf_dir: str) -> str:
+    """Write a CNI conflist with the loopback plugin alone (pods get ``lo`` and nothing else): enough
+    for containerd to call the network ready on a host with no bridge support; return its path."""
+    os.makedirs(conf_dir, exist_ok=True)
+    conf = {"cniVersion": "1.0.0", "name": "gpuready-loopback", "plugins": [{"type": "loopback"}]}
+    path = os.path.join(conf_dir, "10-gpuready-loopback.conflist")
+    with open(path, "w") as f:
+        json.dump(conf, f, indent=2)
+    return path
+
+
+def host_address() -> str:
+    """The first IPv4 address of a non-loopback interface this host already has ("" if none): the node
+    IP of a host-network cluster (the kubelet refuses a loopback one)."""
+    import fcntl
+    import socket
+    import struct
+
+    siocgifaddr = 0x8915
+    for _, name in socket.if_nameindex():
+        if name == "lo":
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                answer = fcntl.ioctl(s.fileno(), siocgifaddr, struct.pack("256s", name.encode()[:15]))
+            except OSError:  # no IPv4 address on it
+                continue
+        address = socket.inet_ntoa(answer[20:24])
+        if not address.startswith("127."):
+            return address
+    return ""
+
+
 NAT_CHAIN = "GPUREADY-E2E"
 
 

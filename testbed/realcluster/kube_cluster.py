@@ -70,6 +70,15 @@ class ClusterConfig:
     # never answers sees the pod requeued within seconds.
     binding_timeout_s: int = 15
     keep_dir: bool = False  # leave the directory (logs, configs) after stop, for a post-mortem
+    # The GPU machine's cluster (no bridges, iptables or network tools there): the node IP is an address
+    # the host already has, pods get only a loopback CNI network (tests run them with hostNetwork), and
+    # pods have no route to the API server's Service.
+    host_network: bool = False
+    # False: no kube-controller-manager (a smaller bundle to carry): the cluster creates the default
+    # ServiceAccount and lifts the not-ready taint itself; no ResourceClaimTemplates, no garbage collection.
+    controller_manager: bool = True
+    # More OCI archives to import into the node's containerd (e.g. testbed.realcluster.cuda_images').
+    extra_images: tuple[str, ...] = ()
 
 
 class Cluster:
@@ -200,9 +209,10 @@ class Cluster:
         stuck = cleanup.unmount_all(self.dir)
         cleanup.remove_links_into("/var/log/containers", self.dir)
         self.device_nodes.remove()
-        if self.config.kubelet:
+        if self.config.kubelet and not self.config.host_network:
             hostnet.remove_service_nat(self.bins.iptables)
-        hostnet.teardown(self.bins.ip, [self.config.node_bridge, self.config.pod_bridge])
+        if not self.config.host_network:
+            hostnet.teardown(self.bins.ip, [self.config.node_bridge, self.config.pod_bridge])
         self.timings["stop"] = time.monotonic() - t0
         self._release_machine_lock()  # the host-wide parts are gone; the directory is ours alone
         if stuck:
@@ -281,7 +291,7 @@ class Cluster:
             gates_future = pool.submit(driver_gates, self.bins.kube_apiserver)
             self._certificates()
             self._phase("certificates")
-            if cfg.kubelet:  # the node IP: the kubelet's, and the API server's advertised address
+            if cfg.kubelet and not cfg.host_network:  # the node IP: the kubelet's, the API server's address
                 hostnet.node_bridge(self.bins.ip, cfg.node_bridge, cfg.node_ip)
             etcd = self._start_etcd()
             containerd = self._start_containerd() if cfg.kubelet else None
@@ -298,14 +308,14 @@ class Cluster:
                 containerd.wait_ready(lambda: os.path.exists(self.containerd_socket), cfg.start_timeout,
                                       "serving its socket", watch=self._running())
                 self._phase("containerd")
-                imported = pool.submit(self._import_images, [a.result() for a in archives])
+                imported = pool.submit(self._import_images, [*(a.result() for a in archives), *cfg.extra_images])
             apiserver.wait_ready(lambda: self._healthy(f"{self.api_url}/readyz"), cfg.start_timeout, "ready (/readyz)",
                                 watch=self._running())
             self._phase("kube-apiserver")
-            if containerd is not None:
+            if containerd is not None and not cfg.host_network:
                 hostnet.service_nat(self.bins.iptables, self._service_ip(), 443, cfg.node_ip, self.api_port)
             scheduler = self._start_scheduler()
-            cm = self._start_controller_manager()
+            cm = self._start_controller_manager() if cfg.controller_manager else None
             kubelet = None
             if imported is not None:
                 imported.result()
@@ -313,16 +323,22 @@ class Cluster:
                 kubelet = self._start_kubelet()
             scheduler.wait_ready(lambda: self._healthy(f"https://127.0.0.1:{self._scheduler_port}/healthz",
                                                        client=False), cfg.start_timeout, "healthy", watch=self._running())
-            cm.wait_ready(lambda: self._healthy(f"https://127.0.0.1:{self._cm_port}/healthz", client=False),
-                          cfg.start_timeout, "healthy", watch=self._running())
-            self._phase("scheduler+controller-manager")
             api = self.api_client()
             from kubernetes import client as k
 
             core = k.CoreV1Api(api)
-            cm.wait_ready(lambda: bool(core.read_namespaced_service_account("default", "default")),
-                          cfg.start_timeout, "done creating the default ServiceAccount", watch=self._running())
+            if cm is not None:
+                cm.wait_ready(lambda: self._healthy(f"https://127.0.0.1:{self._cm_port}/healthz", client=False),
+                              cfg.start_timeout, "healthy", watch=self._running())
+                self._phase("scheduler+controller-manager")
+                cm.wait_ready(lambda: bool(core.read_namespaced_service_account("default", "default")),
+                              cfg.start_timeout, "done creating the default ServiceAccount", watch=self._running())
+            else:
+                core.create_namespaced_service_account("default", {"metadata": {"name": "default"}})
             if kubelet is not None:
+                if cm is None:  # the node lifecycle controller's job: lift the not-ready taint once Ready
+                    kubelet.wait_ready(lambda: self._lift_not_ready_taint(core), cfg.start_timeout,
+                                       f"registered with Node {cfg.node_name} Ready", watch=self._running())
                 kubelet.wait_ready(lambda: self._node_ready(core), cfg.start_timeout,
                                    f"registered with Node {cfg.node_name} Ready and untainted",
                                    watch=self._running())
@@ -458,7 +474,10 @@ class Cluster:
         cfg = self.config
         base = os.path.dirname(self.containerd_socket)
         cni_conf = os.path.join(base, "cni")
-        hostnet.write_cni_config(cni_conf, base, cfg.pod_bridge, cfg.pod_subnet)
+        if cfg.host_network:
+            hostnet.write_loopback_cni_config(cni_conf)
+        else:
+            hostnet.write_cni_config(cni_conf, base, cfg.pod_bridge, cfg.pod_subnet)
         config_path = os.path.join(base, "config.toml")
         with open(config_path, "w") as f:
             f.write(containerd_config.render(
@@ -490,6 +509,18 @@ class Cluster:
             f"--root-dir={self.kubelet_root}", f"--node-ip={cfg.node_ip}", f"--hostname-override={cfg.node_name}",
             f"--v={cfg.kubelet_verbosity}",
         ], env=env)
+
+    def _lift_not_ready_taint(self, core: Any) -> bool:
+        try:
+            node = core.read_node(self.config.node_name)
+        except Exception:
+            return False
+        if not any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or [])):
+            return False
+        taints = [t for t in (node.spec.taints or []) if t.key != _NOT_READY_TAINT]
+        if len(taints) != len(node.spec.taints or []):
+            core.patch_node(self.config.node_name, {"spec": {"taints": [t.to_dict() for t in taints] or None}})
+        return True
 
     def _node_ready(self, core: Any) -> bool:
         try:
