@@ -32,7 +32,7 @@ def real_nvml_available() -> bool:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skip_gpu = pytest.mark.skip(reason="needs a real NVIDIA GPU (NVML did not initialise)")
     for item in items:
-        if "gpu" in item.keywords and not real_nvml_available():
+        if ("gpu" in item.keywords or "gpu_e2e" in item.keywords) and not real_nvml_available():
             item.add_marker(skip_gpu)
         if item.get_closest_marker("e2e") is not None:
             item.add_marker(pytest.mark.xdist_group("realcluster"))  # one real cluster per run
