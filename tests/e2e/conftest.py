@@ -45,6 +45,8 @@ from e2e_support import (
 )
 
 from testbed.realcluster import Cluster, ClusterConfig, ComponentError, MissingBinary, binaries
+from testbed.realcluster.cuda_images import CUDA_CHECK_IMAGES, cuda_check_archive
+from testbed.realcluster.fake_driver import make_fake_driver_root
 
 _started: dict[str, Any] = {}
 
@@ -62,7 +64,17 @@ def e2e() -> Iterator[E2E]:
     if problem:  # failed outside the except block: the report shows the list, not a traceback chain
         pytest.fail(problem, pytrace=False)
     keep = os.environ.get("GPUREADY_E2E_KEEP", "") not in ("", "0")
-    cluster = Cluster(bins, ClusterConfig(node_name=NODE, keep_dir=keep))
+    image_cache = ClusterConfig().image_cache or os.path.expanduser("~/.cache/gpuready/k8s/images")
+    t_images = time.monotonic()
+    try:  # the cuda-check images (gcc; cached) the node imports, for test_driver_files_in_pod.py
+        cuda_images = tuple(cuda_check_archive(image_cache, layout) for layout in sorted(CUDA_CHECK_IMAGES))
+    except ComponentError as e:
+        problem = f"the cuda-check images could not be built: {e}"
+    if problem:
+        pytest.fail(problem, pytrace=False)
+    cluster = Cluster(bins, ClusterConfig(node_name=NODE, keep_dir=keep, image_cache=image_cache,
+                                          extra_images=cuda_images))
+    cluster.timings["cuda-check-images"] = round(time.monotonic() - t_images, 2)
     t0 = time.monotonic()
     try:
         cluster.start()
@@ -74,19 +86,22 @@ def e2e() -> Iterator[E2E]:
     try:
         for path, major, minor in sim_device_nodes(PROFILE):
             cluster.device_nodes.ensure(path, major, minor)
+        # The node's NVIDIA driver install, faked: its libcuda and nvidia-smi reach pods through CDI.
+        driver_root = make_fake_driver_root(os.path.join(cluster.dir, "driver-root"), image_cache)
         from kubernetes import client as k
 
         api = cluster.api_client()
         control_dir = os.path.join(cluster.dir, "sim-control", NODE)
         env = E2E(cluster=cluster, api=api, core=k.CoreV1Api(api), resource=k.ResourceV1Api(api),
-                  control_dir=control_dir)
+                  control_dir=control_dir, driver_root=driver_root)
         t_install = time.monotonic()
         if MODE == "chart":
-            env.release = install_release(cluster, control_dir)
+            env.release = install_release(cluster, control_dir, driver_root)
             cluster.timings.update(env.release.timings)
         else:
             cluster.kubectl("apply", "-f", os.path.join(REPO, "deploy", "deviceclasses"))
-            env.plugin = start_plugin(cluster, extra_args=SESSION_PLUGIN_ARGS, control_dir=control_dir)
+            env.plugin = start_plugin(cluster, extra_args=SESSION_PLUGIN_ARGS, control_dir=control_dir,
+                                      driver_root=driver_root)
             env.wait_plugin_registered(env.plugin)
         wait_for(f"{NODE}'s ResourceSlices with devices", env.slice_devices, 60)
         cluster.timings["install-to-first-slice"] = round(time.monotonic() - t_install, 2)

@@ -4,7 +4,8 @@
 cluster, with the test-only image tag (the production image plus the simulated NVML, built here by
 ``build-image.sh`` and imported into the node's containerd) and only the values a user of a
 GPU-less test cluster would set: the image, the simulated profile, the kubelet's own directories
-(this kubelet's root is not /var/lib/kubelet), the short recovery times the fault tests need, the
+(this kubelet's root is not /var/lib/kubelet), the node's driver root (a fake driver install,
+``testbed/realcluster/fake_driver.py``), the short recovery times the fault tests need, the
 controller's placement mode, the readiness taint mode, and the fault directory
 (``testbed.simControlDir``, a test-only value).
 The node carries the label GPU nodes get from the GPU Operator, which the DaemonSet's affinity asks
@@ -57,6 +58,7 @@ class ChartRelease:
     cluster: Cluster
     image: str
     control_dir: str
+    driver_root: str = "/"
     timings: dict[str, float] = field(default_factory=dict)
 
     def helm(self, *args: str, timeout: float = 300.0) -> str:
@@ -72,6 +74,7 @@ class ChartRelease:
         return {
             "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
             "nvml": {"source": "simulated", "simulatedProfile": PROFILE},
+            "driverRoot": self.driver_root,
             "kubeletPlugin": {"registrarDirectoryPath": os.path.join(root, "plugins_registry"),
                               "pluginsDirectoryPath": os.path.join(root, "plugins"),
                               "cdiRoot": self.cluster.cdi_dir,
@@ -165,12 +168,26 @@ def _ready(pod: Any) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
 
 
-def install_release(cluster: Cluster, control_dir: str) -> ChartRelease:
-    """Label the node as a GPU node, import the image, ``helm install`` the chart; the release."""
+def share_mount(path: str) -> None:
+    """Make ``path`` a shared mount point of its own (a bind mount onto itself), as a GPU Operator's
+    ``/run/nvidia/driver`` is on a systemd host (``/`` shared). The chart mounts a driver root other
+    than ``/`` with ``mountPropagation: HostToContainer``, and containerd refuses that for a path on a
+    private mount ("is not a shared or slave mount"), which this machine's ``/`` is. The cluster's
+    teardown unmounts it with everything else under its directory."""
+    if not os.path.ismount(path):
+        run(["mount", "--bind", path, path], f"mount --bind {path}")
+    run(["mount", "--make-shared", path], f"mount --make-shared {path}")
+
+
+def install_release(cluster: Cluster, control_dir: str, driver_root: str = "/") -> ChartRelease:
+    """Label the node as a GPU node, import the image, ``helm install`` the chart (``driverRoot``:
+    ``driver_root``, made a shared mount when it is not ``/``); the release."""
     cluster.kubectl("label", "node", cluster.node_name, GPU_NODE_LABEL, "--overwrite")
+    if driver_root.rstrip("/"):
+        share_mount(driver_root)
     t0 = time.monotonic()
     image = import_image(cluster)
-    release = ChartRelease(cluster, image, control_dir)
+    release = ChartRelease(cluster, image, control_dir, driver_root)
     release.timings["image-import"] = round(time.monotonic() - t0, 2)
     os.makedirs(control_dir, exist_ok=True)
     release.install()

@@ -70,6 +70,9 @@ class E2E:
     control_dir: str = ""  # the node's simulated NVML takes faults from files here (sim_control.py)
     plugin: Component | None = None  # process mode: the node's plugin process
     release: ChartRelease | None = None  # chart mode: the Helm release
+    # The node's (fake) NVIDIA driver installation (testbed/realcluster/fake_driver.py): the chart's
+    # driverRoot, the plugin's --driver-root. Its libcuda and nvidia-smi reach containers through CDI.
+    driver_root: str = ""
 
     def release_report(self) -> str:
         """Chart mode: the gpuready pods' state and the tail of their logs (for a failed test)."""
@@ -109,7 +112,7 @@ class E2E:
         directory of its own (two instances never read one): (the process, its fault directory)."""
         control_dir = os.path.join(self.cluster.dir, "sim-control", name)
         plugin = start_plugin(self.cluster, name=name, extra_args=(*SESSION_PLUGIN_ARGS, *extra_args),
-                              control_dir=control_dir, launcher=launcher)
+                              control_dir=control_dir, launcher=launcher, driver_root=self.driver_root)
         return plugin, control_dir
 
     def wait_plugin_registered(self, plugin: Component, timeout: float = 60.0) -> None:
@@ -208,7 +211,8 @@ def sim_device_nodes(profile: str) -> list[tuple[str, int, int]]:
 
 
 def start_plugin(cluster: Cluster, node: str = NODE, profile: str = PROFILE, *, name: str = "",
-                 extra_args: Sequence[str] = (), control_dir: str = "", launcher: Sequence[str] = ()) -> Component:
+                 extra_args: Sequence[str] = (), control_dir: str = "", launcher: Sequence[str] = (),
+                 driver_root: str = "") -> Component:
     """Run ``python -m dra_driver kubelet-plugin`` for ``node`` as a real process; return it.
 
     For the kubelet's node its sockets go where that kubelet looks (``<root>/plugins_registry``,
@@ -219,6 +223,8 @@ def start_plugin(cluster: Cluster, node: str = NODE, profile: str = PROFILE, *, 
     update). ``extra_args``: more plugin flags. ``control_dir``: the simulated NVML takes faults
     from files there (``GPUREADY_SIM_CONTROL_DIR``, see testbed/nvml_sim/sim_control.py).
     ``launcher``: what runs instead of ``-m dra_driver`` (``-m testbed.crash_points ... --``).
+    ``driver_root``: the plugin's ``--driver-root`` (the session's fake driver install, whose files its
+    CDI specs mount into containers); default: the plugin's own (``/``).
     """
     root = cluster.kubelet_root if node == cluster.node_name else os.path.join(cluster.dir, "fake", node)
     name = name or "gpuready-kubelet-plugin" + ("" if node == cluster.node_name else f"-{node}")
@@ -231,6 +237,7 @@ def start_plugin(cluster: Cluster, node: str = NODE, profile: str = PROFILE, *, 
             # The plugin's default assumes /var/lib/kubelet; this kubelet's root dir is elsewhere.
             "--pod-resources-socket",
             os.path.join(root, "pod-resources", "kubelet.sock") if node == cluster.node_name else "",
+            *(("--driver-root", driver_root) if driver_root else ()),
             *extra_args]
     env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "NODE_NAME", "NVML", CONTROL_DIR_ENV)}
     if control_dir:
