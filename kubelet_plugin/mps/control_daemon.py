@@ -35,9 +35,11 @@ import signal
 import socket
 import stat
 import subprocess
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from dra_driver.logs import get_logger
 from kubelet_plugin.cdi.driver_files import find_driver_binary
@@ -113,7 +115,7 @@ class MpsControl:
             return False
         if binary not in self._multiuser:
             try:
-                shown = subprocess.run([binary, "-h"], capture_output=True, text=True, timeout=5, check=False)
+                shown = _run_tool([binary, "-h"], capture_output=True, text=True, timeout=5, check=False)
                 self._multiuser[binary] = "--multiuser-server" in shown.stdout + shown.stderr
             except (OSError, subprocess.TimeoutExpired):
                 self._multiuser[binary] = False
@@ -174,7 +176,7 @@ class MpsControl:
         with open(start_log, "ab") as out:
             try:
                 # -d forks the daemon and returns; a new session keeps it out of the plugin's signals.
-                done = subprocess.run(command, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                done = _run_tool(command, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                       stderr=subprocess.STDOUT, timeout=self.settings.start_timeout,
                                       start_new_session=True, check=False)
             except subprocess.TimeoutExpired as exc:
@@ -210,7 +212,7 @@ class MpsControl:
 
     def _command(self, binary: str, env: Mapping[str, str], command: str, timeout: float) -> str:
         try:
-            done = subprocess.run([binary], input=f"{command}\n", env=dict(env), capture_output=True, text=True,
+            done = _run_tool([binary], input=f"{command}\n", env=dict(env), capture_output=True, text=True,
                                   timeout=timeout, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise MpsError("mps_command_failed", f"MPS control command {command!r} failed: {exc}") from exc
@@ -241,7 +243,7 @@ class MpsControl:
             binary = record.binary if record.binary and os.path.isfile(record.binary) else self._find()
             if binary:
                 try:
-                    subprocess.run([binary], input="quit\n", env=self._env(record, binary), capture_output=True,
+                    _run_tool([binary], input="quit\n", env=self._env(record, binary), capture_output=True,
                                    text=True, timeout=self.settings.stop_timeout, check=False)
                 except (OSError, subprocess.TimeoutExpired) as exc:
                     log.warning("mps_quit_failed", node=self.settings.node or None, pipe_dir=record.pipe_dir, error=str(exc))
@@ -250,6 +252,10 @@ class MpsControl:
                 if not _wait_gone(pid, deadline):
                     _kill(pid, record.pipe_dir, self.settings.node)
                 reap(pid)
+            for _ in range(20):  # the daemon's servers end just after it: collect them as they do
+                if not reap_orphans() and not _children_named(MPS_CONTROL[:15]):
+                    break
+                time.sleep(0.1)
             while serving(record.pipe_dir):  # a daemon outside our PID namespace: only quit reaches it
                 if time.monotonic() >= deadline:
                     raise MpsError("mps_stop_failed", f"an MPS control daemon still answers on {record.pipe_dir} "
@@ -312,6 +318,59 @@ def _kill(pid: int, pipe_dir: str, node: str) -> None:
             return
     raise MpsError("mps_stop_failed", f"the MPS control daemon (PID {pid}, pipe directory {pipe_dir}) did not "
                    "exit after quit, SIGTERM and SIGKILL")
+
+
+# MPS tools run under this lock, and the reaper takes it too: it never collects the exit status of a
+# tool a thread of ours is waiting for (their zombies look alike: "nvidia-cuda-mps", truncated).
+_TOOLS = threading.Lock()
+
+
+def _run_tool(*args: Any, **kwargs: Any) -> subprocess.CompletedProcess[Any]:
+    with _TOOLS:
+        return subprocess.run(*args, **kwargs)
+
+
+def reap_orphans() -> list[int]:
+    """Collect the MPS processes that ended as this process's zombies; return their PIDs.
+
+    In the DaemonSet the plugin is its container's PID 1, so whatever MPS leaves behind comes to it:
+    ``-d`` daemonizes through an intermediate process, and a server that outlives its control daemon
+    is re-parented too (on the H200 each claim left two such zombies before this).
+    """
+    reaped = []
+    me = str(os.getpid())
+    with _TOOLS:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            comm = text[text.find("(") + 1:text.rfind(")")]
+            state, ppid = text[text.rfind(")") + 2:].split()[:2]
+            if state == "Z" and ppid == me and comm.startswith("nvidia-cuda-mps"):
+                with contextlib.suppress(ChildProcessError, OSError):
+                    os.waitpid(int(entry), os.WNOHANG)
+                    reaped.append(int(entry))
+    return reaped
+
+
+def _children_named(prefix: str) -> bool:
+    """Whether a live (not zombie) child of this process has a name starting with ``prefix``."""
+    me = str(os.getpid())
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            state, ppid = text[text.rfind(")") + 2:].split()[:2]
+            if ppid == me and state != "Z" and text[text.find("(") + 1:text.rfind(")")].startswith(prefix):
+                return True
+    return False
 
 
 def reap(pid: int) -> None:

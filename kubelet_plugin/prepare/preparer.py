@@ -39,7 +39,12 @@ from kubelet_plugin.cdi.cdi_spec import CdiDevice, claim_spec, claim_spec_path
 from kubelet_plugin.checkpoint.schema import ClaimRecord, ClaimState, MigRecord, MpsRecord
 from kubelet_plugin.checkpoint.store import CheckpointStore, atomic_write
 from kubelet_plugin.kubelet.driver import ClaimOutcome, ClaimRef, PrepareError
-from kubelet_plugin.mps.control_daemon import MpsControl, MpsControlSettings, private_shm_default
+from kubelet_plugin.mps.control_daemon import (
+    MpsControl,
+    MpsControlSettings,
+    private_shm_default,
+    reap_orphans,
+)
 from kubelet_plugin.mps.mps_dirs import MpsBase, plan_record
 from kubelet_plugin.mps.mps_plan import MpsOps
 from kubelet_plugin.node_prerequisites import NodeDirectory, describe_os_error
@@ -213,6 +218,7 @@ class Preparer:
     def revive_all_mps(self) -> int:
         """:meth:`revive_mps` for every recorded claim (start-up, and periodically: a rolling update's old
         instance takes the daemons it started along when its container stops); how many were restarted."""
+        reap_orphans()  # what ended since the last pass (the plugin is PID 1 in its container)
         return sum(self.revive_mps(uid) for uid in self.checkpoint.records())
 
     def revive_mps(self, uid: str) -> bool:

@@ -136,9 +136,24 @@ def _needed_libraries(binary: str) -> tuple[list[tuple[str, str]], str]:
     return libs, loader
 
 
+# Every glibc image carries the whole of glibc's runtime, not only what cuda-check links: the real
+# driver's libcuda needs libm, libdl, libpthread and librt (on the H200, an image holding libc alone
+# failed with "libm.so.6: cannot open shared object file", which no real image would).
+GLIBC_RUNTIME = ("libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1")
+
+
+def _with_glibc_runtime(libs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    libc = next((path for name, path in libs if name == "libc.so.6"), "")
+    have = {name for name, _ in libs}
+    extra = [(name, os.path.join(os.path.dirname(libc), name)) for name in GLIBC_RUNTIME
+             if libc and name not in have and os.path.exists(os.path.join(os.path.dirname(libc), name))]
+    return libs + extra
+
+
 def _entries(layout: str, binary: str) -> tuple[list[FileEntry], list[str]]:
     """The image's entries but ``etc/ld.so.cache``, and the ldconfig arguments after ``-r <root>``."""
     libs, loader = _needed_libraries(binary)
+    libs = _with_glibc_runtime(libs)
     lib_dir = _LIB_DIR[layout]
     loader_name = os.path.basename(loader)
     dirs = {"tmp", "dev", "proc", "etc", "usr", "usr/local", "usr/local/bin", lib_dir}

@@ -22,10 +22,13 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   .gpu-bundle-b/wheels/*.whl || exit 2
 export PYTHONPATH=/tmp/site:$PWD PATH=$STAGE/bin:$PATH GPUREADY_K8S_BIN=$STAGE/bin GPUREADY_IMAGE_CACHE=$STAGE/images
 export GPUREADY_CUDA_CHECK_ARCHIVES="debian=$STAGE/images/cuda-check-debian.tar,lib64=$STAGE/images/cuda-check-lib64.tar"
-export GPUREADY_GPU_E2E_REPORT=$OUT/gpu-e2e-report.jsonl GPUREADY_GPU_E2E_LOGS=/tmp/gpu-e2e-logs PYTHONUNBUFFERED=1
+export GPUREADY_GPU_E2E_REPORT=$OUT/gpu-e2e-report.jsonl GPUREADY_E2E_KEEP=1 PYTHONUNBUFFERED=1
 nvidia-smi >"$OUT/nvidia-smi-before.txt" 2>&1
-python3 -m pytest tests/gpu_e2e -m gpu_e2e -n 0 -v -rs --timeout 540 -p no:cacheprovider ${GPU_E2E_ARGS:-} 2>&1 | tee "$OUT/gpu-e2e.log"
+# Each test has its own limit, and the whole run one under the call's, so a hang still leaves the
+# summary, the report and the cluster's logs (kept: GPUREADY_E2E_KEEP) to read.
+timeout "${GPU_E2E_LIMIT:-480}" python3 -m pytest tests/gpu_e2e -m gpu_e2e -n 0 -v -rs --tb=short \
+  --timeout "${GPU_E2E_TEST_LIMIT:-150}" -p no:cacheprovider ${GPU_E2E_ARGS:-} 2>&1 | tee "$OUT/gpu-e2e.log"
 rc=${PIPESTATUS[0]}
 nvidia-smi >"$OUT/nvidia-smi-after.txt" 2>&1
-tar -czf "$OUT/cluster-logs.tar.gz" -C /tmp gpu-e2e-logs 2>/dev/null
+tar -czf "$OUT/cluster-logs.tar.gz" /tmp/gre2e-*/logs /tmp/gre2e-*/cdi 2>/dev/null
 exit "$rc"

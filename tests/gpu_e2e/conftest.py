@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -45,7 +44,9 @@ def gpu() -> Iterator[GpuCluster]:
         env = GpuCluster(cluster=cluster, core=k.CoreV1Api(api), resource=resource, plugin=plugin,
                          images=dict(cuda_images.CUDA_CHECK_IMAGES))
         deadline = time.monotonic() + 240
-        while not env.slice_devices():
+        # Published and registered: the kubelet prepares only for a driver that registered with it
+        # (a pod bound before that waits for the kubelet's retry).
+        while not env.slice_devices() or "event=plugin_registered" not in _read(plugin.log_path):
             if not plugin.running() or time.monotonic() > deadline:
                 raise AssertionError("the real GPU was never published:\n" + cluster.failure_report(60))
             time.sleep(0.2)
@@ -57,10 +58,29 @@ def gpu() -> Iterator[GpuCluster]:
         print(cluster.failure_report(60), file=sys.stderr)
         raise
     finally:
-        log_dir = os.environ.get("GPUREADY_GPU_E2E_LOGS", "")
-        if log_dir:
-            subprocess.run(["cp", "-r", cluster.log_dir, log_dir], check=False)
         cluster.stop()
         after = gpu_settings()
         report("gpu_settings_after", settings=after, unchanged=after == before)
         assert after == before, f"GPU settings changed during the run:\nbefore: {before}\nafter:  {after}"
+
+
+@pytest.fixture(autouse=True)
+def clean_after(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test leaves no pod or claim behind, passed or failed."""
+    yield
+    if "gpu" in request.fixturenames:
+        request.getfixturevalue("gpu").clean()
+
+
+def _read(path: str) -> str:
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Put each failure in the run's report as it happens: a run cut short still says why."""
+    outcome = yield
+    result = outcome.get_result()  # type: ignore[attr-defined]
+    if result.failed:
+        report("test_failed", test=item.nodeid, when=result.when, error=str(result.longrepr)[-4000:])

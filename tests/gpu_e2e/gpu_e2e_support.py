@@ -113,7 +113,7 @@ class GpuCluster:
             pod = self.pod_json(name)
             if pod["status"].get("phase") in phases:
                 return pod
-            if pod["status"].get("phase") in ("Succeeded", "Failed"):
+            if pod["status"].get("phase") in ("Succeeded", "Failed") or _stuck(pod):
                 break
             time.sleep(0.2)
         raise AssertionError(f"pod {name} is {pod.get('status', {}).get('phase')}, not {'/'.join(phases)}: "
@@ -153,6 +153,13 @@ class GpuCluster:
             time.sleep(0.2)
         raise AssertionError(f"pod {name} still exists after {timeout:.0f}s")
 
+    def clean(self) -> None:
+        """Delete every pod and claim a test left (a failed one too), so the next test has the GPU."""
+        for pod in self.core.list_namespaced_pod(self.namespace).items:
+            self.delete_pod(pod.metadata.name)
+        for claim in self.resource.list_namespaced_resource_claim(self.namespace).items:
+            self.delete_claim(claim.metadata.name)
+
     def delete_claim(self, name: str, timeout: float = 60.0) -> None:
         """Delete a claim whose pods are gone, and wait until it is.
 
@@ -164,8 +171,11 @@ class GpuCluster:
             answer = self.resource.read_namespaced_resource_claim(name, self.namespace, _preload_content=False)
             claim = json.loads(answer.data)
             claim["status"] = {}
-            self.resource.replace_namespaced_resource_claim_status(name, self.namespace, claim)
-            self.resource.patch_namespaced_resource_claim(name, self.namespace, {"metadata": {"finalizers": None}})
+            answer = self.resource.replace_namespaced_resource_claim_status(name, self.namespace, claim,
+                                                                           _preload_content=False)
+            claim = json.loads(answer.data)
+            claim["metadata"]["finalizers"] = []
+            self.resource.replace_namespaced_resource_claim(name, self.namespace, claim)
         self.resource.delete_namespaced_resource_claim(name, self.namespace)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -175,6 +185,17 @@ class GpuCluster:
                 return
             time.sleep(0.2)
         raise AssertionError(f"claim {name} still exists after {timeout:.0f}s")
+
+
+# A pod that will not get further without a change: say so at once, with the reason, instead of timing out.
+_STUCK_REASONS = ("CreateContainerError", "CreateContainerConfigError", "RunContainerError", "ErrImageNeverPull",
+                  "InvalidImageName")
+
+
+def _stuck(pod: dict[str, Any]) -> bool:
+    waiting = [s.get("state", {}).get("waiting", {}).get("reason", "")
+               for s in pod["status"].get("containerStatuses") or []]
+    return any(r in _STUCK_REASONS for r in waiting)
 
 
 def archives(cache: str) -> dict[str, str]:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from gpu_e2e_support import GpuCluster, report
 
+from dra_driver.opaque_config import API_VERSION
 from kubelet_plugin.cdi.driver_files import CONTAINER_LIB_DIR
 from testbed.realcluster.kubelet_metrics import Operation
 
@@ -30,12 +31,12 @@ def _claim(name: str, memory: str = "", mps: bool = False) -> str:
         capacity:
           requests:
             memory: {memory}""" if memory else ""
-    config = """
+    config = f"""
     config:
     - opaque:
         driver: gpu.nvidia.com
         parameters:
-          apiVersion: resource.nvidia.com/v1beta1
+          apiVersion: {API_VERSION}
           kind: GpuConfig
           sharing:
             strategy: MPS""" if mps else ""
@@ -209,7 +210,7 @@ def test_mps_shares_run_side_by_side_as_non_root_users_and_each_limit_holds(gpu:
     for pod, (claim, uid) in pods.items():
         gpu.create(_pod(pod, gpu.images["lib64"], fill, claim=claim, uid=uid))
     for pod in pods:
-        gpu.wait_phase(pod, ("Running",), timeout=240)
+        gpu.wait_phase(pod, ("Running",), timeout=90)
     running_together = all(gpu.pod_json(p)["status"].get("phase") == "Running" for p in pods)
     results = {}
     deadline = time.monotonic() + 120
