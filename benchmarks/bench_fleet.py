@@ -18,9 +18,14 @@ Figures:
 - seconds to create every node's slices (4 client threads), and the API server's and scheduler's
   resident memory with the fleet in place;
 - the real scheduler placing M pods: (a) each with its own one-GPU ResourceClaim of DeviceClass
-  ``gpu.nvidia.com``, (d) with no claim (the floor). Pods per second from the first pod created to
-  the last bound, and the scheduler's own ``scheduler_scheduling_attempt_duration_seconds`` for
-  those pods (its histogram's bucket bounds, before/after difference).
+  ``gpu.nvidia.com``, (d) with no claim (the floor), and with gpuready's controller running as its
+  own process, its webhooks registered as the chart registers them: (b) each claim asking 20Gi of
+  DeviceClass ``vram.gpu.nvidia.com``, which the mutating webhook shapes into a ``firstAvailable``
+  list, (c) one-GPU claims with pods gated for placement mode (``--placement-mode gated``: the
+  controller allocates, then lifts the gate). Pods per second from the first pod created to the
+  last bound, claims created per second (through the webhook in (b)), and the scheduler's own
+  ``scheduler_scheduling_attempt_duration_seconds`` for those pods (its histogram's bucket bounds,
+  before/after difference).
 
 Nothing runs: nodes have no kubelet, so bound pods stay Pending. With no controller-manager there is no
 node lifecycle controller (no heartbeats needed: 2 N requests every few seconds would share the
@@ -28,16 +33,18 @@ two cores with the scheduler) and no claim garbage collection, so every scenario
 and the fleet's GPUs are sized for all of them. Needs root and the built binaries (like
 bench_kubelet). Request loops are bounded in count and time; everything is on loopback.
 
-Run: ``python -m benchmarks.bench_fleet [--nodes 100,300] [--pods 200] [--quick]``.
+Run: ``python -m benchmarks.bench_fleet [--nodes 100,300] [--pods 200] [--qps 0,500] [--no-controller] [--quick]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +56,10 @@ DRIVER = "gpu.nvidia.com"
 CLASS = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": DRIVER},
          "spec": {"selectors": [{"cel": {"expression":
                   f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "gpu"'}}]}}
+PLAIN = {"name": "gpu", "exactly": {"deviceClassName": DRIVER}}
+# Sized by memory: gpuready's mutating webhook turns it into a firstAvailable list of the shapes that fit.
+VRAM = {"name": "gpu", "exactly": {"deviceClassName": f"vram.{DRIVER}", "capacity": {"requests": {"memory": "20Gi"}}}}
+ROOT = Path(__file__).resolve().parent.parent
 KINDS = ("h100-static", "h200-whole", "h200-dynamic", "h200-shared")
 _THREADS = 4  # client threads writing objects; the machine has 2 cores
 _ATTEMPT = "scheduler_scheduling_attempt_duration_seconds"
@@ -124,6 +135,60 @@ def bucket_quantile(before: dict[float, float], after: dict[float, float], q: fl
     return float("nan")
 
 
+@contextlib.contextmanager
+def gpuready_controller(cluster: Any, placement: bool) -> Iterator[None]:
+    """gpuready's controller as its own process (``python -m dra_driver controller``, this checkout)
+    with the chart's webhook configurations registered in the API server (as tests/e2e does), until
+    the context ends; ``placement``: ``--placement-mode gated``."""
+    import os
+    import ssl
+    import sys
+    import urllib.request
+
+    from testbed.apiserver.webhook_configs import gpuready_webhook_configurations
+    from testbed.realcluster.procs import Component, free_port
+
+    def answers(url: str, ctx: ssl.SSLContext | None = None) -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=2, context=ctx) as resp:
+                return bool(resp.status == 200)
+        except Exception:
+            return False
+
+    cert = cluster.issue_serving_cert("gpuready-webhook")
+    webhook_port, health_port = free_port(), free_port()
+    argv = [sys.executable, "-m", "dra_driver", "controller", "--kubeconfig", cluster.kubeconfig,
+            "--webhook-cert", cert.cert, "--webhook-key", cert.key, "--webhook-port", str(webhook_port),
+            "--bind-address", "127.0.0.1", "--metrics-port", "0", "--health-port", str(health_port),
+            "--no-leader-elect", "--placement-mode", "gated" if placement else "off",
+            "--readiness-taint-mode", "off"]
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    name = f"gpuready-controller-{'gated' if placement else 'webhook'}"
+    proc = Component(name, argv, cluster.log_path(name), env=env, cwd=str(ROOT)).start()
+    cluster.components[name] = proc
+    try:
+        proc.wait_ready(lambda: answers(f"http://127.0.0.1:{health_port}/readyz"), 120, "ready (/readyz)")
+        url = f"https://127.0.0.1:{webhook_port}"
+        proc.wait_ready(lambda: answers(f"{url}/healthz", ssl.create_default_context(cafile=cluster.ca_file)), 30,
+                        "serving its webhook over TLS")
+        with open(cluster.ca_file, "rb") as f:
+            ca_pem = f.read()
+        for config in gpuready_webhook_configurations(url, ca_pem, driver=DRIVER, name="gpuready-webhook"):
+            cluster.kubectl("apply", "-f", "-", input_text=json.dumps(config))
+        probe = json.dumps({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                            "metadata": {"name": "webhook-probe", "namespace": "default"},
+                            "spec": {"devices": {"requests": [VRAM]}}})
+        proc.wait_ready(lambda: "firstAvailable" in cluster.kubectl(
+            "create", "--dry-run=server", "-o", "json", "-f", "-", input_text=probe), 30,
+            "shaping a VRAM claim (dry run)")
+        yield
+    finally:
+        for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+            with contextlib.suppress(Exception):
+                cluster.kubectl("delete", kind, "gpuready-webhook", "--ignore-not-found")
+        proc.stop()
+
+
 class FleetBench:
     """One real control plane with N fake GPU nodes."""
 
@@ -183,24 +248,32 @@ class FleetBench:
                                  count, unit="slices"))
         return out
 
-    def schedule(self, label: str, pods: int, with_claim: bool, timeout: float = 300.0) -> list[BenchResult]:
-        """Create ``pods`` pods (each with its own fresh one-GPU claim, or none) and wait until the
-        scheduler bound them all; pods/s and the scheduler's attempt durations."""
+    def schedule(self, label: str, pods: int, request: dict[str, Any] | None, what: str, gate: str = "",
+                 timeout: float = 300.0) -> list[BenchResult]:
+        """Create ``pods`` pods (each with its own fresh claim of ``request``, or none; with the scheduling
+        gate ``gate`` if given) and wait until the scheduler bound them all; pods/s and the scheduler's
+        attempt durations (and claims created per second, through any webhook)."""
         ns = f"bench-{label}"
         self.core.create_namespace({"metadata": {"name": ns}})
         self.core.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
         names = [f"p-{i:05d}" for i in range(pods)]
-        if with_claim:
+        results = []
+        if request is not None:
+            t0 = time.monotonic()
             self._parallel(lambda n: self.resource.create_namespaced_resource_claim(ns, {
                 "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": n},
-                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}}), names)
+                "spec": {"devices": {"requests": [request]}}}), names)
+            results.append(summarize(f"N={self.n} {self.setting} ({label}) create {pods} claims, {what}: claims per second",
+                                     [pods / (time.monotonic() - t0)], unit="claims/s"))
 
         def pod(name: str) -> None:
             spec: dict[str, Any] = {"terminationGracePeriodSeconds": 0,
                                     "containers": [{"name": "main", "image": "registry.local/none:1"}]}
-            if with_claim:
+            if request is not None:
                 spec["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
                 spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": name}]
+            if gate:
+                spec["schedulingGates"] = [{"name": gate}]
             self.core.create_namespaced_pod(ns, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
                                                  "spec": spec})
 
@@ -217,7 +290,6 @@ class FleetBench:
         metrics_after = _attempts(self.cluster.https_get(self.cluster.scheduler_url("/metrics")).decode())
         if bound < pods:
             raise TimeoutError(f"{label}: {bound} of {pods} pods bound within {timeout:.0f} s")
-        what = "one-GPU claim each (DeviceClass gpu.nvidia.com)" if with_claim else "no claim (floor)"
         rate = summarize(f"N={self.n} {self.setting} ({label}) {pods} pods, {what}: pods bound per second", [pods / elapsed],
                          unit="pods/s")
         attempts = max(metrics_after.values(), default=0.0) - max(metrics_before.values(), default=0.0)
@@ -225,7 +297,7 @@ class FleetBench:
         attempt = BenchResult(
             name=f"N={self.n} {self.setting} ({label}) scheduler's scheduling attempt, {what} (histogram bucket bound)",
             unit="ms", n=int(attempts), median=p50, p95=p95, p99=p99, machine=rate.machine)
-        return [rate, attempt]
+        return [*results, rate, attempt]
 
     def _wait_bound(self, ns: str, since: str, pods: int, timeout: float) -> int:
         """Follow a raw watch (no model decoding: the bench shares two cores with the scheduler) until
@@ -250,7 +322,7 @@ class FleetBench:
 
 
 def run(quick: bool = False, nodes: tuple[int, ...] | None = None, pods: int | None = None,
-        qps: tuple[float, ...] = (0.0, 500.0)) -> list[BenchResult]:
+        qps: tuple[float, ...] = (0.0, 500.0), controller: bool = True) -> list[BenchResult]:
     """One fresh control plane per fleet size and scheduler client rate (0: Kubernetes' default, 50/s)."""
     from testbed.realcluster import Cluster, ClusterConfig, binaries
 
@@ -261,13 +333,16 @@ def run(quick: bool = False, nodes: tuple[int, ...] | None = None, pods: int | N
         for rate in qps:
             config = ClusterConfig(kubelet=False, controller_manager=False, scheduler_qps=rate)
             with Cluster(binaries.find(), config) as cluster:
-                results.extend(_one_fleet(cluster, n, m, rate, sizes_too=rate == qps[0]))
+                results.extend(_one_fleet(cluster, n, m, rate, sizes_too=rate == qps[0], controller=controller))
     return results
 
 
-def _one_fleet(cluster: Any, n: int, m: int, rate: float, sizes_too: bool) -> list[BenchResult]:
+def _one_fleet(cluster: Any, n: int, m: int, rate: float, sizes_too: bool, controller: bool) -> list[BenchResult]:
+    import yaml
+
     bench = FleetBench(cluster, n, f"scheduler QPS {rate:g}" if rate else "scheduler QPS 50 (default)")
     bench.resource.create_device_class(CLASS)
+    bench.resource.create_device_class(yaml.safe_load((ROOT / "deploy/deviceclasses/vram.gpu.nvidia.com.yaml").read_text()))
     took = bench.make_nodes()
     total = sum(len(s) for s in bench.slices.values())
     results = [summarize(f"N={n}: create all {total} ResourceSlices ({_THREADS} client threads)", [took], unit="s")]
@@ -277,8 +352,14 @@ def _one_fleet(cluster: Any, n: int, m: int, rate: float, sizes_too: bool) -> li
                                  [_rss_mib(cluster.component_pid("kube-apiserver"))], unit="MiB"))
         results.append(summarize(f"N={n}: kube-scheduler resident memory with the fleet",
                                  [_rss_mib(cluster.component_pid("kube-scheduler"))], unit="MiB"))
-    results.extend(bench.schedule("d-noclaim", m, with_claim=False))
-    results.extend(bench.schedule("a-claim", m, with_claim=True))
+    results.extend(bench.schedule("d-noclaim", m, None, "no claim (floor)"))
+    results.extend(bench.schedule("a-claim", m, PLAIN, "one-GPU claim each (DeviceClass gpu.nvidia.com)"))
+    if controller:
+        with gpuready_controller(cluster, placement=False):
+            results.extend(bench.schedule("b-shaped", m, VRAM, "one 20Gi VRAM claim each, shaped by the webhook"))
+        with gpuready_controller(cluster, placement=True):
+            results.extend(bench.schedule("c-placement", m, PLAIN, "one-GPU claim each, placement mode gated",
+                                          gate=f"{DRIVER}/placement"))
     if sizes_too:
         results.append(summarize(f"N={n}: kube-scheduler resident memory after the pods",
                                  [_rss_mib(cluster.component_pid("kube-scheduler"))], unit="MiB"))
@@ -292,10 +373,12 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=None, help="pods per scenario (default 200)")
     parser.add_argument("--qps", default="0,500",
                         help="kube-scheduler client QPS per run, comma-separated (0: the default, 50)")
+    parser.add_argument("--no-controller", action="store_true",
+                        help="leave out (b) webhook-shaped claims and (c) placement mode")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     sizes = tuple(int(x) for x in args.nodes.split(",") if x) or None
-    report(run(args.quick, sizes, args.pods, tuple(float(x) for x in args.qps.split(","))))
+    report(run(args.quick, sizes, args.pods, tuple(float(x) for x in args.qps.split(",")), not args.no_controller))
 
 
 if __name__ == "__main__":
