@@ -43,11 +43,17 @@ def kubelet(*, node_ip: str, port: int, healthz_port: int, serving: CertFiles, c
     }
 
 
-def scheduler(*, kubeconfig: str, binding_timeout_s: int) -> dict[str, Any]:
-    """The KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1) as a dict, ready for YAML."""
+def scheduler(*, kubeconfig: str, binding_timeout_s: int, client_qps: float = 0.0) -> dict[str, Any]:
+    """The KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1) as a dict, ready for YAML.
+
+    ``client_qps`` > 0 sets the scheduler's API client rate (burst twice that); 0 keeps Kubernetes'
+    default (50 requests/s, burst 100)."""
+    connection: dict[str, Any] = {"kubeconfig": kubeconfig}
+    if client_qps > 0:
+        connection.update(qps=client_qps, burst=int(2 * client_qps))
     return {
         "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
-        "clientConnection": {"kubeconfig": kubeconfig}, "leaderElection": {"leaderElect": False},
+        "clientConnection": connection, "leaderElection": {"leaderElect": False},
         "profiles": [{"schedulerName": "default-scheduler", "pluginConfig": [{
             "name": "DynamicResources",
             "args": {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "DynamicResourcesArgs",

@@ -69,6 +69,9 @@ class ClusterConfig:
     # plugin's bindingTimeout; Kubernetes' default is 600 s). Short here, so a test of a plugin that
     # never answers sees the pod requeued within seconds.
     binding_timeout_s: int = 15
+    # kube-scheduler's API client rate (requests/s, burst twice that); 0: Kubernetes' default, 50 (burst
+    # 100). A pod with a claim costs the scheduler two writes (the claim's allocation, the binding).
+    scheduler_qps: float = 0.0
     keep_dir: bool = False  # leave the directory (logs, configs) after stop, for a post-mortem
     # The GPU machine's cluster (no bridges, iptables or network tools there): the node IP is an address
     # the host already has, pods get only a loopback CNI network (tests run them with hostNetwork), and
@@ -263,6 +266,14 @@ class Cluster:
         """The kubelet's own HTTPS endpoint for ``path`` (e.g. ``/metrics``)."""
         return f"https://{self.config.node_ip}:{self.kubelet_port}{path}"
 
+    def scheduler_url(self, path: str) -> str:
+        """kube-scheduler's own HTTPS endpoint for ``path`` (e.g. ``/metrics``; read with :meth:`https_get`)."""
+        return f"https://127.0.0.1:{self._scheduler_port}{path}"
+
+    def component_pid(self, name: str) -> int:
+        """The process id of a running component (``kube-apiserver``, ``kube-scheduler``...)."""
+        return self.components[name].pid
+
     # --- startup ----------------------------------------------------------------------------------
     def _phase(self, name: str) -> None:
         self.timings[name] = round(time.monotonic() - self._started, 2)
@@ -451,7 +462,8 @@ class Cluster:
     def _start_scheduler(self) -> Component:
         self._scheduler_port = free_port()
         kubeconfig = os.path.join(self.dir, "kube-scheduler.kubeconfig")
-        config = component_config.scheduler(kubeconfig=kubeconfig, binding_timeout_s=self.config.binding_timeout_s)
+        config = component_config.scheduler(kubeconfig=kubeconfig, binding_timeout_s=self.config.binding_timeout_s,
+                                            client_qps=self.config.scheduler_qps)
         path = os.path.join(self.dir, "kube-scheduler-config.yaml")
         with open(path, "w") as f:
             yaml.safe_dump(config, f)

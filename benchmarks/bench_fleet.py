@@ -1,0 +1,385 @@
+"""A fleet of GPU nodes on one real control plane: what its ResourceSlices weigh and what one-GPU
+claims cost the real kube-scheduler (issue 28).
+
+Real etcd, kube-apiserver and kube-scheduler v1.37.2 (testbed/realcluster, control plane only: no
+kubelet, no controller-manager), N fake Nodes, and for each node the ResourceSlices gpuready's own
+slice builder (``dra_driver.slices.build_pool``, what the kubelet plugin publishes) makes from
+simulated devices (``testbed/nvml_sim`` profiles, read through ``discover()`` as the plugin reads
+NVML). The fleet is mixed, one node kind after another:
+
+- ``h100-static``: ``sim:8xh100``, 6 whole H100 + 11 static MIG devices;
+- ``h200-whole``: 8 x ``sim:h200-141gb``, whole GPUs;
+- ``h200-dynamic``: ``sim:4xh200`` published for dynamic MIG (every profile x placement + counters);
+- ``h200-shared``: 8 x H200 published shareable (consumable ``memory``).
+
+Figures:
+
+- bytes per node (the JSON bodies sent), slices and devices per node, per node kind;
+- seconds to create every node's slices (4 client threads), and the API server's and scheduler's
+  resident memory with the fleet in place;
+- the real scheduler placing M pods: (a) each with its own one-GPU ResourceClaim of DeviceClass
+  ``gpu.nvidia.com``, (d) with no claim (the floor), and with gpuready's controller running as its
+  own process, its webhooks registered as the chart registers them: (b) each claim asking 20Gi of
+  DeviceClass ``vram.gpu.nvidia.com``, which the mutating webhook shapes into a ``firstAvailable``
+  list, (c) one-GPU claims with pods gated for placement mode (``--placement-mode gated``: the
+  controller allocates, then lifts the gate). Pods per second from the first pod created to the
+  last bound, claims created per second (through the webhook in (b)), and the scheduler's own
+  ``scheduler_scheduling_attempt_duration_seconds`` for those pods (its histogram's bucket bounds,
+  before/after difference).
+
+Nothing runs: nodes have no kubelet, so bound pods stay Pending. With no controller-manager there is no
+node lifecycle controller (no heartbeats needed: 2 N requests every few seconds would share the
+two cores with the scheduler) and no claim garbage collection, so every scenario uses fresh claims
+and the fleet's GPUs are sized for all of them. Needs root and the built binaries (like
+bench_kubelet). Request loops are bounded in count and time; everything is on loopback.
+
+Run: ``python -m benchmarks.bench_fleet [--nodes 100,300] [--pods 200] [--qps 0,500] [--no-controller] [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import dataclasses
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import BenchResult, report, summarize
+from dra_driver.devices import NodeDevices
+from dra_driver.slices import SliceOptions, build_pool
+
+DRIVER = "gpu.nvidia.com"
+CLASS = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": DRIVER},
+         "spec": {"selectors": [{"cel": {"expression":
+                  f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "gpu"'}}]}}
+PLAIN = {"name": "gpu", "exactly": {"deviceClassName": DRIVER}}
+# Sized by memory: gpuready's mutating webhook turns it into a firstAvailable list of the shapes that fit.
+VRAM = {"name": "gpu", "exactly": {"deviceClassName": f"vram.{DRIVER}", "capacity": {"requests": {"memory": "20Gi"}}}}
+ROOT = Path(__file__).resolve().parent.parent
+KINDS = ("h100-static", "h200-whole", "h200-dynamic", "h200-shared")
+_THREADS = 4  # client threads writing objects; the machine has 2 cores
+_ATTEMPT = "scheduler_scheduling_attempt_duration_seconds"
+
+
+def _replicate(devices: NodeDevices, count: int) -> NodeDevices:
+    """``count`` copies of the node's one GPU, each with its own minor, UUID and PCI address."""
+    gpu = devices.gpus[0]
+    return dataclasses.replace(devices, gpus=tuple(
+        dataclasses.replace(gpu, index=m, minor=m, uuid=f"{gpu.uuid[:-2]}{m:02d}",
+                            pci_bus_id=f"0000:{0x18 + m:02x}:00.0") for m in range(count)))
+
+
+def node_kinds() -> dict[str, tuple[NodeDevices, SliceOptions]]:
+    """Each node kind's devices (as discovery reads the simulated NVML) and publishing options."""
+    from kubelet_plugin.nvml import discover, open_nvml
+
+    eight_h200 = _replicate(discover(open_nvml("sim:h200-141gb")), 8)
+    return {
+        "h100-static": (discover(open_nvml("sim:8xh100")), SliceOptions()),
+        "h200-whole": (eight_h200, SliceOptions()),
+        "h200-dynamic": (discover(open_nvml("sim:4xh200")), SliceOptions(mig_mode="dynamic")),
+        "h200-shared": (eight_h200, SliceOptions(shared_gpus=True)),
+    }
+
+
+def fleet_slices(nodes: dict[str, str], kinds: dict[str, tuple[NodeDevices, SliceOptions]] | None = None
+                 ) -> dict[str, list[dict[str, Any]]]:
+    """Every node's ResourceSlice objects, as the plugin publishes them: ``nodes`` maps node name to
+    node UID (the slices' owner); node i is of kind ``KINDS[i % 4]``."""
+    kinds = kinds or node_kinds()
+    out = {}
+    for i, (name, uid) in enumerate(nodes.items()):
+        devices, options = kinds[KINDS[i % len(KINDS)]]
+        out[name] = [s.to_k8s(0, uid) for s in build_pool(devices, name, DRIVER, options)]
+    return out
+
+
+def _size(obj: dict[str, Any]) -> int:
+    return len(json.dumps(obj, separators=(",", ":")))
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _attempts(text: str) -> dict[float, float]:
+    """Cumulative bucket counts (upper bound -> count) of scheduled attempts, all profiles together."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    buckets: dict[float, float] = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name == _ATTEMPT:
+            for s in fam.samples:
+                if s.name.endswith("_bucket") and s.labels.get("result") == "scheduled":
+                    le = float(s.labels["le"])
+                    buckets[le] = buckets.get(le, 0.0) + s.value
+    return buckets
+
+
+def bucket_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float:
+    """The upper bound (seconds) of the bucket holding the q-quantile (0..1) of the attempts
+    counted between two readings of a cumulative histogram."""
+    bounds = sorted(after)
+    delta = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = delta[-1] if delta else 0.0
+    for bound, count in zip(bounds, delta, strict=True):
+        if total and count >= q * total:
+            return bound
+    return float("nan")
+
+
+@contextlib.contextmanager
+def gpuready_controller(cluster: Any, placement: bool) -> Iterator[None]:
+    """gpuready's controller as its own process (``python -m dra_driver controller``, this checkout)
+    with the chart's webhook configurations registered in the API server (as tests/e2e does), until
+    the context ends; ``placement``: ``--placement-mode gated``."""
+    import os
+    import ssl
+    import sys
+    import urllib.request
+
+    from testbed.apiserver.webhook_configs import gpuready_webhook_configurations
+    from testbed.realcluster.procs import Component, free_port
+
+    def answers(url: str, ctx: ssl.SSLContext | None = None) -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=2, context=ctx) as resp:
+                return bool(resp.status == 200)
+        except Exception:
+            return False
+
+    cert = cluster.issue_serving_cert("gpuready-webhook")
+    webhook_port, health_port = free_port(), free_port()
+    argv = [sys.executable, "-m", "dra_driver", "controller", "--kubeconfig", cluster.kubeconfig,
+            "--webhook-cert", cert.cert, "--webhook-key", cert.key, "--webhook-port", str(webhook_port),
+            "--bind-address", "127.0.0.1", "--metrics-port", "0", "--health-port", str(health_port),
+            "--no-leader-elect", "--placement-mode", "gated" if placement else "off",
+            "--readiness-taint-mode", "off"]
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    name = f"gpuready-controller-{'gated' if placement else 'webhook'}"
+    proc = Component(name, argv, cluster.log_path(name), env=env, cwd=str(ROOT)).start()
+    cluster.components[name] = proc
+    try:
+        proc.wait_ready(lambda: answers(f"http://127.0.0.1:{health_port}/readyz"), 120, "ready (/readyz)")
+        url = f"https://127.0.0.1:{webhook_port}"
+        proc.wait_ready(lambda: answers(f"{url}/healthz", ssl.create_default_context(cafile=cluster.ca_file)), 30,
+                        "serving its webhook over TLS")
+        with open(cluster.ca_file, "rb") as f:
+            ca_pem = f.read()
+        for config in gpuready_webhook_configurations(url, ca_pem, driver=DRIVER, name="gpuready-webhook"):
+            cluster.kubectl("apply", "-f", "-", input_text=json.dumps(config))
+        probe = json.dumps({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                            "metadata": {"name": "webhook-probe", "namespace": "default"},
+                            "spec": {"devices": {"requests": [VRAM]}}})
+        proc.wait_ready(lambda: "firstAvailable" in cluster.kubectl(
+            "create", "--dry-run=server", "-o", "json", "-f", "-", input_text=probe), 30,
+            "shaping a VRAM claim (dry run)")
+        yield
+    finally:
+        for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+            with contextlib.suppress(Exception):
+                cluster.kubectl("delete", kind, "gpuready-webhook", "--ignore-not-found")
+        proc.stop()
+
+
+class FleetBench:
+    """One real control plane with N fake GPU nodes."""
+
+    def __init__(self, cluster: Any, n_nodes: int, setting: str = "") -> None:
+        import kubernetes
+
+        self.cluster = cluster
+        self.n = n_nodes
+        self.setting = setting  # what the scheduler runs with, in the figures' names
+        api = cluster.api_client()
+        api.configuration.connection_pool_maxsize = _THREADS * 2
+        self.core = kubernetes.client.CoreV1Api(api)
+        self.resource = kubernetes.client.ResourceV1Api(api)
+        self.names = [f"fleet-{i:05d}" for i in range(n_nodes)]
+        self.slices: dict[str, list[dict[str, Any]]] = {}
+
+    def _parallel(self, fn: Any, items: list[Any]) -> None:
+        with concurrent.futures.ThreadPoolExecutor(_THREADS) as pool:
+            for _ in pool.map(fn, items):
+                pass
+
+    def make_nodes(self) -> float:
+        """Create the Nodes (Ready, pods 110, no not-ready taint) and publish their slices; seconds
+        the slices took."""
+        def node(name: str) -> str:
+            created = self.core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {
+                "name": name, "labels": {"kubernetes.io/hostname": name, "gpuready.e2e/fake": "true"}}})
+            self.core.patch_node_status(name, {"status": {
+                "conditions": [{"type": "Ready", "status": "True", "reason": "FakeNode", "message": "fleet bench"}],
+                "capacity": {"cpu": "64", "memory": "512Gi", "pods": "110"},
+                "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"}}})
+            # The TaintNodesByCondition admission plugin adds the not-ready taint at creation; the node
+            # lifecycle controller would lift it once Ready. There is none here.
+            self.core.patch_node(name, {"spec": {"taints": None}})
+            return str(created.metadata.uid)
+
+        with concurrent.futures.ThreadPoolExecutor(_THREADS) as pool:
+            uids = dict(zip(self.names, pool.map(node, self.names), strict=True))
+        self.slices = fleet_slices(uids)
+        bodies = [s for per_node in self.slices.values() for s in per_node]
+        t0 = time.monotonic()
+        self._parallel(self.resource.create_resource_slice, bodies)
+        return time.monotonic() - t0
+
+    def sizes(self) -> list[BenchResult]:
+        """Bytes, slices and devices per node, per node kind."""
+        out = []
+        for k, kind in enumerate(KINDS):
+            nodes = [self.slices[n] for i, n in enumerate(self.names) if i % len(KINDS) == k]
+            if not nodes:
+                continue
+            size = [float(sum(_size(s) for s in per_node)) for per_node in nodes]
+            count = [float(len(per_node)) for per_node in nodes]
+            devices = [float(sum(len(s["spec"].get("devices") or []) for s in per_node)) for per_node in nodes]
+            out.append(summarize(f"N={self.n} {kind}: ResourceSlice bytes per node (JSON)", size, unit="B"))
+            out.append(summarize(f"N={self.n} {kind}: ResourceSlices per node ({int(devices[0])} devices)",
+                                 count, unit="slices"))
+        return out
+
+    def schedule(self, label: str, pods: int, request: dict[str, Any] | None, what: str, gate: str = "",
+                 timeout: float = 300.0) -> list[BenchResult]:
+        """Create ``pods`` pods (each with its own fresh claim of ``request``, or none; with the scheduling
+        gate ``gate`` if given) and wait until the scheduler bound them all; pods/s and the scheduler's
+        attempt durations (and claims created per second, through any webhook)."""
+        ns = f"bench-{label}"
+        self.core.create_namespace({"metadata": {"name": ns}})
+        self.core.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
+        names = [f"p-{i:05d}" for i in range(pods)]
+        results = []
+        if request is not None:
+            t0 = time.monotonic()
+            self._parallel(lambda n: self.resource.create_namespaced_resource_claim(ns, {
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": n},
+                "spec": {"devices": {"requests": [request]}}}), names)
+            results.append(summarize(f"N={self.n} {self.setting} ({label}) create {pods} claims, {what}: claims per second",
+                                     [pods / (time.monotonic() - t0)], unit="claims/s"))
+
+        def pod(name: str) -> None:
+            spec: dict[str, Any] = {"terminationGracePeriodSeconds": 0,
+                                    "containers": [{"name": "main", "image": "registry.local/none:1"}]}
+            if request is not None:
+                spec["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+                spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": name}]
+            if gate:
+                spec["schedulingGates"] = [{"name": gate}]
+            self.core.create_namespaced_pod(ns, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                                                 "spec": spec})
+
+        metrics_before = _attempts(self.cluster.https_get(self.cluster.scheduler_url("/metrics")).decode())
+        since = self.core.list_namespaced_pod(ns).metadata.resource_version
+        t0 = time.monotonic()
+        creator = concurrent.futures.ThreadPoolExecutor(_THREADS)
+        futures = [creator.submit(pod, n) for n in names]
+        bound = self._wait_bound(ns, since, pods, timeout)
+        elapsed = time.monotonic() - t0
+        for f in futures:
+            f.result()  # a failed create fails the scenario
+        creator.shutdown()
+        metrics_after = _attempts(self.cluster.https_get(self.cluster.scheduler_url("/metrics")).decode())
+        if bound < pods:
+            raise TimeoutError(f"{label}: {bound} of {pods} pods bound within {timeout:.0f} s")
+        rate = summarize(f"N={self.n} {self.setting} ({label}) {pods} pods, {what}: pods bound per second", [pods / elapsed],
+                         unit="pods/s")
+        attempts = max(metrics_after.values(), default=0.0) - max(metrics_before.values(), default=0.0)
+        p50, p95, p99 = (bucket_quantile(metrics_before, metrics_after, q) * 1000 for q in (0.5, 0.95, 0.99))
+        attempt = BenchResult(
+            name=f"N={self.n} {self.setting} ({label}) scheduler's scheduling attempt, {what} (histogram bucket bound)",
+            unit="ms", n=int(attempts), median=p50, p95=p95, p99=p99, machine=rate.machine)
+        return [*results, rate, attempt]
+
+    def _wait_bound(self, ns: str, since: str, pods: int, timeout: float) -> int:
+        """Follow a raw watch (no model decoding: the bench shares two cores with the scheduler) until
+        ``pods`` pods have a node or ``timeout`` seconds pass; the number bound."""
+        bound: set[str] = set()
+        deadline = time.monotonic() + timeout
+        while len(bound) < pods and time.monotonic() < deadline:
+            resp = self.core.list_namespaced_pod(ns, watch=True, resource_version=since, _preload_content=False,
+                                                 timeout_seconds=max(1, int(deadline - time.monotonic())))
+            try:
+                for line in resp:
+                    event = json.loads(line)
+                    obj = event.get("object", {})
+                    since = obj.get("metadata", {}).get("resourceVersion", since)
+                    if event.get("type") in ("ADDED", "MODIFIED") and obj.get("spec", {}).get("nodeName"):
+                        bound.add(obj["metadata"]["name"])
+                        if len(bound) >= pods:
+                            break
+            finally:
+                resp.release_conn()
+        return len(bound)
+
+
+def run(quick: bool = False, nodes: tuple[int, ...] | None = None, pods: int | None = None,
+        qps: tuple[float, ...] = (0.0, 500.0), controller: bool = True) -> list[BenchResult]:
+    """One fresh control plane per fleet size and scheduler client rate (0: Kubernetes' default, 50/s)."""
+    from testbed.realcluster import Cluster, ClusterConfig, binaries
+
+    sizes = nodes or ((20,) if quick else (100, 300))
+    m = pods or (40 if quick else 200)
+    results: list[BenchResult] = []
+    for n in sizes:
+        for rate in qps:
+            config = ClusterConfig(kubelet=False, controller_manager=False, scheduler_qps=rate)
+            with Cluster(binaries.find(), config) as cluster:
+                results.extend(_one_fleet(cluster, n, m, rate, sizes_too=rate == qps[0], controller=controller))
+    return results
+
+
+def _one_fleet(cluster: Any, n: int, m: int, rate: float, sizes_too: bool, controller: bool) -> list[BenchResult]:
+    import yaml
+
+    bench = FleetBench(cluster, n, f"scheduler QPS {rate:g}" if rate else "scheduler QPS 50 (default)")
+    bench.resource.create_device_class(CLASS)
+    bench.resource.create_device_class(yaml.safe_load((ROOT / "deploy/deviceclasses/vram.gpu.nvidia.com.yaml").read_text()))
+    took = bench.make_nodes()
+    total = sum(len(s) for s in bench.slices.values())
+    results = [summarize(f"N={n}: create all {total} ResourceSlices ({_THREADS} client threads)", [took], unit="s")]
+    if sizes_too:
+        results.extend(bench.sizes())
+        results.append(summarize(f"N={n}: kube-apiserver resident memory with the fleet",
+                                 [_rss_mib(cluster.component_pid("kube-apiserver"))], unit="MiB"))
+        results.append(summarize(f"N={n}: kube-scheduler resident memory with the fleet",
+                                 [_rss_mib(cluster.component_pid("kube-scheduler"))], unit="MiB"))
+    results.extend(bench.schedule("d-noclaim", m, None, "no claim (floor)"))
+    results.extend(bench.schedule("a-claim", m, PLAIN, "one-GPU claim each (DeviceClass gpu.nvidia.com)"))
+    if controller:
+        with gpuready_controller(cluster, placement=False):
+            results.extend(bench.schedule("b-shaped", m, VRAM, "one 20Gi VRAM claim each, shaped by the webhook"))
+        with gpuready_controller(cluster, placement=True):
+            results.extend(bench.schedule("c-placement", m, PLAIN, "one-GPU claim each, placement mode gated",
+                                          gate=f"{DRIVER}/placement"))
+    if sizes_too:
+        results.append(summarize(f"N={n}: kube-scheduler resident memory after the pods",
+                                 [_rss_mib(cluster.component_pid("kube-scheduler"))], unit="MiB"))
+    return results
+
+
+def main() -> None:
+    """Command line: fleet sizes, pods per scenario, scheduler client rates."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", default="", help="fleet sizes, comma-separated (default 100,300)")
+    parser.add_argument("--pods", type=int, default=None, help="pods per scenario (default 200)")
+    parser.add_argument("--qps", default="0,500",
+                        help="kube-scheduler client QPS per run, comma-separated (0: the default, 50)")
+    parser.add_argument("--no-controller", action="store_true",
+                        help="leave out (b) webhook-shaped claims and (c) placement mode")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    sizes = tuple(int(x) for x in args.nodes.split(",") if x) or None
+    report(run(args.quick, sizes, args.pods, tuple(float(x) for x in args.qps.split(",")), not args.no_controller))
+
+
+if __name__ == "__main__":
+    main()
