@@ -37,7 +37,7 @@ import stat
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -253,7 +253,7 @@ class MpsControl:
                     _kill(pid, record.pipe_dir, self.settings.node)
                 reap(pid)
             for _ in range(20):  # the daemon's servers end just after it: collect them as they do
-                if not reap_orphans() and not _children_named(MPS_CONTROL[:15]):
+                if not reap_orphans() and not any(state != "Z" for _, state in _mps_children()):
                     break
                 time.sleep(0.1)
             while serving(record.pipe_dir):  # a daemon outside our PID namespace: only quit reaches it
@@ -330,6 +330,23 @@ def _run_tool(*args: Any, **kwargs: Any) -> subprocess.CompletedProcess[Any]:
         return subprocess.run(*args, **kwargs)
 
 
+def _mps_children() -> Iterator[tuple[int, str]]:
+    """(PID, state letter) of this process's children named ``nvidia-cuda-mps*`` (the name the kernel
+    keeps is truncated to 15 characters: control daemon, server and the tool's client look alike)."""
+    me = str(os.getpid())
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                text = f.read()
+        except OSError:  # gone meanwhile
+            continue
+        state, ppid = text[text.rfind(")") + 2:].split()[:2]
+        if ppid == me and text[text.find("(") + 1:text.rfind(")")].startswith("nvidia-cuda-mps"):
+            yield int(entry), state
+
+
 def reap_orphans() -> list[int]:
     """Collect the MPS processes that ended as this process's zombies; return their PIDs.
 
@@ -338,39 +355,13 @@ def reap_orphans() -> list[int]:
     is re-parented too (on the H200 each claim left two such zombies before this).
     """
     reaped = []
-    me = str(os.getpid())
     with _TOOLS:
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    text = f.read()
-            except OSError:
-                continue
-            comm = text[text.find("(") + 1:text.rfind(")")]
-            state, ppid = text[text.rfind(")") + 2:].split()[:2]
-            if state == "Z" and ppid == me and comm.startswith("nvidia-cuda-mps"):
+        for pid, state in list(_mps_children()):
+            if state == "Z":
                 with contextlib.suppress(ChildProcessError, OSError):
-                    os.waitpid(int(entry), os.WNOHANG)
-                    reaped.append(int(entry))
+                    os.waitpid(pid, os.WNOHANG)
+                    reaped.append(pid)
     return reaped
-
-
-def _children_named(prefix: str) -> bool:
-    """Whether a live (not zombie) child of this process has a name starting with ``prefix``."""
-    me = str(os.getpid())
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    text = f.read()
-            except OSError:
-                continue
-            state, ppid = text[text.rfind(")") + 2:].split()[:2]
-            if ppid == me and state != "Z" and text[text.find("(") + 1:text.rfind(")")].startswith(prefix):
-                return True
-    return False
 
 
 def reap(pid: int) -> None:
