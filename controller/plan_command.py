@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
             if shaped.changed:
                 requests[i] = shaped.request
                 if args.output == "text":
-                    print(f"request {request.get('name')} shaped to: {', '.join(shaped.entries)}")
+                    print(f"request {request.get('name')} shaped to: {'; '.join(shaped.entries)}")
     result = plan(claim, inventory, policy=args.policy, node=args.node)
     meta = claim.get("metadata") or {}
     if args.output != "text":

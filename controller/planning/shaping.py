@@ -2,12 +2,24 @@
 
 The admission webhook calls :func:`shape_vram_request` for an ``exactly`` request of the
 memory-sized DeviceClass that carries ``capacity.requests.memory``. The result replaces it with a
-``firstAvailable`` list (at most 8 entries) of the device shapes that exist in the cluster and are
-big enough, smallest first: the kube-scheduler's own allocator then lands on the best fit. Each
-entry keeps the user's selectors, tolerations and count, pins its shape in CEL (MIG profile, or
-product name and whether the GPU is shared) and repeats the memory floor in CEL, so an entry
-can never match a device that is too small. Shared GPUs keep ``capacity.requests.memory``: there it
-says how much of the GPU to consume.
+``firstAvailable`` list of memory tiers, smallest first: the devices up to twice the size of the
+smallest shape in the cluster that fits (the best fit), then any device that fits. The kube-scheduler
+scores a node by the first entry it can satisfy there, so it prefers nodes with a best-fit device
+cluster-wide; on the chosen node it takes the first device of the entry in the node's list, which
+the plugin orders by ascending memory (:mod:`dra_driver.ordering`): the smallest device there.
+
+Why tiers and not one entry per shape: the scheduler evaluates an entry's CEL against every device of
+every node it filters until an entry matches, so each entry that cannot match on a node costs a
+scan of that node's devices. On a real kube-scheduler over 1,000 mixed GPU nodes (docs/scale.md),
+one entry per shape (up to 8) made a shaped claim cost 4-6 times a plain one-GPU claim, and the 8-entry
+cap left the biggest GPUs out of the list; two tiers keep the best fit a scheduler can score and cost
+about what a plain claim costs. The last tier has no upper bound, so a device bigger than any the
+cluster had at admission still qualifies.
+
+Each entry keeps the user's selectors, tolerations and count, and adds one CEL selector with the
+tier's memory range (floor = the request). A tier that holds shareable GPUs keeps
+``capacity.requests.memory``: there it says how much of the GPU to consume (on an exclusive device it
+is only a floor); a tier without them excludes shareable GPUs, so none is taken whole.
 
 Pure: reads an :class:`~controller.planning.cluster_inventory.Inventory`, returns new dicts.
 """
@@ -16,7 +28,6 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -28,7 +39,10 @@ from controller.planning.requests import parse_alternative
 from dra_driver.ordering import shape_offer_key
 from dra_driver.quantity import human_bytes
 
-MAX_ENTRIES = 8  # firstAvailable limit
+GIB = 1024**3
+
+TIERS = 2  # entries of the list: best fit, then any fit (see the module docstring for why two)
+TIER_RATIO = 2  # the best-fit tier: devices up to this many times the smallest fitting shape
 ORIGINAL_ANNOTATION = "gpuready.io/original-requests"
 """Claim (template) annotation: JSON map of request name -> the request as the user wrote it."""
 
@@ -41,7 +55,7 @@ class ShapingResult:
     original: dict[str, Any]
     changed: bool = False
     warning: str | None = None
-    entries: list[str] = field(default_factory=list)  # "mig 1g.20gb (19.5 GiB)", in order
+    entries: list[str] = field(default_factory=list)  # "up to 39 GiB: MIG 1g.20gb (19.5 GiB)", in order
 
     def annotation(self, existing: str | None = None) -> str:
         """The value of :data:`ORIGINAL_ANNOTATION` with this request's original added."""
@@ -84,21 +98,48 @@ def _offers(ap: AltPlan, inventory: Inventory) -> list[_Offer]:
     return sorted(offers.values(), key=_Offer.sort_key)
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]", "-", text.lower())).strip("-")[:40].strip("-") or "x"
+def tiers(offers: list[_Offer], count: int = TIERS, ratio: int = TIER_RATIO) -> list[list[_Offer]]:
+    """Group ``offers`` (smallest first) into at most ``count`` tiers: each tier holds the offers up to
+    ``ratio`` times its smallest one's memory; the last holds every offer left."""
+    groups: list[list[_Offer]] = []
+    for offer in offers:
+        if groups and (len(groups) == count or offer.memory <= groups[-1][0].memory * ratio):
+            groups[-1].append(offer)
+        else:
+            groups.append([offer])
+    return groups
 
 
-def _pin(offer: _Offer, shared_exist: bool) -> str:
-    attrs = f'device.attributes["{offer.driver}"]'
-    if offer.kind == "mig":
-        return f'{attrs}.type == "mig" && {attrs}.profile == {json.dumps(offer.label)}'
-    if offer.kind in ("gpu", "shared"):
-        pin = f'{attrs}.type == "gpu" && {attrs}.productName == {json.dumps(offer.label)}'
-        if offer.kind == "shared":
-            return pin + " && device.allowMultipleAllocations"
+def _tier_selector(tier: list[_Offer], wanted_text: str, last: bool, shared_exist: bool) -> str:
+    """One CEL expression: memory at least the request and, but for the last tier, at most the tier's
+    biggest shape; exclusive devices only where the tier holds no shareable GPU."""
+    clauses = []
+    for driver in sorted({o.driver for o in tier}):
+        memory = f'device.capacity["{driver}"].memory'
+        clause = f"{memory}.compareTo(quantity({json.dumps(wanted_text)})) >= 0"
+        if not last:
+            top = max(o.memory for o in tier if o.driver == driver)
+            clause += f' && {memory}.compareTo(quantity("{int(top)}")) <= 0'
+        if len({o.driver for o in tier}) > 1:
+            clause = f'device.driver == {json.dumps(driver)} && {clause}'
+        clauses.append(clause)
+    expression = " || ".join(f"({c})" for c in clauses) if len(clauses) > 1 else clauses[0]
+    if shared_exist and not any(o.kind == "shared" for o in tier):
         # Only where shared GPUs exist is the field declared (DRAConsumableCapacity).
-        return pin + " && !device.allowMultipleAllocations" if shared_exist else pin
-    return f'has({attrs}.productName) && {attrs}.productName == {json.dumps(offer.label)}'
+        expression = f"({expression}) && !device.allowMultipleAllocations" if len(clauses) > 1 \
+            else f"{expression} && !device.allowMultipleAllocations"
+    return expression
+
+
+def _tier_name(tier: list[_Offer], last: bool) -> str:
+    if last:
+        return "any-size"
+    return f"upto-{-(-max(o.memory for o in tier) // GIB)}gi"
+
+
+def _offer_label(offer: _Offer) -> str:
+    what = f"MIG {offer.label}" if offer.kind == "mig" else f"{'shared ' if offer.kind == 'shared' else ''}{offer.label}"
+    return f"{what} ({human_bytes(offer.memory)})"
 
 
 def shape_vram_request(request: dict[str, Any], inventory: Inventory, memory_class: str) -> ShapingResult:
@@ -138,33 +179,28 @@ def shape_vram_request(request: dict[str, Any], inventory: Inventory, memory_cla
                        f"{human_bytes(biggest.memory)}")
         return ShapingResult(request=original, original=original, warning=warning)
     shared_exist = any(s.representative.allow_multiple_allocations for s in inventory.shapes)
-    floor = f'device.capacity["{{driver}}"].memory.compareTo(quantity({json.dumps(str(memory_text))})) >= 0'
     user_selectors = list(body.get("selectors") or [])
     entries: list[dict[str, Any]] = []
     labels: list[str] = []
-    names: set[str] = set()
-    for offer in offers[:MAX_ENTRIES]:
-        entry_name = f"{offer.kind}-{_slug(offer.label)}"[:63].strip("-")
-        while entry_name in names:
-            entry_name = f"{entry_name[:60]}-{len(names)}"
-        names.add(entry_name)
+    grouped = tiers(offers)
+    for i, tier in enumerate(grouped):
+        last = i == len(grouped) - 1
         entry: dict[str, Any] = {
-            "name": entry_name,
+            "name": _tier_name(tier, last),
             "deviceClassName": memory_class,
             "selectors": [
                 *copy.deepcopy(user_selectors),
-                {"cel": {"expression": _pin(offer, shared_exist)}},
-                {"cel": {"expression": floor.format(driver=offer.driver)}},
+                {"cel": {"expression": _tier_selector(tier, str(memory_text), last, shared_exist)}},
             ],
         }
         for key in ("allocationMode", "count", "tolerations"):
             if body.get(key) is not None:
                 entry[key] = copy.deepcopy(body[key])
-        if offer.kind == "shared":
+        if any(o.kind == "shared" for o in tier):
             entry["capacity"] = copy.deepcopy(body["capacity"])
         entries.append(entry)
-        what = f"MIG {offer.label}" if offer.kind == "mig" else f"{'shared ' if offer.kind == 'shared' else ''}{offer.label}"
-        labels.append(f"{what} ({human_bytes(offer.memory)})")
+        span = "any size" if last else f"up to {human_bytes(max(o.memory for o in tier))}"
+        labels.append(f"{span}: {', '.join(_offer_label(o) for o in tier)}")
     shaped = {"name": name, "firstAvailable": entries}
     return ShapingResult(request=shaped, original=original, changed=True, entries=labels)
 

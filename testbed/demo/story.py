@@ -223,9 +223,9 @@ def _show_shaping(p: Printer, c: DemoCluster, template: str) -> None:
     p.blank()
     p.say(f"The 15 GiB request was shaped at admission: the API server called the controller's mutating "
           f"webhook, which replaced \"capacity.requests.memory: 15Gi\" in template {template} with a "
-          f"best-fit firstAvailable list of the shapes that exist, smallest first:")
-    p.lines([f"  firstAvailable: {', '.join(names[:4])}" + (f", ... ({len(names)} entries)" if len(names) > 4
-                                                            else "")])
+          f"best-fit firstAvailable list of memory tiers: first the devices up to twice the smallest shape "
+          f"that fits (the scheduler prefers a node that has one), then any device that fits:")
+    p.lines([f"  firstAvailable: {', '.join(names)}"])
 
 
 # --- 4. the misfit --------------------------------------------------------------------------------

@@ -117,7 +117,7 @@ def test_template_claims_are_created_allocated_best_fit_and_pods_bound_as_a_sche
     # Best fit by VRAM: the smallest device that is big enough.
     assert results["p-small"]["pool"] == "node-b" and "-mig-1g10gb-" in results["p-small"]["device"]
     assert results["p-medium"]["pool"] == "node-b" and "-mig-2g20gb-" in results["p-medium"]["device"]
-    assert results["p-medium"]["request"] == "gpu/mig-2g-20gb"  # the webhook's first entry
+    assert results["p-medium"]["request"] == "gpu/upto-20gi"  # the webhook's first tier: the best fit
     assert (results["p-large"]["pool"], results["p-large"]["device"]) == ("node-c", "gpu-0")
 
 

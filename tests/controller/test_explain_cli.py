@@ -135,9 +135,9 @@ def test_plan_a_template_with_vram_shaping(cluster: tuple[LocalApiServer, str],
     code = main(["plan", "-f", _claim_file(template), "--kubeconfig", kubeconfig, "--shape", "gpu.nvidia.com"])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert ("request gpu shaped to: MIG 3g.40gb (39.2 GiB), MIG 4g.40gb (39.2 GiB), MIG 7g.80gb (78.9 GiB), "
-            "NVIDIA H100 80GB HBM3 (79.6 GiB)") in out
-    assert "gpu/mig-3g-40gb: gpu-0-mig-3g40gb-9-0 on node-b (MIG 3g.40gb)" in out
+    assert ("request gpu shaped to: up to 39.2 GiB: MIG 3g.40gb (39.2 GiB), MIG 4g.40gb (39.2 GiB); "
+            "any size: MIG 7g.80gb (78.9 GiB), NVIDIA H100 80GB HBM3 (79.6 GiB)") in out
+    assert "gpu/upto-40gi: gpu-0-mig-3g40gb-9-0 on node-b (MIG 3g.40gb)" in out
 
 
 def test_allocate_and_reserve_patch_is_accepted_by_the_api_server(cluster: tuple[LocalApiServer, str]) -> None:

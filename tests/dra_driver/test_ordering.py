@@ -106,5 +106,6 @@ def test_the_shaping_webhook_offers_shapes_smallest_first_mig_before_whole() -> 
     shaped = shape_vram_request({"name": "gpu", "exactly": {"deviceClassName": "vram.gpu.nvidia.com",
                                                             "capacity": {"requests": {"memory": "60Gi"}}}},
                                 inv, "vram.gpu.nvidia.com")
-    assert shaped.entries == ["MIG 3g.71gb (69.8 GiB)", "MIG 4g.71gb (69.8 GiB)", "NVIDIA H100 80GB HBM3 (79.6 GiB)",
-                              "MIG 7g.141gb (140 GiB)", "NVIDIA H200 (140.4 GiB)"], shaped.entries
+    assert shaped.entries == [
+        "up to 79.6 GiB: MIG 3g.71gb (69.8 GiB), MIG 4g.71gb (69.8 GiB), NVIDIA H100 80GB HBM3 (79.6 GiB)",
+        "any size: MIG 7g.141gb (140 GiB), NVIDIA H200 (140.4 GiB)"], shaped.entries

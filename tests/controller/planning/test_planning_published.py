@@ -55,7 +55,8 @@ def test_shaping_and_planning_agree_on_published_slices() -> None:
     c = _vram("60Gi")
     shaped = shape_device_claim(c["spec"]["devices"], inv, VRAM)
     entries = [e["name"] for e in shaped.devices["requests"][0]["firstAvailable"]]
-    assert entries[0] == "mig-3g-71gb" and "shared-nvidia-h100-80gb-hbm3" in entries
+    assert entries == ["upto-80gi", "any-size"]
+    assert shaped.devices["requests"][0]["firstAvailable"][0]["capacity"] == {"requests": {"memory": "60Gi"}}
     result = plan({**c, "spec": {"devices": shaped.devices}}, inv)
     assert result.node_name == "node-h200"
     assert result.allocation["devices"]["results"][0]["device"] == "gpu-0-mig-3g71gb-9-0"  # type: ignore[index]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import shutil
 import tempfile
 import urllib.request
@@ -29,6 +30,8 @@ from testbed.controller_harness import (
     simulated_cluster,
     webhook_certificate,
 )
+
+GIB = 1024**3
 
 VRAM = "vram.gpu.nvidia.com"
 
@@ -76,12 +79,12 @@ def test_15gib_request_becomes_mig_first_best_fit_list_the_api_server_accepts(wo
     request = shaped["spec"]["devices"]["requests"][0]
     entries = request["firstAvailable"]
     assert request["name"] == "gpu" and "exactly" not in request
-    assert 1 <= len(entries) <= 8
-    # Best fit first: the 16 GiB H200 MIG slice, not a whole 80 or 141 GB GPU.
-    assert entries[0]["name"] == "mig-1g-18gb"
-    assert '"1g.18gb"' in entries[0]["selectors"][0]["cel"]["expression"]
+    # Best fit first: devices up to twice the 16 GiB H200 MIG slice, not a whole 80 or 141 GB GPU; then any.
+    assert [e["name"] for e in entries] == ["upto-20gi", "any-size"]
+    ceiling = re.search(r'compareTo\(quantity\("(\d+)"\)\) <= 0', entries[0]["selectors"][0]["cel"]["expression"])
+    assert ceiling and 16 * GIB <= int(ceiling.group(1)) < 32 * GIB, entries[0]
+    assert "<= 0" not in entries[1]["selectors"][0]["cel"]["expression"]  # no upper bound in the last tier
     assert all(e["deviceClassName"] == VRAM for e in entries)
-    assert all("mig" in e["name"] for e in entries[:3])
     original = json.loads(shaped["metadata"]["annotations"][ORIGINAL_ANNOTATION])
     assert original["gpu"]["exactly"]["capacity"]["requests"]["memory"] == "15Gi"
     # The API server takes the shaped claim as is (firstAvailable limits, CEL, names).

@@ -79,7 +79,7 @@ def test_15gib_claim_comes_back_shaped_into_a_best_fit_list(world: dict[str, Any
     request = created["spec"]["devices"]["requests"][0]
     assert "exactly" not in request and request["name"] == "gpu"
     entries = request["firstAvailable"]
-    assert entries[0]["name"] == "mig-1g-18gb"  # the 16 GiB H200 slice first, not a whole GPU
+    assert entries[0]["name"] == "upto-16gi"  # the 16 GiB H200 slices first, not a whole GPU
     assert all(e["deviceClassName"] == VRAM for e in entries)
     original = json.loads(created["metadata"]["annotations"][ORIGINAL_ANNOTATION])
     assert original["gpu"]["exactly"]["capacity"]["requests"]["memory"] == "15Gi"
