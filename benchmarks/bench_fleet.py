@@ -49,6 +49,17 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import BenchResult, report, summarize
+from benchmarks.fleet_controller import (
+    CLAIMS_AT_SCALE,
+    WebhookLatency,
+    bucket_quantile,
+    cpu_seconds,
+    create_claims,
+    explain_seconds,
+    fault_to_event_seconds,
+    histogram,
+    rss_mib,
+)
 from dra_driver.devices import NodeDevices
 from dra_driver.slices import SliceOptions, build_pool
 
@@ -59,10 +70,12 @@ CLASS = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": 
 PLAIN = {"name": "gpu", "exactly": {"deviceClassName": DRIVER}}
 # Sized by memory: gpuready's mutating webhook turns it into a firstAvailable list of the shapes that fit.
 VRAM = {"name": "gpu", "exactly": {"deviceClassName": f"vram.{DRIVER}", "capacity": {"requests": {"memory": "20Gi"}}}}
+GIANT = {"name": "gpu", "exactly": {"deviceClassName": f"vram.{DRIVER}", "capacity": {"requests": {"memory": "200Gi"}}}}
 ROOT = Path(__file__).resolve().parent.parent
 KINDS = ("h100-static", "h200-whole", "h200-dynamic", "h200-shared")
 _THREADS = 4  # client threads writing objects; the machine has 2 cores
 _ATTEMPT = "scheduler_scheduling_attempt_duration_seconds"
+HOOK = f"mutate.{DRIVER}"  # the mutating webhook's name as testbed.apiserver.webhook_configs registers it
 
 
 def _replicate(devices: NodeDevices, count: int) -> NodeDevices:
@@ -102,44 +115,16 @@ def _size(obj: dict[str, Any]) -> int:
     return len(json.dumps(obj, separators=(",", ":")))
 
 
-def _rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def _attempts(text: str) -> dict[float, float]:
     """Cumulative bucket counts (upper bound -> count) of scheduled attempts, all profiles together."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    buckets: dict[float, float] = {}
-    for fam in text_string_to_metric_families(text):
-        if fam.name == _ATTEMPT:
-            for s in fam.samples:
-                if s.name.endswith("_bucket") and s.labels.get("result") == "scheduled":
-                    le = float(s.labels["le"])
-                    buckets[le] = buckets.get(le, 0.0) + s.value
-    return buckets
-
-
-def bucket_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float:
-    """The upper bound (seconds) of the bucket holding the q-quantile (0..1) of the attempts
-    counted between two readings of a cumulative histogram."""
-    bounds = sorted(after)
-    delta = [after[b] - before.get(b, 0.0) for b in bounds]
-    total = delta[-1] if delta else 0.0
-    for bound, count in zip(bounds, delta, strict=True):
-        if total and count >= q * total:
-            return bound
-    return float("nan")
+    return histogram(text, _ATTEMPT, {"result": "scheduled"})
 
 
 @contextlib.contextmanager
-def gpuready_controller(cluster: Any, placement: bool) -> Iterator[None]:
+def gpuready_controller(cluster: Any, placement: bool) -> Iterator[tuple[int, str]]:
     """gpuready's controller as its own process (``python -m dra_driver controller``, this checkout)
     with the chart's webhook configurations registered in the API server (as tests/e2e does), until
-    the context ends; ``placement``: ``--placement-mode gated``."""
+    the context ends; ``placement``: ``--placement-mode gated``. Yields its PID and /metrics URL."""
     import os
     import ssl
     import sys
@@ -156,10 +141,10 @@ def gpuready_controller(cluster: Any, placement: bool) -> Iterator[None]:
             return False
 
     cert = cluster.issue_serving_cert("gpuready-webhook")
-    webhook_port, health_port = free_port(), free_port()
+    webhook_port, health_port, metrics_port = free_port(), free_port(), free_port()
     argv = [sys.executable, "-m", "dra_driver", "controller", "--kubeconfig", cluster.kubeconfig,
             "--webhook-cert", cert.cert, "--webhook-key", cert.key, "--webhook-port", str(webhook_port),
-            "--bind-address", "127.0.0.1", "--metrics-port", "0", "--health-port", str(health_port),
+            "--bind-address", "127.0.0.1", "--metrics-port", str(metrics_port), "--health-port", str(health_port),
             "--no-leader-elect", "--placement-mode", "gated" if placement else "off",
             "--readiness-taint-mode", "off"]
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
@@ -181,7 +166,7 @@ def gpuready_controller(cluster: Any, placement: bool) -> Iterator[None]:
         proc.wait_ready(lambda: "firstAvailable" in cluster.kubectl(
             "create", "--dry-run=server", "-o", "json", "-f", "-", input_text=probe), 30,
             "shaping a VRAM claim (dry run)")
-        yield
+        yield proc.pid, f"http://127.0.0.1:{metrics_port}/metrics"
     finally:
         for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
             with contextlib.suppress(Exception):
@@ -248,23 +233,33 @@ class FleetBench:
                                  count, unit="slices"))
         return out
 
-    def schedule(self, label: str, pods: int, request: dict[str, Any] | None, what: str, gate: str = "",
-                 timeout: float = 300.0) -> list[BenchResult]:
-        """Create ``pods`` pods (each with its own fresh claim of ``request``, or none; with the scheduling
-        gate ``gate`` if given) and wait until the scheduler bound them all; pods/s and the scheduler's
-        attempt durations (and claims created per second, through any webhook)."""
+    def create_claims(self, label: str, pods: int, request: dict[str, Any], what: str) -> list[BenchResult]:
+        """The namespace of scenario ``label`` and one claim of ``request`` per pod to come; claims
+        created per second (through any webhook registered now)."""
         ns = f"bench-{label}"
         self.core.create_namespace({"metadata": {"name": ns}})
         self.core.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
+        t0 = time.monotonic()
+        self._parallel(lambda n: self.resource.create_namespaced_resource_claim(ns, {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": n},
+            "spec": {"devices": {"requests": [request]}}}), [f"p-{i:05d}" for i in range(pods)])
+        return [summarize(f"N={self.n} {self.setting} ({label}) create {pods} claims, {what}: claims per second",
+                          [pods / (time.monotonic() - t0)], unit="claims/s")]
+
+    def schedule(self, label: str, pods: int, request: dict[str, Any] | None, what: str, gate: str = "",
+                 timeout: float = 300.0, claims_made: bool = False) -> list[BenchResult]:
+        """Create ``pods`` pods (each with its own fresh claim of ``request``, or none; with the scheduling
+        gate ``gate`` if given) and wait until the scheduler bound them all; pods/s and the scheduler's
+        attempt durations (and claims created per second, unless ``claims_made``: :meth:`create_claims`
+        made them before)."""
+        ns = f"bench-{label}"
         names = [f"p-{i:05d}" for i in range(pods)]
         results = []
-        if request is not None:
-            t0 = time.monotonic()
-            self._parallel(lambda n: self.resource.create_namespaced_resource_claim(ns, {
-                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": n},
-                "spec": {"devices": {"requests": [request]}}}), names)
-            results.append(summarize(f"N={self.n} {self.setting} ({label}) create {pods} claims, {what}: claims per second",
-                                     [pods / (time.monotonic() - t0)], unit="claims/s"))
+        if request is not None and not claims_made:
+            results = self.create_claims(label, pods, request, what)
+        elif request is None:
+            self.core.create_namespace({"metadata": {"name": ns}})
+            self.core.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
 
         def pod(name: str) -> None:
             spec: dict[str, Any] = {"terminationGracePeriodSeconds": 0,
@@ -333,11 +328,13 @@ def run(quick: bool = False, nodes: tuple[int, ...] | None = None, pods: int | N
         for rate in qps:
             config = ClusterConfig(kubelet=False, controller_manager=False, scheduler_qps=rate)
             with Cluster(binaries.find(), config) as cluster:
-                results.extend(_one_fleet(cluster, n, m, rate, sizes_too=rate == qps[0], controller=controller))
+                results.extend(_one_fleet(cluster, n, m, rate, sizes_too=rate == qps[0], controller=controller,
+                                          at_scale=controller and rate == qps[0] and n == sizes[-1]))
     return results
 
 
-def _one_fleet(cluster: Any, n: int, m: int, rate: float, sizes_too: bool, controller: bool) -> list[BenchResult]:
+def _one_fleet(cluster: Any, n: int, m: int, rate: float, sizes_too: bool, controller: bool,
+               at_scale: bool = False) -> list[BenchResult]:
     import yaml
 
     bench = FleetBench(cluster, n, f"scheduler QPS {rate:g}" if rate else "scheduler QPS 50 (default)")
@@ -349,21 +346,69 @@ def _one_fleet(cluster: Any, n: int, m: int, rate: float, sizes_too: bool, contr
     if sizes_too:
         results.extend(bench.sizes())
         results.append(summarize(f"N={n}: kube-apiserver resident memory with the fleet",
-                                 [_rss_mib(cluster.component_pid("kube-apiserver"))], unit="MiB"))
+                                 [rss_mib(cluster.component_pid("kube-apiserver"))], unit="MiB"))
         results.append(summarize(f"N={n}: kube-scheduler resident memory with the fleet",
-                                 [_rss_mib(cluster.component_pid("kube-scheduler"))], unit="MiB"))
+                                 [rss_mib(cluster.component_pid("kube-scheduler"))], unit="MiB"))
     results.extend(bench.schedule("d-noclaim", m, None, "no claim (floor)"))
     results.extend(bench.schedule("a-claim", m, PLAIN, "one-GPU claim each (DeviceClass gpu.nvidia.com)"))
     if controller:
-        with gpuready_controller(cluster, placement=False):
-            results.extend(bench.schedule("b-shaped", m, VRAM, "one 20Gi VRAM claim each, shaped by the webhook"))
+        shaped = "one 20Gi VRAM claim each, shaped by the webhook"
+        with gpuready_controller(cluster, placement=False) as (_, metrics_url):
+            latency = WebhookLatency(cluster, metrics_url, HOOK)
+            results.extend(bench.create_claims("b-shaped", m, VRAM, shaped))
+            results.extend(latency.results(f"N={n} {bench.setting} (b) {m} claims"))
+        # The webhook is done once the claims exist: the scheduler places (b)'s pods, as (a)'s, with no
+        # controller process sharing the two cores, so the two differ only in the claims' shape.
+        results.extend(bench.schedule("b-shaped", m, VRAM, shaped, claims_made=True))
         with gpuready_controller(cluster, placement=True):
             results.extend(bench.schedule("c-placement", m, PLAIN, "one-GPU claim each, placement mode gated",
                                           gate=f"{DRIVER}/placement"))
+        if at_scale:
+            results.extend(controller_at_scale(cluster, bench))
     if sizes_too:
         results.append(summarize(f"N={n}: kube-scheduler resident memory after the pods",
-                                 [_rss_mib(cluster.component_pid("kube-scheduler"))], unit="MiB"))
+                                 [rss_mib(cluster.component_pid("kube-scheduler"))], unit="MiB"))
     return results
+
+
+def controller_at_scale(cluster: Any, bench: FleetBench) -> list[BenchResult]:
+    """gpuready's controller (webhook mode, a fresh process) over the fleet with the scenarios' pods
+    bound: memory and CPU with the fleet and with 5,000 more claims, webhook latency for those
+    claims, ``gpuready explain`` of an impossible claim, and a device fault's way to its pod's Event."""
+    n = bench.n
+    out: list[BenchResult] = []
+    t0 = time.monotonic()
+    with gpuready_controller(cluster, placement=False) as (pid, metrics_url):
+        ready = time.monotonic() - t0
+        out.append(summarize(f"N={n}: controller start -> ready and serving its webhook (fleet read)", [ready], unit="s"))
+        out.append(summarize(f"N={n}: controller resident memory with the fleet", [rss_mib(pid)], unit="MiB"))
+        cpu0 = cpu_seconds(pid)
+        time.sleep(60)
+        out.append(summarize(f"N={n}: controller CPU per 60 s idle with the fleet", [cpu_seconds(pid) - cpu0], unit="s"))
+        latency = WebhookLatency(cluster, metrics_url, HOOK)
+        cpu0 = cpu_seconds(pid)
+        took = create_claims(bench, "bench-claims", CLAIMS_AT_SCALE, VRAM)
+        out.append(summarize(f"N={n}: create {CLAIMS_AT_SCALE} 20Gi VRAM claims, each shaped by the webhook: claims per second",
+                             [CLAIMS_AT_SCALE / took], unit="claims/s"))
+        out.extend(latency.results(f"N={n} {CLAIMS_AT_SCALE} claims"))
+        out.append(summarize(f"N={n}: controller CPU while {CLAIMS_AT_SCALE} claims were created",
+                             [cpu_seconds(pid) - cpu0], unit="s"))
+        time.sleep(10)  # the informers take in the last events
+        out.append(summarize(f"N={n}: controller resident memory with the fleet and {CLAIMS_AT_SCALE} more claims",
+                             [rss_mib(pid)], unit="MiB"))
+        cpu0 = cpu_seconds(pid)
+        time.sleep(60)
+        out.append(summarize(f"N={n}: controller CPU per 60 s idle with the fleet and {CLAIMS_AT_SCALE} claims",
+                             [cpu_seconds(pid) - cpu0], unit="s"))
+        bench.resource.create_namespaced_resource_claim("bench-claims", {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "giant"},
+            "spec": {"devices": {"requests": [GIANT]}}})
+        out.append(summarize(f"N={n}: gpuready explain of a claim no device can hold (a fresh process)",
+                             [explain_seconds(cluster, "bench-claims", "giant", ROOT) for _ in range(3)], unit="s"))
+        out.append(summarize(f"N={n}: device withdrawn from its slice -> DeviceUnhealthy Event on its pod",
+                             [fault_to_event_seconds(bench, "bench-a-claim", f"p-{i:05d}") for i in range(3)],
+                             unit="s"))
+    return out
 
 
 def main() -> None:
