@@ -60,7 +60,7 @@ def test_one_prepare_and_unprepare_reach_every_step_in_order(reached: list[str],
     monkeypatch.setenv("FAKE_MPS_RECORD", str(tmp_path / "mps.jsonl"))
     monkeypatch.delenv("MPS_CONTROL_PATH", raising=False)
     with PluginHarness() as h:
-        h.start_plugin(NODE, "sim:4xh200", mig_mode="dynamic", mps_root=str(tmp_path / "mps"))
+        h.start_plugin(NODE, "sim:4xh200", mig_mode="dynamic", mps_root=os.path.join(h.root, "mps"))  # short: a socket path has at most 107 bytes
         device = next(n for n, d in h.published_devices(NODE).items()
                       if d.get("attributes", {}).get("profile", {}).get("string") == "1g.18gb")
         uid = h.create_claim("c1", [("gpu", NODE, device)], config=[MPS])
