@@ -38,7 +38,7 @@ from dra_driver.logs import get_logger
 from kubelet_plugin.cdi.cdi_spec import CdiDevice, claim_spec, claim_spec_path
 from kubelet_plugin.checkpoint.schema import ClaimRecord, ClaimState, MigRecord, MpsRecord
 from kubelet_plugin.checkpoint.store import CheckpointStore, atomic_write
-from kubelet_plugin.kubelet.driver import ClaimOutcome, ClaimRef, PrepareError
+from kubelet_plugin.kubelet.driver import ClaimOutcome, ClaimRef, PreparedDevice, PrepareError
 from kubelet_plugin.mps.control_daemon import (
     MpsControl,
     MpsControlSettings,
@@ -198,11 +198,11 @@ class Preparer:
                  node=self.settings.pool, reason="record rebuilt from its CDI spec; the claim was asked again")
         return ClaimOutcome(devices=tuple(answer))
 
-    def _start_mps(self, plan: ClaimPlan, record: ClaimRecord,
-                   cdi_devices: dict[str, CdiDevice]) -> dict[str, CdiDevice]:
-        """Start the claim's MPS daemon (recorded before and after) and point its devices' CDI edits at it."""
-        if record.mps is None:
-            return cdi_devices
+    def start_mps(self, plan: ClaimPlan, record: ClaimRecord,
+                  cdi_devices: dict[str, CdiDevice]) -> dict[str, CdiDevice]:
+        """Start the claim's MPS daemon (recorded before and after) and point its devices' CDI edits at it
+        (step ``start_mps``: called only for a claim whose record plans a daemon)."""
+        assert record.mps is not None
 
         def save(mps: MpsRecord) -> None:
             with self.checkpoint.update() as records:
@@ -257,8 +257,9 @@ class Preparer:
             self.write_spec(spec_file, record.cdi_spec)  # lost (e.g. /var/run cleaned): rebuild
         return ClaimOutcome(devices=tuple(record.answer))
 
-    def _reserve(self, plan: ClaimPlan) -> ClaimRecord:
-        """Critical section: check no other claim holds the devices, then record phase 1."""
+    def record_intent(self, plan: ClaimPlan) -> ClaimRecord:
+        """Critical section: check no other claim holds the devices, then record phase 1 (step
+        ``record_intent``)."""
         index = self.device_index
         mine = [(d, _occupancy(d.device)) for d in plan.devices]
         mig = self._planned_mig(plan) if plan.needs_mig else []
@@ -292,9 +293,9 @@ class Preparer:
             self.mig.full_instances(plan)
 
     def _prepare_locked(self, plan: ClaimPlan) -> ClaimOutcome:
-        record = self._reserve(plan)
+        record = self.record_intent(plan)
         try:
-            created = self.mig.create(plan, record) if plan.needs_mig else {}
+            created = self.mig.create(plan, record) if plan.needs_mig else {}  # step create_mig
             cdi_devices: dict[str, CdiDevice] = {}
             for d in plan.devices:
                 if d.device.name in cdi_devices:  # two shares of one device in one claim: one CDI device
@@ -304,15 +305,15 @@ class Preparer:
                 cdi_devices[d.device.name] = CdiDevice(
                     name=d.device.name, request=d.request.split("/", 1)[0], uuid=mig.uuid if mig else gpu.uuid,
                     device_nodes=nodes, config=d.config, memory_bytes=d.device.memory_bytes)
-            cdi_devices = self._start_mps(plan, self.checkpoint.get(plan.uid) or record, cdi_devices)
+            recorded = self.checkpoint.get(plan.uid) or record
+            if recorded.mps is not None:
+                cdi_devices = self.start_mps(plan, recorded, cdi_devices)
             spec = claim_spec(self.settings.driver_name, plan.uid, list(cdi_devices.values()),
                               self.settings.control_device_nodes, self.settings.driver_mounts,
                               self.settings.driver_hooks)
             self.write_spec(record.cdi_spec_file, spec)
             answer = answer_for(plan, self.settings.driver_name)
-            with self.checkpoint.update() as records:
-                records[plan.uid] = replace(records[plan.uid], state=ClaimState.PREPARE_COMPLETED,
-                                            answer=answer, cdi_spec=spec, updated_at=time.time())
+            self.record_completion(plan.uid, answer, spec)
         except BaseException:
             current = self.checkpoint.get(plan.uid)
             try:
@@ -327,6 +328,12 @@ class Preparer:
                  node=self.settings.pool, device=",".join(d.device.name for d in plan.devices))
         self.on_change()
         return ClaimOutcome(devices=tuple(answer))
+
+    def record_completion(self, uid: str, answer: list[PreparedDevice], spec: dict[str, Any]) -> None:
+        """Checkpoint phase 2: the claim is prepared, with its answer and spec (step ``record_completion``)."""
+        with self.checkpoint.update() as records:
+            records[uid] = replace(records[uid], state=ClaimState.PREPARE_COMPLETED,
+                                   answer=answer, cdi_spec=spec, updated_at=time.time())
 
     def write_spec(self, path: str, spec: Mapping[str, Any]) -> None:
         """Write a CDI spec atomically (the runtime never sees a partial file).

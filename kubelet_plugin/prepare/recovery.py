@@ -6,7 +6,11 @@
 - Records still in ``PrepareStarted`` (a crash between the two phases): rolled back (CDI spec
   removed, MIG instances created for them destroyed). The kubelet never saw success for them, so it
   retries the prepare, which starts clean.
-- Completed records whose CDI spec file is missing (``/var/run/cdi`` cleaned): the spec is rebuilt
+- Completed records whose CDI spec file is missing and one of whose dynamic MIG instances is gone:
+  an unprepare was cut short after destroying it (unprepare removes the spec first, the record last).
+  It is finished (the record dropped, its MPS daemon stopped), not revived with a spec naming a MIG
+  device that no longer exists; the kubelet's retry of the unprepare then finds nothing to do.
+- Other completed records whose CDI spec file is missing (``/var/run/cdi`` cleaned): the spec is rebuilt
   from the checkpoint so containers of running pods can still restart.
 - Temp files a crash left mid-write in the CDI directory are removed.
 - CDI specs of this driver with no record (the record was lost with a corrupt checkpoint, or dropped
@@ -23,7 +27,7 @@ from dataclasses import dataclass, field
 
 from dra_driver.logs import get_logger
 from kubelet_plugin.cdi.cdi_spec import CDI_CLASS, cdi_vendor
-from kubelet_plugin.checkpoint.schema import ClaimState
+from kubelet_plugin.checkpoint.schema import ClaimRecord, ClaimState
 from kubelet_plugin.prepare.preparer import Preparer
 from kubelet_plugin.prepare.spec_recovery import read_spec, record_from_spec, spec_uids
 
@@ -36,6 +40,7 @@ class RecoveryReport:
 
     previous_boot_dropped: list[str] = field(default_factory=list)
     rolled_back: list[str] = field(default_factory=list)
+    unprepares_finished: list[str] = field(default_factory=list)  # cut short after a MIG instance went
     specs_rebuilt: list[str] = field(default_factory=list)
     records_rebuilt: list[str] = field(default_factory=list)  # from CDI specs whose record was lost
     temp_files_removed: int = 0
@@ -62,6 +67,9 @@ def recover(preparer: Preparer, boot_id: str) -> RecoveryReport:
                 elif record.state is ClaimState.PREPARE_STARTED:
                     preparer.undo(record)
                     report.rolled_back.append(uid)
+                elif not os.path.exists(preparer.spec_path(uid)) and _mig_gone(preparer, record):
+                    preparer.undo(record)
+                    report.unprepares_finished.append(uid)
                 elif record.cdi_spec is not None and not os.path.exists(preparer.spec_path(uid)):
                     # The path is derived from the UID, never read from the record (a file anyone could edit).
                     preparer.write_spec(preparer.spec_path(uid), record.cdi_spec)
@@ -76,10 +84,16 @@ def recover(preparer: Preparer, boot_id: str) -> RecoveryReport:
     report.temp_files_removed = _remove_temp_files(preparer.settings.cdi_root, preparer.settings.driver_name)
     log.info("checkpoint_recovered", previous_boot=previous_boot,
              previous_boot_dropped=len(report.previous_boot_dropped), rolled_back=len(report.rolled_back),
-             specs_rebuilt=len(report.specs_rebuilt), records_rebuilt=len(report.records_rebuilt),
+             specs_rebuilt=len(report.specs_rebuilt), unprepares_finished=len(report.unprepares_finished), records_rebuilt=len(report.records_rebuilt),
              temp_files_removed=report.temp_files_removed,
              node=preparer.settings.pool)
     return report
+
+
+def _mig_gone(preparer: Preparer, record: ClaimRecord) -> bool:
+    """Whether a MIG instance the record created no longer exists (only unprepare destroys one)."""
+    ops = preparer.mig.ops
+    return ops is not None and any(ops.existing(m) is None for m in record.mig)
 
 
 def rebuild_from_specs(preparer: Preparer, report: RecoveryReport) -> list[str]:

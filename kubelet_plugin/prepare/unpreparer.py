@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from dra_driver.logs import get_logger
 from kubelet_plugin.cdi.cdi_spec import claim_spec_path
-from kubelet_plugin.checkpoint.schema import ClaimRecord
+from kubelet_plugin.checkpoint.schema import ClaimRecord, MigRecord
 from kubelet_plugin.checkpoint.store import CheckpointStore, remove_file
 from kubelet_plugin.kubelet.driver import ClaimOutcome, ClaimRef
 from kubelet_plugin.mps.mps_dirs import MpsBase, orphan_record, trusted_record
@@ -88,17 +88,11 @@ class Unpreparer:
 
     def undo(self, record: ClaimRecord) -> None:
         """Remove a claim's CDI spec, stop its MPS daemon, destroy the MIG instances it created, then drop
-        its record (a failure raises and keeps the record, so the kubelet's retry tries again)."""
-        spec = self.spec_path(record.uid)  # never the recorded path: a record is a file anyone could edit
-        if record.cdi_spec_file and os.path.abspath(record.cdi_spec_file) != spec:
-            log.warning("checkpoint_spec_path_ignored", claim_uid=record.uid, node=self.settings.pool,
-                        recorded=record.cdi_spec_file, used=spec,
-                        reason="the recorded CDI spec path is not the claim's file in the CDI directory")
-        remove_file(spec)
+        its record (a failure raises and keeps the record, so the kubelet's retry tries again). Each write
+        is one step of :data:`kubelet_plugin.prepare.steps.UNPREPARE_STEPS`."""
+        self.remove_spec(record)
         if record.mps is not None:  # before MIG: the daemon's server holds contexts on the instance
-            self.mps.stop(trusted_record(self._mps_base, record.uid, record.mps, self.settings.pool))
-            log.info("claim_mps_stopped", claim_uid=record.uid, node=self.settings.pool, pid=record.mps.pid,
-                     pipe_dir=record.mps.pipe_dir)
+            self.stop_mps(record)
         # A whole GPU's full-size instance is shared: decide, destroy and drop the record under its
         # GPU lock, so a prepare reusing it never sees it half-gone.
         with gpu_locks(self.lock_dir, [m.device for m in record.mig if m.whole_gpu]):
@@ -113,8 +107,33 @@ class Unpreparer:
                     log.warning("mig_instance_not_destroyed", claim_uid=record.uid, device=mig.device,
                                 node=self.settings.pool, reason="no MIG support in this plugin instance")
                     continue
-                if self.mig.ops.destroy(mig):
-                    log.info("mig_instance_destroyed", claim_uid=record.uid, device=mig.device, uuid=mig.uuid,
-                             node=self.settings.pool)
-            with self.checkpoint.update() as records:
-                records.pop(record.uid, None)
+                self.destroy_mig(record, mig)
+            self.drop_record(record.uid)
+
+    def remove_spec(self, record: ClaimRecord) -> None:
+        """Remove the claim's CDI spec (step ``remove_cdi_spec``)."""
+        spec = self.spec_path(record.uid)  # never the recorded path: a record is a file anyone could edit
+        if record.cdi_spec_file and os.path.abspath(record.cdi_spec_file) != spec:
+            log.warning("checkpoint_spec_path_ignored", claim_uid=record.uid, node=self.settings.pool,
+                        recorded=record.cdi_spec_file, used=spec,
+                        reason="the recorded CDI spec path is not the claim's file in the CDI directory")
+        remove_file(spec)
+
+    def stop_mps(self, record: ClaimRecord) -> None:
+        """Stop the claim's MPS control daemon (step ``stop_mps``)."""
+        assert record.mps is not None
+        self.mps.stop(trusted_record(self._mps_base, record.uid, record.mps, self.settings.pool))
+        log.info("claim_mps_stopped", claim_uid=record.uid, node=self.settings.pool, pid=record.mps.pid,
+                 pipe_dir=record.mps.pipe_dir)
+
+    def destroy_mig(self, record: ClaimRecord, mig: MigRecord) -> None:
+        """Destroy one MIG instance the claim created (step ``destroy_mig``)."""
+        assert self.mig.ops is not None
+        if self.mig.ops.destroy(mig):
+            log.info("mig_instance_destroyed", claim_uid=record.uid, device=mig.device, uuid=mig.uuid,
+                     node=self.settings.pool)
+
+    def drop_record(self, uid: str) -> None:
+        """Drop the claim's checkpoint record (step ``drop_record``)."""
+        with self.checkpoint.update() as records:
+            records.pop(uid, None)

@@ -189,6 +189,7 @@ class MigApi(SimCore):
         with self._lock:
             gpu = self._gpu_only(handle, "nvmlDeviceCreateGpuInstanceWithPlacement")
             gi = create_gpu_instance(gpu, profile_id, int(placement.start), self._next_serial())
+            self._mig_changed()
             self._emit(gpu, pynvml.nvmlEventMigConfigChange, 0, ID_ANY, ID_ANY)
             return SimGpuInstanceHandle(self._sim_id, gpu.index, gi.serial)
 
@@ -216,6 +217,7 @@ class MigApi(SimCore):
         with self._lock:
             gpu, gi = self._gpu_instance(gpu_instance, "nvmlGpuInstanceDestroy")
             destroy_gpu_instance(gpu, gi)
+            self._mig_changed()
             self._emit(gpu, pynvml.nvmlEventMigConfigChange, 0, ID_ANY, ID_ANY)
             return pynvml.NVML_SUCCESS
 
@@ -251,6 +253,7 @@ class MigApi(SimCore):
         with self._lock:
             gpu, gi = self._gpu_instance(gpu_instance, "nvmlGpuInstanceCreateComputeInstance")
             ci = create_compute_instance(gpu, gi, profile_id)
+            self._mig_changed()
             self._emit(gpu, pynvml.nvmlEventMigConfigChange, 0, ID_ANY, ID_ANY)
             return SimComputeInstanceHandle(self._sim_id, gpu.index, gi.serial, ci.id)
 
@@ -278,6 +281,7 @@ class MigApi(SimCore):
         with self._lock:
             gpu, gi, ci = self._compute_instance(compute_instance, "nvmlComputeInstanceDestroy")
             destroy_compute_instance(gpu, gi, ci)
+            self._mig_changed()
             self._emit(gpu, pynvml.nvmlEventMigConfigChange, 0, ID_ANY, ID_ANY)
             return pynvml.NVML_SUCCESS
 

@@ -16,10 +16,12 @@ the error to ``<name>.error`` and removes it. :func:`send_fault` writes a file a
 default, waits for that answer.
 
 Only the public fault methods of :class:`SimFaults` can be named (:data:`FAULTS`), plus one fault of
-the plugin process rather than of its GPUs: ``pause_after_cdi_write`` with ``{"marker": "<name>"}``
-arms :func:`testbed.crash_points.pause_after_cdi_write`, so the next prepare stops dead after its CDI
-write and writes its PID to that file in this directory (a test then kills it there, in a plugin
-process or in the chart's pod alike). Anything else is an ``.error``, never an arbitrary call.
+the plugin process rather than of its GPUs: ``pause_at`` with ``{"point": "after:write_cdi_spec",
+"marker": "<name>"}`` arms :func:`testbed.crash_points.pause_at`, so the plugin stops dead the next
+time it reaches that point of a prepare or unprepare (a step of
+:data:`kubelet_plugin.prepare.steps.STEPS`) and writes its PID to that file in this directory (a test
+then kills it there, in a plugin process or in the chart's pod alike); ``pause_after_cdi_write`` with
+``{"marker": "<name>"}`` is ``pause_at`` ``after:write_cdi_spec``. Anything else is an ``.error``, never an arbitrary call.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ CONTROL_DIR_ENV = "GPUREADY_SIM_CONTROL_DIR"
 POLL_S = 0.05
 FAULTS = frozenset({"inject_xid", "ecc_double_bit", "gpu_lost", "fall_off_bus", "return_to_bus",
                     "unknown_error", "row_remap_pending", "probe", "nvml_init_fails", "clear"})
-PROCESS_FAULTS = frozenset({"pause_after_cdi_write"})
+PROCESS_FAULTS = frozenset({"pause_after_cdi_write", "pause_at"})
 
 _sent = itertools.count(1)
 
@@ -103,8 +105,8 @@ def apply_fault_file(sim: FaultTarget, path: str) -> str:
         checked.append((str(step.get("fault")), _check(step.get("fault"), step.get("args") or {}, path)))
     done = []
     for fault, args in [(f, a) for f, a in checked if f in PROCESS_FAULTS]:
-        _arm_crash_point(os.path.dirname(path), args, path)
-        done.append(f"{fault}(marker={args.get('marker')})")
+        _arm_crash_point(os.path.dirname(path), fault, args, path)
+        done.append(f"{fault}({', '.join(f'{k}={v}' for k, v in sorted(args.items()))})")
     checked = [(f, a) for f, a in checked if f not in PROCESS_FAULTS]
     with sim.faults.together():
         for fault, args in checked:
@@ -116,13 +118,20 @@ def apply_fault_file(sim: FaultTarget, path: str) -> str:
     return "; ".join(done)
 
 
-def _arm_crash_point(directory: str, args: dict[str, Any], path: str) -> None:
+def _arm_crash_point(directory: str, fault: str, args: dict[str, Any], path: str) -> None:
     marker = args.get("marker")
-    if set(args) != {"marker"} or not isinstance(marker, str) or not marker or os.path.basename(marker) != marker:
-        raise FaultFileError(f"{path}: pause_after_cdi_write takes {{\"marker\": <file name>}}, got {args!r}")
-    from testbed.crash_points import pause_after_cdi_write  # the plugin process's own code, wrapped
+    point = args.get("point", "after:write_cdi_spec")
+    keys = {"marker", "point"} if fault == "pause_at" else {"marker"}
+    if set(args) != keys or not isinstance(marker, str) or not marker or os.path.basename(marker) != marker \
+            or not isinstance(point, str):
+        form = '{"point": "before:<step>", "marker": <file name>}' if fault == "pause_at" else '{"marker": <file name>}'
+        raise FaultFileError(f"{path}: {fault} takes {form}, got {args!r}")
+    from testbed.crash_points import pause_at  # the plugin process's own code, wrapped
 
-    pause_after_cdi_write(os.path.join(directory, marker))
+    try:
+        pause_at(point, os.path.join(directory, marker))
+    except ValueError as exc:
+        raise FaultFileError(f"{path}: {fault}: {exc}") from exc
 
 
 class ControlChannel:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pynvml
 
+from testbed.nvml_sim.mig_persist import mig_state_path, restore, save
 from testbed.nvml_sim.node_profiles import NodeProfile
 from testbed.nvml_sim.sim_state import (
     FULL_CI_PROFILE,
@@ -89,12 +90,20 @@ class SimCore:
                 gi = create_gpu_instance(gpu, gi_profile.id, start, next(self._serials))
                 create_compute_instance(gpu, gi, FULL_CI_PROFILE[gi_profile.slice_count])
             self.gpus.append(gpu)
+        self._mig_state = mig_state_path()
+        if self._mig_state:  # instances a previous process left on the "GPUs"
+            restore(self._mig_state, self.gpus, self._serials)
 
     # ---- initialisation -------------------------------------------------------------------------
 
     def _require_init(self) -> None:
         if self._init_count <= 0:
             raise pynvml.NVMLError_Uninitialized()
+
+    def _mig_changed(self) -> None:
+        """After each MIG change (under the lock): persist the layout when ``GPUREADY_SIM_MIG_STATE`` asks."""
+        if self._mig_state:
+            save(self._mig_state, self.gpus)
 
     def _next_serial(self) -> int:
         return next(self._serials)
