@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.scale_report import render_scale
+
 ROOT = Path(__file__).resolve().parent.parent
 REPORT = ROOT / "docs" / "benchmarks.md"
 GPU_FIGURES = ROOT / "docs" / "benchmarks-gpu.jsonl"
@@ -138,6 +140,7 @@ def render(results: dict[str, list[dict[str, object]]], errors: dict[str, str],
             runs.setdefault(str(r.get("run", "")), []).append(r)
         for run, rows in runs.items():
             out += ["", *([f"{run}:", ""] if run else []), *_variant_table(rows)]
+    out += render_scale()
     out += [
         "",
         "## Micro-benchmarks (against the stand-ins)",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import re
 from pathlib import Path
 
@@ -63,3 +64,28 @@ def test_side_by_side_variants_get_one_column_each() -> None:
     line = next(x for x in text.splitlines() if x.startswith("| prepare at the kubelet"))
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[1].startswith("17") and cells[2].startswith("5")
+
+
+def test_scale_section_shows_the_last_run_per_fleet_size_with_the_shaping_ratio(tmp_path: Path) -> None:
+    from benchmarks.scale_report import render_scale
+
+    def row(run: int, name: str, median: float, unit: str = "pods/s") -> str:
+        return json.dumps({"run": run, "name": name, "unit": unit, "n": 1, "median": median, "p99": median})
+
+    results = tmp_path / "scale-results.jsonl"
+    results.write_text("\n".join([
+        row(1, "N=100 scheduler QPS 500 (a-claim) 200 pods, plain: pods bound per second", 99.0),
+        row(2, "N=100 scheduler QPS 500 (a-claim) 200 pods, plain: pods bound per second", 30.0),
+        row(2, "N=100 scheduler QPS 500 (b-shaped) 200 pods, shaped: pods bound per second", 25.0),
+        row(2, "N=1000 scheduler QPS 500 (a-claim) 200 pods, plain: pods bound per second", 9.0),
+        row(2, "N=1000 scheduler QPS 500 (b-shaped) 200 pods, shaped: pods bound per second", 3.0),
+        row(2, "N=1000: controller resident memory with the fleet", 120.0, "MiB"),
+    ]) + "\n")
+    text = "\n".join(render_scale(results))
+    assert "run 2 of" in text and "QPS 500" in text
+    n100, n1000 = text.index("### N = 100\n"), text.index("### N = 1,000")
+    assert n100 < n1000
+    # run 1's 99 pods/s is an older run: not shown
+    assert "| (a) one-GPU claim each: pods bound per second | 30 |" in text[n100:n1000] and "99" not in text
+    assert "what shaping costs the scheduler** (target < 1.5) | **1.20** |" in text[n100:n1000]
+    assert "**3.00**" in text[n1000:] and "| controller resident memory: fleet / with 5,000 more claims (MiB) | 120 |" in text
