@@ -24,7 +24,7 @@ class DeviceApi(SimCore):
     def nvmlInitWithFlags(self, flags: int) -> None:
         """Initialise (reference counted, like NVML)."""
         with self._lock:
-            if self._init_fails:
+            if self._init_fails or not self._driver_loaded:
                 raise pynvml.NVMLError_DriverNotLoaded()
             self._init_count += 1
 
@@ -39,10 +39,10 @@ class DeviceApi(SimCore):
             self._init_count -= 1
 
     def nvmlSystemGetDriverVersion(self) -> str:
-        """``"580.159.04"``."""
+        """``"580.159.04"``: the profile's, until a simulated driver reload loads another."""
         with self._lock:
             self._require_init()
-            return self.profile.driver_version
+            return self.driver_version
 
     def nvmlSystemGetCudaDriverVersion(self) -> int:
         """CUDA driver version as an integer: 13000 is 13.0."""

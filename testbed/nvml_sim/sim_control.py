@@ -45,7 +45,8 @@ log = get_logger(__name__)
 CONTROL_DIR_ENV = "GPUREADY_SIM_CONTROL_DIR"
 POLL_S = 0.05
 FAULTS = frozenset({"inject_xid", "ecc_double_bit", "gpu_lost", "fall_off_bus", "return_to_bus",
-                    "unknown_error", "row_remap_pending", "probe", "nvml_init_fails", "clear"})
+                    "unknown_error", "row_remap_pending", "probe", "nvml_init_fails", "clear",
+                    "driver_unload", "driver_load", "driver_reload"})
 PROCESS_FAULTS = frozenset({"pause_after_cdi_write", "pause_at"})
 
 _sent = itertools.count(1)

@@ -73,6 +73,9 @@ class SimCore:
         self._events_changed = threading.Condition(self._lock)
         self._init_count = 0
         self._init_fails = False
+        # The loaded kernel driver: its version (a driver reload changes it) and whether one is loaded.
+        self.driver_version = profile.driver_version
+        self._driver_loaded = True
         self._serials = itertools.count(1)
         self._event_sets: list[Any] = []  # SimEventSet, owned by the event API
         self.gpus: list[SimGpu] = []
@@ -99,6 +102,24 @@ class SimCore:
     def _require_init(self) -> None:
         if self._init_count <= 0:
             raise pynvml.NVMLError_Uninitialized()
+
+    def _unload_driver(self) -> None:
+        """The kernel driver goes away (under the lock): every process's NVML session ends (calls raise
+        ``Uninitialized``, ``nvmlInit`` raises ``DriverNotLoaded`` until :meth:`_load_driver`), and every
+        handle and event set handed out so far is stale for good (``InvalidArgument``), as after a real
+        reload. A thread waiting on an event set wakes with ``Uninitialized``."""
+        self._driver_loaded = False
+        self._init_count = 0
+        self._sim_id = next(_sim_ids)  # handles and event sets carry the old id: stale
+        for event_set in self._event_sets:
+            event_set.freed = True
+        self._event_sets.clear()
+        self._events_changed.notify_all()
+
+    def _load_driver(self, driver_version: str) -> None:
+        """A driver (``driver_version``) is loaded again: ``nvmlInit`` works and reports it."""
+        self.driver_version = driver_version
+        self._driver_loaded = True
 
     def _mig_changed(self) -> None:
         """After each MIG change (under the lock): persist the layout when ``GPUREADY_SIM_MIG_STATE`` asks."""

@@ -3,7 +3,8 @@
 Every fault shows up the way the real library shows it: an XID or ECC event on registered event sets,
 ``NVMLError_GpuIsLost``/``NVMLError_Unknown`` from calls on the GPU's handles, pending row remapping
 in ``nvmlDeviceGetRemappedRows`` and the field values, ``nvmlInit`` failing, a GPU falling off the
-bus (NVML stops listing it and the NVML indices after it shift down). ``clear`` is recovery (what a
+bus (NVML stops listing it and the NVML indices after it shift down), a driver reload (handles stale,
+then a new driver version). ``clear`` is recovery (what a
 GPU reset does).
 
 GPUs are named here by their place in the node profile, which is their NVML index until a GPU before
@@ -13,12 +14,14 @@ whatever happened in between.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import pynvml
 
+from testbed.fake_driver_root import install_driver
 from testbed.nvml_sim.sim_state import ID_ANY
 
 if TYPE_CHECKING:
@@ -149,14 +152,46 @@ class SimFaults:
         with self._sim._lock:
             self._sim._init_fails = enabled
 
+    def driver_unload(self) -> None:
+        """The kernel driver is unloaded (the first half of a reload): every NVML session ends, calls
+        raise ``NVMLError_Uninitialized``, ``nvmlInit`` raises ``NVMLError_DriverNotLoaded``, and every
+        handle and event set handed out so far is stale for good (``NVMLError_InvalidArgument``)."""
+        with self._sim._lock:
+            self._sim._unload_driver()
+
+    def driver_load(self, driver_version: str, driver_root: str = "") -> None:
+        """A driver is loaded again, reporting ``driver_version``; ``driver_root``: first install that
+        version's files there (:func:`testbed.fake_driver_root.install_driver`), as an upgrade does."""
+        if not driver_version:
+            raise ValueError("driver_version is required, e.g. '580.172.01'")
+        if driver_root:
+            install_driver(driver_root, driver_version)
+        with self._sim._lock:
+            self._sim._load_driver(driver_version)
+
+    def driver_reload(self, driver_version: str, stale_s: float = 1.0, driver_root: str = "") -> None:
+        """An admin reloads (upgrades) the NVIDIA driver under a running plugin: :meth:`driver_unload`
+        now; ``stale_s`` seconds later (on a timer thread; at once when 0) :meth:`driver_load` with the
+        new version, after installing its files under ``driver_root`` when given."""
+        if not driver_version:
+            raise ValueError("driver_version is required, e.g. '580.172.01'")
+        self.driver_unload()
+        if stale_s <= 0:
+            self.driver_load(driver_version, driver_root)
+            return
+        timer = threading.Timer(stale_s, self.driver_load, args=(driver_version, driver_root))
+        timer.daemon = True
+        timer.start()
+
     def clear(self, gpu_index: int | None = None) -> None:
-        """Recovery: clear one GPU's faults (all GPUs, and the init failure, when None).
+        """Recovery: clear one GPU's faults (all GPUs, the init failure and an unloaded driver, when None).
 
         A GPU off the bus returns to it (see :meth:`return_to_bus`).
         """
         with self._sim._lock:
             if gpu_index is None:
                 self._sim._init_fails = False
+                self._sim._driver_loaded = True  # an unloaded driver is back (at the version it had)
                 for gpu in self._sim.gpus:
                     gpu.clear_faults()
             else:
