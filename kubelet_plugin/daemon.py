@@ -57,7 +57,7 @@ from dra_driver.devices import NodeDevices
 from dra_driver.logs import get_logger
 from kubelet_plugin.checkpoint.boot_id import read_boot_id
 from kubelet_plugin.config import PluginConfig
-from kubelet_plugin.health.gpu_set import keep_lost_gpus
+from kubelet_plugin.health.gpu_set import keep_lost_gpus, listed_uuids
 from kubelet_plugin.health.kubelet_health import KubeletHealthFeed
 from kubelet_plugin.health.mig_probe import destroy_leftover_probe_instances, mig_gate
 from kubelet_plugin.health_fanout import HealthFanout
@@ -249,7 +249,8 @@ class KubeletPlugin:
                                             on_change=self.fanout.deliver, dynamic_mig=cfg.dynamic_mig,
                                             node_name=cfg.node_name, on_xid=self.metrics.record_xid,
                                             device_nodes=device_node_check(cfg, self.nvml),
-                                            on_inventory_change=self.refresh_devices)
+                                            on_inventory_change=self.refresh_devices,
+                                            on_driver_reload=self._driver_reloaded)
         self.health_monitor.start()
 
     def _start_reporting(self) -> None:
@@ -264,8 +265,7 @@ class KubeletPlugin:
     def _start_preparer(self) -> None:
         """Open the checkpoint (a corrupt one is quarantined, with an Event), make the preparer and
         reconcile the checkpoint with the node (:func:`kubelet_plugin.prepare.recovery.recover`)."""
-        from kubelet_plugin.cdi.cdi_spec import driver_mounts, ldcache_hook
-        from kubelet_plugin.cdi.driver_files import CONTAINER_LIB_DIR, find_driver_files
+        from kubelet_plugin.prepare.driver_reload import find_driver_edits, with_edits
         from kubelet_plugin.prepare.mig_ops import NvmlMigOps
         from kubelet_plugin.prepare.preparer import Preparer, PrepareSettings
         from kubelet_plugin.prepare.recovery import recover
@@ -273,20 +273,13 @@ class KubeletPlugin:
         cfg = self.config
         assert self.devices is not None
         self._open_checkpoint()
-        files = find_driver_files(cfg.driver_root)
-        for problem in files.skipped:
-            log.warning("driver_file_skipped", node=cfg.node_name, driver_root=cfg.driver_root, problem=problem)
-        log.info("driver_files_found", node=cfg.node_name, driver_root=cfg.driver_root,
-                 libraries=len(files.libraries), tools=len(files.tools))
-        mounts = driver_mounts(cfg.cdi_driver_root, files.files)
-        # Libraries need the container's loader to know their directory; no libraries, no hook.
-        hooks = (ldcache_hook(CONTAINER_LIB_DIR),) if files.libraries else ()
+        edits = find_driver_edits(cfg.driver_root, cfg.cdi_driver_root, self.devices.control_device_nodes,
+                                  cfg.node_name)
         self.preparer = Preparer(
-            PrepareSettings(driver_name=cfg.driver_name, pool=cfg.node_name, cdi_root=cfg.cdi_root,
-                            control_device_nodes=tuple(self.devices.control_device_nodes),
-                            driver_mounts=tuple(mounts), driver_hooks=hooks, mps_root=cfg.mps_root,
-                            write_mig_status=cfg.write_mig_status,
-                            taint_mode=self.pool.fallback.health_mode == "taint", driver_root=cfg.driver_root),
+            with_edits(PrepareSettings(driver_name=cfg.driver_name, pool=cfg.node_name, cdi_root=cfg.cdi_root,
+                                       control_device_nodes=(), mps_root=cfg.mps_root,
+                                       write_mig_status=cfg.write_mig_status, driver_root=cfg.driver_root,
+                                       taint_mode=self.pool.fallback.health_mode == "taint"), edits),
             self.checkpoint, self.kubelet.claim_reader(), self.device_index,
             mig=NvmlMigOps(self.nvml, on_change=self.refresh_devices, node=cfg.node_name) if cfg.dynamic_mig else None)
         # What prepare refuses (withdraw mode) or warns about (taint mode): the pool's withheld devices,
@@ -408,6 +401,33 @@ class KubeletPlugin:
                 self.preparer.device_index = self.device_index
             if self.health_monitor is not None:
                 self.health_monitor.set_devices(devices)
+
+    def _driver_reloaded(self, old: str, new: str) -> None:
+        """The health monitor's callback (its poll thread) when the NVIDIA driver was reloaded, ``old`` ->
+        ``new`` version, every device withdrawn until validated again: re-read the node, find the new
+        driver's files, and point new prepares and every prepared claim's CDI spec at them."""
+        from kubelet_plugin.prepare.driver_reload import find_driver_edits, rewrite_specs, with_edits
+
+        cfg = self.config
+        self.refresh_devices()
+        preparer = self.preparer
+        if preparer is None or self.devices is None:
+            return  # still starting: _start_preparer finds the driver's files afresh
+        edits = find_driver_edits(cfg.driver_root, cfg.cdi_driver_root, self.devices.control_device_nodes,
+                                  cfg.node_name)
+        with self._settings_lock:
+            preparer.settings = with_edits(preparer.settings, edits)
+        try:  # a GPU gone with the reload: its claims keep their spec, the device is reported unhealthy
+            listed = listed_uuids(self.nvml)
+            present = {name for name, d in self.device_index.items() if d.gpu.uuid in listed}
+        except Exception:
+            present = set(self.device_index)
+        report = rewrite_specs(preparer, present, cause=f"NVIDIA driver reloaded ({old} -> {new})")
+        emit_node_event(self.api_client, cfg.node_name, "NvidiaDriverReloaded",
+                        f"NVIDIA driver reloaded ({old} -> {new}): devices withdrawn until validated again; "
+                        f"CDI specs of {len(report.rewritten)} prepared claim(s) rewritten for the new driver's "
+                        f"files, {len(report.skipped) + len(report.failed)} not (see the plugin's log).",
+                        event_type="Normal" if not report.failed else "Warning")
 
     def set_unhealthy(self, unhealthy: Mapping[str, str]) -> None:
         """Set device health directly (``--health-mode off``, tests, the demo)."""

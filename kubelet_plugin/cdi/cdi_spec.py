@@ -225,15 +225,31 @@ def claim_spec(driver_name: str, claim_uid: str, devices: Sequence[CdiDevice],
         if device_mounts:
             edits["mounts"] = device_mounts
         cdi_devices.append({"name": cdi_device_name(claim_uid, d.name), "containerEdits": edits})
+    spec: dict[str, Any] = {"cdiVersion": BASE_VERSION, "kind": cdi_kind(driver_name),
+                            "devices": cdi_devices, "containerEdits": node_edits(control_device_nodes, mounts, hooks)}
+    spec["cdiVersion"] = minimum_version(spec)
+    return spec
+
+
+def node_edits(control_device_nodes: Sequence[str], mounts: Sequence[Mapping[str, Any]] = (),
+               hooks: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """A claim spec's spec-level edits: what the node gives every claim (the control device nodes, the
+    driver's files, the loader-cache hook), as opposed to what each device gets."""
     top: dict[str, Any] = {"deviceNodes": [_device_node(p) for p in control_device_nodes]}
     if mounts:
         top["mounts"] = [dict(m) for m in mounts]
     if hooks:
         top["hooks"] = [dict(h) for h in hooks]
-    spec: dict[str, Any] = {"cdiVersion": BASE_VERSION, "kind": cdi_kind(driver_name),
-                            "devices": cdi_devices, "containerEdits": top}
-    spec["cdiVersion"] = minimum_version(spec)
-    return spec
+    return top
+
+
+def with_node_edits(spec: Mapping[str, Any], control_device_nodes: Sequence[str],
+                    mounts: Sequence[Mapping[str, Any]] = (), hooks: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """A claim's spec with its spec-level edits replaced by the node's current ones (:func:`node_edits`):
+    what a driver reload changes (the driver's versioned files). Device edits are kept as they are."""
+    out = {**spec, "containerEdits": node_edits(control_device_nodes, mounts, hooks)}
+    out["cdiVersion"] = minimum_version(out)
+    return out
 
 
 def _vkey(version: str) -> tuple[int, ...]:

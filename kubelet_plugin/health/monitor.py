@@ -9,7 +9,9 @@ Concurrency model: three daemon threads around one lock-protected table of :clas
   all, whether NVML lists other GPUs than last time (a GPU fell off the bus, returned after a reset,
   or is new: ``on_inventory_change`` re-reads the node, see :meth:`HealthMonitor.set_devices`), then
   each GPU's lasting conditions (GPU lost or off the bus, Unknown Error, remapped rows, retired pages,
-  recovery action, fabric). While NVML cannot initialise it retries with backoff.
+  recovery action, fabric). While NVML cannot initialise it retries with backoff; when NVML stops
+  answering or reports another driver version (a driver reload), it starts a new NVML session and the
+  devices are validated afresh (:class:`~kubelet_plugin.health.nvml_session.NvmlSession`, a mixin).
 * **validate**: runs the validation (NVML checks, then the CUDA probe in a child process under a
   time limit) for devices that need it: at start, while recovering, and optionally periodically
   (:class:`~kubelet_plugin.health.validation_loop.ValidationLoop`, a mixin in its own module).
@@ -47,6 +49,7 @@ from kubelet_plugin.health.nvml_checks import (
     check_gpu,
     describe_nvml_error,
 )
+from kubelet_plugin.health.nvml_session import NvmlSession
 from kubelet_plugin.health.policy import HealthPolicy
 from kubelet_plugin.health.probe_runner import Prober, prober_for
 from kubelet_plugin.health.snapshot import DeviceHealth, HealthSnapshot
@@ -67,15 +70,8 @@ from kubelet_plugin.health.xid import XidAction
 
 log = get_logger(__name__)
 
-NVML_KEY = "nvml"
 
-
-def _nvml_down_fault(detail: str) -> Fault:
-    return Fault("NvmlUnavailable", f"NVML is not answering ({detail}): GPU health cannot be checked",
-                 key=NVML_KEY, unknown=True)
-
-
-class HealthMonitor(ValidationLoop):
+class HealthMonitor(NvmlSession, ValidationLoop):
     """Watches a node's GPUs and reports every health change through ``on_change``."""
 
     def __init__(self, nvml: Any, devices: NodeDevices, policy: HealthPolicy, prober: Prober | None,
@@ -83,7 +79,8 @@ class HealthMonitor(ValidationLoop):
                  *, dynamic_mig: bool = False, node_name: str = "",
                  device_nodes: ValidationConfig | None = None,
                  on_xid: Callable[[str, str, int, bool], None] | None = None,
-                 on_inventory_change: Callable[[], None] | None = None) -> None:
+                 on_inventory_change: Callable[[], None] | None = None,
+                 on_driver_reload: Callable[[str, str], None] | None = None) -> None:
         self._nvml = nvml
         # on_xid(device, gpu_uuid, xid, withdrew): every XID event, ignored ones too (metrics). The
         # device is the MIG device the event is attributed to, else the GPU.
@@ -123,6 +120,9 @@ class HealthMonitor(ValidationLoop):
         self._on_inventory_change = on_inventory_change or self._rediscover
         # Set when set_devices added GPUs: the event thread registers them between two waits.
         self._register_wanted = threading.Event()
+        # A driver reload (NvmlSession): the plugin re-reads the node and rewrites CDI specs; alone, re-read it.
+        self._driver_version: str | None = None
+        self._on_driver_reload = on_driver_reload or (lambda old, new: self._rediscover())
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -285,50 +285,11 @@ class HealthMonitor(ValidationLoop):
         now = self._clock()
         self._update(lambda: [(n, apply_fault(self._records[n], fault, now, self._policy)) for n in names])
 
-    # ---- NVML bring-up ---------------------------------------------------------------------
-
-    def _try_bring_up(self) -> bool:
-        """Init NVML, check the driver answers, register events. On failure mark every device Unknown."""
-        try:
-            if not self._nvml_ready:
-                self._nvml.nvmlInit()
-                self._nvml_ready = True
-            check_driver(self._nvml)
-            self._reg = register_events(self._nvml, self._devices.gpus)
-        except (pynvml.NVMLError, NvmlUnavailable) as exc:
-            detail = str(exc) if isinstance(exc, NvmlUnavailable) else describe_nvml_error(exc)
-            problem = (f"NVML failed to initialise: {detail}" if not self._nvml_ready
-                       else f"NVML is not answering: {detail}")
-            self._mark_nvml_down(problem)
-            return False
-        for uuid, why in self._reg.unmonitored.items():
-            log.warning("gpu_events_unmonitored", device=self._topo[uuid].gpu.name, reason=why)
-        self._event_thread = threading.Thread(target=self._event_loop, args=(self._reg,),
-                                              name="health-events", daemon=True)
-        self._event_thread.start()
-        self._set_nvml_up()
-        return True
-
-    def _mark_nvml_down(self, problem: str) -> None:
-        if problem != self._node_problem:  # once per problem, not once per poll
-            log.error("nvml_unavailable", node=self._node or None, reason=problem)
-        fault = _nvml_down_fault(problem)
-        now = self._clock()
-        self._update(lambda: [(n, apply_fault(r, fault, now, self._policy)) for n, r in self._records.items()],
-                     node_problem=problem)
-
-    def _set_nvml_up(self) -> None:
-        if self._node_problem is not None:
-            log.info("nvml_available_again", node=self._node or None)
-        self._update(lambda: [(n, clear_condition(r, NVML_KEY)) for n, r in self._records.items()],
-                     node_problem=None)
-        self._validate_wake.set()
-
     # ---- events ----------------------------------------------------------------------------
 
     def _event_loop(self, reg: Registration) -> None:
         errors = 0
-        while not self._stop.is_set():
+        while not self._stop.is_set() and self._reg is reg:  # a restarted session has its own thread
             if self._register_wanted.is_set():
                 self._register_wanted.clear()
                 register_more(self._nvml, reg, self._devices.gpus)  # GPUs that appeared since start
@@ -344,11 +305,13 @@ class HealthMonitor(ValidationLoop):
                 log.warning("nvml_event_wait_failed", reason=describe_nvml_error(exc), node=self._node or None)
                 self._poll_wake.set()
                 self._stop.wait(min(5.0, 0.05 * 2**min(errors, 7)))
-                if errors % 5 == 0 and not self._stop.is_set():
+                if errors % 5 == 0 and not self._stop.is_set() and self._reg is reg:
                     reg = self._reregister(reg)
                 continue
             errors = 0
             self._handle_event(reg, event)
+        if self._reg is not reg:
+            free_events(self._nvml, reg)  # the session was restarted: this set is stale
 
     def _reregister(self, reg: Registration) -> Registration:
         """The event set keeps failing (NVML restarted, set invalidated): build a fresh one.
@@ -359,6 +322,9 @@ class HealthMonitor(ValidationLoop):
             fresh = register_events(self._nvml, self._devices.gpus)
         except pynvml.NVMLError as exc:
             log.warning("nvml_events_reregister_failed", reason=describe_nvml_error(exc), node=self._node or None)
+            return reg
+        if self._reg is not reg:  # the poll restarted the session meanwhile: this thread is ending
+            free_events(self._nvml, fresh)
             return reg
         free_events(self._nvml, reg)
         self._reg = fresh
@@ -422,12 +388,17 @@ class HealthMonitor(ValidationLoop):
     def poll_once(self) -> None:
         """Check NVML and every GPU's lasting conditions once, and apply what changed."""
         try:
-            check_driver(self._nvml)
+            version = check_driver(self._nvml)
+            if version != self._driver_version:  # reloaded between two polls: handles and events are stale
+                self._restart_nvml(f"driver version {self._driver_version} -> {version}")
+                self._poll_wake.set()
+                return
             self._check_inventory()
             topos = self._topo  # replaced whole by set_devices: read it once
             results = {uuid: check_gpu(self._nvml, t.gpu) for uuid, t in topos.items()}
         except NvmlUnavailable as exc:
             self._mark_nvml_down(str(exc))
+            self._restart_nvml(str(exc))  # an unloaded or reloaded driver: a new session, as at start
             return
         if len(results) >= 2 and all(
             any(f.code == "NvmlUnknownError" for f in faults) for faults in results.values()

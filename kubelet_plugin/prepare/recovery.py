@@ -12,6 +12,9 @@
   device that no longer exists; the kubelet's retry of the unprepare then finds nothing to do.
 - Other completed records whose CDI spec file is missing (``/var/run/cdi`` cleaned): the spec is rebuilt
   from the checkpoint so containers of running pods can still restart.
+- Completed records whose spec names other driver files than the node has now (the driver was
+  upgraded while no plugin ran): the spec and the record's copy are rewritten for the new files
+  (:func:`kubelet_plugin.prepare.driver_reload.rewrite_specs`), so a restarting container finds them.
 - Temp files a crash left mid-write in the CDI directory are removed.
 - CDI specs of this driver with no record (the record was lost with a corrupt checkpoint, or dropped
   as malformed): a record is rebuilt from the spec (:mod:`kubelet_plugin.prepare.spec_recovery`), so the
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 from dra_driver.logs import get_logger
 from kubelet_plugin.cdi.cdi_spec import CDI_CLASS, cdi_vendor
 from kubelet_plugin.checkpoint.schema import ClaimRecord, ClaimState
+from kubelet_plugin.prepare.driver_reload import rewrite_specs
 from kubelet_plugin.prepare.preparer import Preparer
 from kubelet_plugin.prepare.spec_recovery import read_spec, record_from_spec, spec_uids
 
@@ -42,6 +46,7 @@ class RecoveryReport:
     rolled_back: list[str] = field(default_factory=list)
     unprepares_finished: list[str] = field(default_factory=list)  # cut short after a MIG instance went
     specs_rebuilt: list[str] = field(default_factory=list)
+    specs_refreshed: list[str] = field(default_factory=list)  # rewritten for the driver files found now
     records_rebuilt: list[str] = field(default_factory=list)  # from CDI specs whose record was lost
     temp_files_removed: int = 0
     failures: list[str] = field(default_factory=list)
@@ -77,6 +82,9 @@ def recover(preparer: Preparer, boot_id: str) -> RecoveryReport:
         except Exception as exc:
             report.failures.append(f"{uid}: {exc}")
             log.error("checkpoint_recovery_failed", exc_info=True, claim_uid=uid, node=preparer.settings.pool)
+    refreshed = rewrite_specs(preparer, cause="start-up: the driver's files differ from the spec's")
+    report.specs_refreshed = refreshed.rewritten
+    report.failures.extend(f"{uid}: rewriting its CDI spec: {why}" for uid, why in refreshed.failed.items())
     preparer.revive_all_mps()  # MPS daemons that went away with the plugin's previous container
     if previous_boot or store.file_boot_id is None:
         with store.update():
@@ -84,7 +92,8 @@ def recover(preparer: Preparer, boot_id: str) -> RecoveryReport:
     report.temp_files_removed = _remove_temp_files(preparer.settings.cdi_root, preparer.settings.driver_name)
     log.info("checkpoint_recovered", previous_boot=previous_boot,
              previous_boot_dropped=len(report.previous_boot_dropped), rolled_back=len(report.rolled_back),
-             specs_rebuilt=len(report.specs_rebuilt), unprepares_finished=len(report.unprepares_finished), records_rebuilt=len(report.records_rebuilt),
+             specs_rebuilt=len(report.specs_rebuilt), specs_refreshed=len(report.specs_refreshed),
+             unprepares_finished=len(report.unprepares_finished), records_rebuilt=len(report.records_rebuilt),
              temp_files_removed=report.temp_files_removed,
              node=preparer.settings.pool)
     return report
