@@ -371,11 +371,13 @@ class HealthMonitor(NvmlSession, ValidationLoop):
     # ---- polling ---------------------------------------------------------------------------
 
     def _poll_loop(self) -> None:
-        backoff = self._policy.poll_interval_s
+        # NVML down (not loaded yet, or a driver reload in progress): try again soon, then back off.
+        first = min(self._policy.poll_interval_s, 1.0)
+        backoff = first
         while not self._stop.is_set():
             if self._reg is None:
                 if self._try_bring_up():
-                    backoff = self._policy.poll_interval_s
+                    backoff = first
                 else:
                     backoff = min(backoff * 2, 60.0)
                     self._poll_wake.wait(backoff)
@@ -399,6 +401,7 @@ class HealthMonitor(NvmlSession, ValidationLoop):
         except NvmlUnavailable as exc:
             self._mark_nvml_down(str(exc))
             self._restart_nvml(str(exc))  # an unloaded or reloaded driver: a new session, as at start
+            self._poll_wake.set()
             return
         if len(results) >= 2 and all(
             any(f.code == "NvmlUnknownError" for f in faults) for faults in results.values()
