@@ -1,4 +1,4 @@
-"""A driver reload under a running plugin (issue 25; peers.md: "after a driver reload the plugin serves
+"""A driver reload under a running plugin (issue 25; the peers' users report "after a driver reload the plugin serves
 CDI specs for the old driver"): an admin upgrades the NVIDIA driver, NVML stops answering, then
 answers with the new version, and the driver's versioned files under the driver root are replaced.
 
