@@ -292,13 +292,24 @@ class ClusterCache:
         self._build_lock = threading.Lock()  # one build at a time: the slice cache is not shared
         self._slice_cache = SliceCache()  # a rebuild re-parses only slices that changed
         self._inventory: Inventory | None = None
+        # Changes seen by the informers, and the count the current inventory was built from: a fresh
+        # read rebuilds only when something changed since (a build of 1,000 nodes takes a second or
+        # more, and the leader's passes ask for a fresh one every resync even when nothing moved).
+        self._changes = 0
+        self._built_from = -1
+        self._last_build_s = 0.0
         self._dirty = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.builds = 0
         self._skipped: set[Skipped] = set()  # what the last build left out (logged when it changes)
         for inf in (self.slices, self.claims, self.classes, self.taint_rules):
-            inf.add_handler(lambda _e, _k, _o: self._dirty.set())
+            inf.add_handler(lambda _e, _k, _o: self._changed())
+
+    def _changed(self) -> None:
+        with self._inv_lock:
+            self._changes += 1
+        self._dirty.set()
 
     @property
     def informers(self) -> list[Informer]:
@@ -334,13 +345,23 @@ class ClusterCache:
         deadline = time.monotonic() + timeout
         return all(i.wait_synced(max(0.0, deadline - time.monotonic())) for i in self.informers)
 
-    def _build(self) -> Inventory:
+    def _build(self) -> tuple[Inventory, int]:
+        """A build of the caches as they are now, and the change count it reflects (at least)."""
         with self._build_lock:
+            with self._inv_lock:
+                changes = self._changes
+            started = time.monotonic()
             inv = build_inventory(self.slices.items(), self.claims.items(), self.classes.items(),
                                   cache=self._slice_cache, taint_rules=self.taint_rules.items())
+            self._last_build_s = time.monotonic() - started
             self._log_skipped(inv.skipped)
         self.builds += 1
-        return inv
+        return inv, changes
+
+    def _keep(self, inv: Inventory, changes: int) -> None:
+        with self._inv_lock:
+            if changes >= self._built_from:  # never replace a build with an older one
+                self._inventory, self._built_from = inv, changes
 
     def _log_skipped(self, skipped: list[Skipped]) -> None:
         """Log what the planning engine left out of the inventory (it does no I/O itself): once when
@@ -357,10 +378,12 @@ class ClusterCache:
         """The planner's inventory: the last build (None before the first sync), or a build of the
         caches as they are now when ``fresh``."""
         if fresh:
-            self._dirty.clear()
-            inv = self._build()
             with self._inv_lock:
-                self._inventory = inv
+                if self._inventory is not None and self._built_from == self._changes:
+                    return self._inventory  # nothing changed since the last build
+            self._dirty.clear()
+            inv, changes = self._build()
+            self._keep(inv, changes)
             return inv
         with self._inv_lock:
             return self._inventory
@@ -374,12 +397,16 @@ class ClusterCache:
                     and self.taint_rules.synced):
                 self._stop.wait(0.02)
                 continue
-            self._stop.wait(self.debounce_s)  # let a burst of changes settle into one build
+            # Let a burst of changes settle into one build, and wait at least as long as the last build
+            # took: while claims stream in over a big fleet, rebuilds then take at most half a core.
+            self._stop.wait(max(self.debounce_s, self._last_build_s))
             self._dirty.clear()
+            with self._inv_lock:
+                if self._inventory is not None and self._built_from == self._changes:
+                    continue  # a fresh read built it meanwhile
             try:
-                inv = self._build()
+                inv, changes = self._build()
             except Exception as exc:  # a bad object must not stop the rebuilds: keep the last inventory
                 log.error("inventory_build_failed", error=repr(exc))
                 continue
-            with self._inv_lock:
-                self._inventory = inv
+            self._keep(inv, changes)

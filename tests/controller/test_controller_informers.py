@@ -101,6 +101,31 @@ def test_inventory_follows_slices_and_a_burst_costs_few_builds(srv: LocalApiServ
         cache.stop()
 
 
+def test_a_fresh_read_rebuilds_only_after_a_change(srv: LocalApiServer) -> None:
+    # The leader's passes ask for a fresh inventory every resync; over 1,000 nodes a build costs over a
+    # second, so an idle cluster must not pay it on every pass. A change, though, is always seen.
+    api = KubeApi(srv.api_client())
+    install_device_classes(api)
+    for s in node_slices("node-a", "sim:8xh100"):
+        api.request("POST", f"{RESOURCE_V1}/resourceslices", body=s)
+    cache = ClusterCache(api, resync_s=60, debounce_s=0.05, with_pods=False).start()
+    try:
+        assert cache.wait_synced(10)
+        first = wait_for("first inventory", cache.inventory)
+        builds = cache.builds
+        for _ in range(5):
+            assert cache.inventory(fresh=True) is first
+        assert cache.builds == builds, "an idle cluster's fresh reads rebuilt the inventory"
+        [published] = [s for s in cache.slices.items() if s["spec"]["nodeName"] == "node-a"]
+        fewer = {**published, "spec": {**published["spec"], "devices": published["spec"]["devices"][1:]}}
+        cache.slices.apply_local(api.request("PUT", f"{RESOURCE_V1}/resourceslices/{published['metadata']['name']}",
+                                             body=fewer))
+        fresh = cache.inventory(fresh=True)
+        assert fresh is not first and len(fresh.devices) == 16  # the withdrawn device is gone at once
+    finally:
+        cache.stop()
+
+
 def test_empty_cluster_still_gets_an_inventory(srv: LocalApiServer) -> None:
     cache = ClusterCache(KubeApi(srv.api_client()), resync_s=60, with_pods=False).start()
     try:
