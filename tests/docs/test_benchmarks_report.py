@@ -63,3 +63,13 @@ def test_side_by_side_variants_get_one_column_each() -> None:
     line = next(x for x in text.splitlines() if x.startswith("| prepare at the kubelet"))
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[1].startswith("17") and cells[2].startswith("5")
+
+
+def test_peers_in_one_run_get_ratio_columns() -> None:
+    rows = [vars(summarize(f"[{v}] prepare at the kubelet", values))
+            for v, values in (("gpuready", [4.0, 5.0, 6.0]), ("example", [8.0, 10.0, 12.0]))]
+    text = run_all.render({"kubelet": rows}, {}, [])
+    header = next(x for x in text.splitlines() if x.startswith("| figure"))
+    assert [c.strip() for c in header.strip("|").split("|")][1:] == ["gpuready", "example", "gpuready/example"]
+    line = next(x for x in text.splitlines() if x.startswith("| prepare at the kubelet"))
+    assert [c.strip() for c in line.strip("|").split("|")][3] == "0.50 / 0.50"
