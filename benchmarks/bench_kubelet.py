@@ -412,10 +412,9 @@ def figures(variants: list[Variant], series: dict[str, dict[str, list[float]]]) 
             peers = ""
             theirs = series[peer.name][key] if peer is not None and not variant.peer else []
             if theirs:
-                ratio = statistics.median(values) / statistics.median(theirs)
-                p95_ratio = percentile(values, 95) / percentile(theirs, 95)
                 peers = (f"{peer.name}: {statistics.median(theirs):.3g} / {percentile(theirs, 95):.3g}; "  # type: ignore[union-attr]
-                         f"gpuready/{peer.name} {ratio:.2f} (p95 {p95_ratio:.2f})")  # type: ignore[union-attr]
+                         f"gpuready/{peer.name} {_ratio(statistics.median(values), statistics.median(theirs))} "  # type: ignore[union-attr]
+                         f"(p95 {_ratio(percentile(values, 95), percentile(theirs, 95))})")
                 if relative[0]:
                     text = relative[0] + (f"; {absolute[0]}" if absolute[0] and key in ("writes", "rss", "idle") else "")
                     median_max = relative[1] * statistics.median(theirs) if relative[1] else None
@@ -429,6 +428,10 @@ def figures(variants: list[Variant], series: dict[str, dict[str, list[float]]]) 
                 result = replace(result, met=True)
             results.append(result)
     return results
+
+
+def _ratio(mine: float, theirs: float) -> str:
+    return f"{mine / theirs:.2f}" if theirs else "n/a (peer 0)"
 
 
 def run(quick: bool = False, variants: list[Variant] | None = None, pods: int | None = None,
@@ -449,7 +452,9 @@ def run(quick: bool = False, variants: list[Variant] | None = None, pods: int | 
                                                               idle_s or (10.0 if quick else 60.0)))
         finally:
             bench.close()
-    return figures(variants, {v.name: _series(pooled[v.name], timelines[v.name]) for v in variants})
+    series = {v.name: _series(pooled[v.name], timelines[v.name]) for v in variants}
+    print(json.dumps({"raw_samples": series}), file=sys.stderr)  # kept even if a figure cannot be computed
+    return figures(variants, series)
 
 
 def main() -> None:
