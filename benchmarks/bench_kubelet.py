@@ -448,8 +448,11 @@ def run(quick: bool = False, variants: list[Variant] | None = None, pods: int | 
             timelines = bench.starts(variants, starts or (1 if quick else 5))
             for _round in range(runs or (1 if quick else 3)):
                 for variant in variants:
-                    pooled[variant.name].extend(bench.measure(variant, pods or (5 if quick else 20),
-                                                              idle_s or (10.0 if quick else 60.0)))
+                    got = bench.measure(variant, pods or (5 if quick else 20), idle_s or (10.0 if quick else 60.0))
+                    # Each round's samples as they come: a cluster lost late in the run keeps the rest.
+                    print(json.dumps({"round": _round, "plugin": variant.name, "samples": vars(got)}), file=sys.stderr,
+                          flush=True)
+                    pooled[variant.name].extend(got)
         finally:
             bench.close()
     series = {v.name: _series(pooled[v.name], timelines[v.name]) for v in variants}
