@@ -1,25 +1,30 @@
-"""The plugin under a real kubelet (testbed/realcluster): what a node's pods and its operator see.
+"""The plugin under a real kubelet (testbed/realcluster), beside its peers: what a node's pods and its operator see.
 
 Measured on a real one-node cluster (kube-apiserver, scheduler, controller-manager, containerd,
-kubelet, built from Kubernetes' own modules), with the plugin as its own process on a simulated
-8 x H100 node, health monitoring on (the default, withdraw):
+kubelet, built from Kubernetes' own modules), with each plugin as its own process: gpuready on a
+simulated 8 x H100 node, health monitoring on (the default, withdraw), and, with ``--peer
+example=PATH``, Kubernetes' example driver (8 mock GPUs, its own driver name and DeviceClass) on the
+same cluster in the same run, the same pod shape (:mod:`benchmarks.kubelet_variants`):
 
 - NodePrepareResources / NodeUnprepareResources per call, read from the kubelet's own histogram
   ``dra_grpc_operations_duration_seconds`` (its count and sum before and after each call: one pod
   at a time, so each difference is one call);
-- plugin start (process exec) to its first ResourceSlice with devices on the API server, the median
-  over ``--starts`` starts (default 5; each on a node with no slices, a fresh plugin directory; the
-  variants take turns, after one uncounted start each);
-- the plugin's resident memory after the pods;
-- its CPU time over a minute with nothing to do.
+- plugin start (process exec) to its first ResourceSlice with devices, to every device published,
+  and how many writes of the pool (pool generations) that took, over ``--starts`` starts (default
+  5; each on a node with no slices, a fresh plugin directory; the plugins take turns, after one
+  uncounted start each);
+- the plugin's resident memory after the pods; its CPU time over a minute with nothing to do.
 
-The bench waits on watches (a pod Running, a pod gone, the first slice), not polls: it shares the two
+``--runs`` (default 3) rounds of ``--pods`` pods (default 20), the plugins taking turns in each
+round, so a cluster that slows down over the run weighs on all alike; the figures pool the rounds.
+With a peer, every gpuready figure also says the ratio gpuready/peer from this run.
+
+The bench waits on watches (a pod Running, a pod gone, the slices), not polls: it shares the two
 cores with what it measures. It reads the kubelet's metrics page once per call, not while waiting.
 
 Side by side: ``python -m benchmarks.bench_kubelet --variant before=/path/to/old/checkout
---variant now=.`` runs each tree's plugin (``PYTHONPATH=<tree> python -m dra_driver``) on the same
-cluster, one after the other, and prints one JSON line per figure and variant;
-``--variant prefetch=.,CLAIM_PREFETCH=true`` adds to a variant's environment.
+--variant now=. --peer example=~/.cache/gpuready/peers/dra-example-kubeletplugin`` prints one JSON
+line per figure and plugin; ``--variant prefetch=.,CLAIM_PREFETCH=true`` adds to a variant's environment.
 """
 
 from __future__ import annotations
@@ -32,52 +37,22 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import BenchResult, report, summarize
+from benchmarks.kubelet_variants import (
+    PROFILE,
+    Variant,
+    bench_pod,
+    claim_template,
+    device_class,
+    peers_from_env,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
-DRIVER = "gpu.nvidia.com"
-PROFILE = "8xh100"
-PEERS = {  # measured on the same kind of 2-core machine under a real kubelet 1.36 (issue 14)
-    "prepare": "Kubernetes' Go example driver 6.0-6.8 / 10-13 ms (median / p95); NVIDIA's Go driver 9.1-11.3 / 14-21 ms",
-    "unprepare": "example driver 3.7-4.6 ms median; NVIDIA's driver 5.4-6.0 ms",
-    "first_slice": "example driver 1.07 s; NVIDIA's driver 1.10 s",
-    "rss": "example driver 43 MiB; NVIDIA's driver 60-61 MiB",
-    "idle": "example driver 0.09-0.13 s; NVIDIA's driver 0.11-0.15 s",
-}
-
-_TEMPLATE = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "bench-gpu"},
-             "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}}}
-
-
-def _pod(name: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
-                     "containers": [{"name": "main", "image": "registry.local/busybox:1", "imagePullPolicy": "Never",
-                                     "command": ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"],
-                                     "resources": {"claims": [{"name": "gpu"}]}}],
-                     "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "bench-gpu"}]}}
-
-
-@dataclass(frozen=True)
-class Variant:
-    """A checkout whose plugin is measured: ``name=tree[,KEY=VALUE...]`` on the command line (the
-    pairs go into the plugin's environment, e.g. ``CLAIM_PREFETCH=true``)."""
-
-    name: str
-    tree: str
-    env: tuple[tuple[str, str], ...] = ()
-
-    @staticmethod
-    def parse(text: str) -> Variant:
-        """``name=tree[,KEY=VALUE...]``."""
-        name, _, rest = text.partition("=")
-        tree, *pairs = rest.split(",")
-        env = tuple((key, value) for key, _, value in (p.partition("=") for p in pairs))
-        return Variant(name, tree, env)
+SETTLE_S = 3  # after the first slice, how long the bench keeps watching for the rest of the pool
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -130,9 +105,9 @@ def _rss_mib(pid: int) -> float:
 
 
 class KubeletBench:
-    """One real cluster, the plugin variants measured on it in turn."""
+    """One real cluster, the plugins (gpuready variants, peers) measured on it in turn."""
 
-    def __init__(self, cluster: Any) -> None:
+    def __init__(self, cluster: Any, variants: list[Variant]) -> None:
         import kubernetes
 
         from testbed.realcluster.cleanup import DeviceNodes
@@ -147,7 +122,10 @@ class KubeletBench:
             self.devices.ensure(path, major, minor)
         for doc in (ROOT / "deploy" / "deviceclasses").glob("*.yaml"):
             cluster.kubectl("apply", "-f", str(doc))
-        self.resource.create_namespaced_resource_claim_template("default", _TEMPLATE)
+        for driver in sorted({v.driver for v in variants if v.peer}):
+            self.resource.create_device_class(device_class(driver))
+        for template in {v.template: v for v in variants}.values():
+            self.resource.create_namespaced_resource_claim_template("default", claim_template(template))
 
     def _device_nodes(self) -> list[tuple[str, int, int]]:
         out = subprocess.run([sys.executable, "-m", "dra_driver", "devices", "--nvml", f"sim:{PROFILE}@{self.node}",
@@ -162,20 +140,28 @@ class KubeletBench:
         """Remove the device nodes made for the simulated GPUs."""
         self.devices.remove()
 
-    def _operations(self) -> dict[str, Any]:
+    def _kubelet_metrics(self) -> str:
+        return str(self.cluster.https_get(self.cluster.kubelet_url("/metrics")).decode())
+
+    def _operations(self, driver: str) -> dict[str, Any]:
         from testbed.realcluster.kubelet_metrics import grpc_operations
 
-        return grpc_operations(self.cluster.https_get(self.cluster.kubelet_url("/metrics")).decode(), DRIVER)
+        return grpc_operations(self._kubelet_metrics(), driver)
 
-    def _published(self) -> bool:
-        slices = self.resource.list_resource_slice(field_selector=f"spec.nodeName={self.node}").items
-        return any(s.spec.driver == DRIVER and s.spec.devices for s in slices)
+    def _registered(self, driver: str) -> bool:
+        """Whether the kubelet's plugin manager has registered ``driver`` (its registration socket)."""
+        from testbed.realcluster.kubelet_metrics import registered_plugins
+
+        return any(driver in path for path in registered_plugins(self._kubelet_metrics()))
+
+    def _slices(self) -> list[Any]:
+        return list(self.resource.list_resource_slice(field_selector=f"spec.nodeName={self.node}").items)
 
     def _clean_slices(self) -> None:
-        for s in self.resource.list_resource_slice(field_selector=f"spec.nodeName={self.node}").items:
+        for s in self._slices():
             self.resource.delete_resource_slice(s.metadata.name)
         deadline = time.monotonic() + 30
-        while self._published() and time.monotonic() < deadline:
+        while self._slices() and time.monotonic() < deadline:
             time.sleep(0.1)
 
     def _wait(self, what: str, check: Any, timeout: float = 60.0, interval: float = 0.01) -> Any:
@@ -186,33 +172,50 @@ class KubeletBench:
             time.sleep(interval)
         return value
 
-    def _launch(self, variant: Variant) -> tuple[subprocess.Popen[bytes], str, int, float]:
-        """Start one variant's plugin on a node with no slices, in a fresh work directory; wait for its
-        first ResourceSlice with devices. Returns (process, log path, metrics port, seconds to that slice)."""
+    def _launch(self, variant: Variant) -> tuple[subprocess.Popen[bytes], str, int, PublishTimeline]:
+        """Start one plugin on a node with no slices, in a fresh work directory; follow its slices until
+        the pool has settled. Returns (process, log path, metrics port, what the slices did)."""
         self._clean_slices()
         work = tempfile.mkdtemp(prefix=f"bench-{variant.name}-", dir=self.cluster.dir)
         log_path = os.path.join(work, "plugin.log")
-        env = {**{k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "NODE_NAME", "NVML")},
-               "PYTHONPATH": os.path.abspath(variant.tree), **dict(variant.env)}
-        argv = [sys.executable, "-m", "dra_driver", "kubelet-plugin", "--node-name", self.node,
-                "--nvml", f"sim:{PROFILE}@{self.node}", "--kubeconfig", self.cluster.kubeconfig,
-                "--registrar-dir", os.path.join(self.cluster.kubelet_root, "plugins_registry"),
-                "--plugin-dir", os.path.join(work, "plugin"), "--cdi-root", self.cluster.cdi_dir,
-                "--pod-resources-socket", os.path.join(self.cluster.kubelet_root, "pod-resources", "kubelet.sock"),
-                "--metrics-port", str(port := _free_port())]
-        selector = f"spec.nodeName={self.node}"
-        since = self.resource.list_resource_slice(field_selector=selector).metadata.resource_version
+        argv, env = variant.command(self.cluster, work, port := _free_port())
+        since = self.resource.list_resource_slice(field_selector=f"spec.nodeName={self.node}").metadata.resource_version
         with open(log_path, "wb") as log:
             started = time.monotonic()
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=variant.tree,
                                     start_new_session=True)
         try:
-            self._watch_until("first ResourceSlice with devices", self.resource.list_resource_slice, (), selector,
-                              since, lambda kind, s: kind != "DELETED" and s.spec.driver == DRIVER and s.spec.devices)
+            timeline = self._follow_pool(variant.driver, since, started)
         except BaseException:
             _stop(proc)
             raise
-        return proc, log_path, port, time.monotonic() - started
+        return proc, log_path, port, timeline
+
+    def _follow_pool(self, driver: str, since: str, started: float, timeout: float = 60.0) -> PublishTimeline:
+        """Watch the node's slices of ``driver`` from ``since`` until SETTLE_S seconds after its first
+        slice with devices (server-side watch windows: no poll while the plugin starts)."""
+        import kubernetes
+
+        timeline = PublishTimeline()
+        deadline = started + timeout
+        while time.monotonic() < deadline:
+            window = SETTLE_S if timeline.first_s is not None else max(1, int(deadline - time.monotonic()))
+            seen = False
+            for event in kubernetes.watch.Watch().stream(
+                    self.resource.list_resource_slice, field_selector=f"spec.nodeName={self.node}",
+                    resource_version=since, timeout_seconds=window):
+                obj = event["object"]
+                since = obj.metadata.resource_version
+                if obj.spec.driver == driver:
+                    seen = True
+                    timeline.observe(event["type"], obj, time.monotonic() - started)
+                    if timeline.first_s is not None and window != SETTLE_S:
+                        break  # the first slice: from here, settle windows
+            if timeline.first_s is not None and not seen and window == SETTLE_S:
+                return timeline
+        if timeline.first_s is None:
+            raise TimeoutError(f"first ResourceSlice of {driver} with devices within {timeout} s")
+        return timeline
 
     def _watch_until(self, what: str, list_call: Any, args: tuple[Any, ...], field_selector: str, since: str,
                      done: Any, timeout: float = 60.0) -> Any:
@@ -230,82 +233,112 @@ class KubeletBench:
                 return event["object"]
         raise TimeoutError(f"{what} within {timeout} s")
 
-    def first_slices(self, variants: list[Variant], starts: int) -> dict[str, list[float]]:
-        """Seconds from exec to the first ResourceSlice with devices, ``starts`` times per variant,
-        the variants taking turns (so a cluster that slows down over the run weighs on all alike),
-        after one start per variant that is not counted (a checkout's first start compiles its modules)."""
-        seconds: dict[str, list[float]] = {v.name: [] for v in variants}
+    def starts(self, variants: list[Variant], starts: int) -> dict[str, list[PublishTimeline]]:
+        """What the slices did after ``starts`` starts per plugin, the plugins taking turns (so a cluster
+        that slows down over the run weighs on all alike), after one start per plugin that is not
+        counted (a checkout's first start compiles its modules)."""
+        seen: dict[str, list[PublishTimeline]] = {v.name: [] for v in variants}
         for round_ in range(starts + 1):
             for variant in variants:
-                proc, _log, _port, took = self._launch(variant)
+                proc, _log, _port, timeline = self._launch(variant)
                 _stop(proc)
                 if round_:
-                    seconds[variant.name].append(took)
+                    seen[variant.name].append(timeline)
                 time.sleep(1.0)  # the kubelet notices the plugin gone before the next one starts
-        return seconds
+        return seen
 
-    def measure(self, variant: Variant, pods: int, idle_s: float, first_slices: list[float]) -> list[BenchResult]:
-        """Run one variant's plugin and take every figure (``first_slices``: from :meth:`first_slices`)."""
-        proc, log_path, port, _took = self._launch(variant)
-        self.metrics_port = port
+    def measure(self, variant: Variant, pods: int, idle_s: float) -> Samples:
+        """Run one plugin once: ``pods`` pods one after the other, its memory, its idle CPU."""
+        proc, _log_path, port, _timeline = self._launch(variant)
+        samples = Samples()
         try:
-            self._wait("kubelet registration", lambda: b"plugin_registered" in Path(log_path).read_bytes())
-            # /metrics starts last in the plugin's start-up, a moment after the registration.
-            self._wait("the plugin's /metrics", lambda: _answers(port), interval=0.05)
-            inside0 = [_plugin_seconds(port, f"gpuready_{m}_duration_seconds") for m in ("prepare", "unprepare")]
-            prepare, unprepare, start = self._pods(variant.name, pods)
-            inside1 = [_plugin_seconds(port, f"gpuready_{m}_duration_seconds") for m in ("prepare", "unprepare")]
-            rss = _rss_mib(proc.pid)
+            self._wait("kubelet registration", lambda: self._registered(variant.driver), interval=0.2)
+            inside0: list[tuple[float, float]] = []
+            if not variant.peer:
+                # /metrics starts last in the plugin's start-up, a moment after the registration.
+                self._wait("the plugin's /metrics", lambda: _answers(port), interval=0.05)
+                inside0 = [_plugin_seconds(port, f"gpuready_{m}_duration_seconds") for m in ("prepare", "unprepare")]
+            self._pods(variant, pods, samples)
+            if inside0:
+                inside1 = [_plugin_seconds(port, f"gpuready_{m}_duration_seconds") for m in ("prepare", "unprepare")]
+                samples.inside_prepare.append((inside1[0][1] - inside0[0][1]) / max(1.0, inside1[0][0] - inside0[0][0]) * 1e3)
+                samples.inside_unprepare.append((inside1[1][1] - inside0[1][1]) / max(1.0, inside1[1][0] - inside0[1][0]) * 1e3)
+            samples.rss.append(_rss_mib(proc.pid))
             time.sleep(5)  # let the last unprepare's work settle
             cpu0 = _cpu_seconds(proc.pid)
             time.sleep(idle_s)
-            idle = (_cpu_seconds(proc.pid) - cpu0) * 60.0 / idle_s
+            samples.idle.append((_cpu_seconds(proc.pid) - cpu0) * 60.0 / idle_s)
         finally:
             _stop(proc)
-        label = f"[{variant.name}] "
-        inside = [(b[1] - a[1]) / max(1.0, b[0] - a[0]) * 1000.0 for a, b in zip(inside0, inside1, strict=True)]
-        return [
-            summarize(f"{label}NodePrepareResources at the kubelet, one whole-GPU claim per pod", prepare,
-                      target="median < 5 ms, p95 < 10 ms", median_max=5.0, p95_max=10.0, peers=PEERS["prepare"]),
-            summarize(f"{label}NodeUnprepareResources at the kubelet", unprepare, target="median < 3 ms",
-                      median_max=3.0, peers=PEERS["unprepare"]),
-            summarize(f"{label}pod create -> Running (scheduling, binding, prepare, container start)", start, "s"),
-            summarize(f"{label}of NodePrepareResources, inside the plugin's handler (mean)", [inside[0]]),
-            summarize(f"{label}of NodeUnprepareResources, inside the plugin's handler (mean)", [inside[1]]),
-            summarize(f"{label}plugin start to first ResourceSlice with devices (health on)", first_slices, "s",
-                      target="< 0.3 s", median_max=0.3, peers=PEERS["first_slice"]),
-            summarize(f"{label}plugin resident memory after {pods} pods", [rss], "MiB", target="< 55 MiB",
-                      median_max=55.0, peers=PEERS["rss"]),
-            summarize(f"{label}plugin CPU while idle, health monitoring on, per 60 s", [idle], "s",
-                      target="< 0.1 s", median_max=0.1, peers=PEERS["idle"]),
-        ]
+        return samples
 
-    def _pods(self, prefix: str, count: int) -> tuple[list[float], list[float], list[float]]:
-        """(prepare ms, unprepare ms, pod create -> Running s) for ``count`` pods, one after the other."""
-        prepare: list[float] = []
-        unprepare: list[float] = []
-        start: list[float] = []
-        for i in range(count):
-            name = f"bench-{prefix}-{i}".lower().replace("_", "-")
+    def _pods(self, variant: Variant, count: int, samples: Samples) -> None:
+        """Prepare ms, unprepare ms and pod create -> Running s of ``count`` pods, one after the other."""
+        for _ in range(count):
+            self.pod_serial = getattr(self, "pod_serial", 0) + 1
+            name = f"bench-{variant.name}-{self.pod_serial}".lower().replace("_", "-")
             selector = f"metadata.name={name}"
             since = self.core.list_namespaced_pod("default", field_selector=selector).metadata.resource_version
-            before = self._operations()
+            before = self._operations(variant.driver)
             t0 = time.monotonic()
-            self.core.create_namespaced_pod("default", _pod(name))
+            self.core.create_namespaced_pod("default", bench_pod(name, variant))
             running = self._watch_until(f"pod {name} Running", self.core.list_namespaced_pod, ("default",), selector,
                                         since, lambda kind, p: kind != "DELETED" and p.status.phase == "Running")
-            start.append(time.monotonic() - t0)
-            after = self._operations()  # the kubelet prepared before it started the containers
-            prepare.append(_one_call(after, before, "NodePrepareResources"))
+            samples.start.append(time.monotonic() - t0)
+            after = self._operations(variant.driver)  # the kubelet prepared before it started the containers
+            samples.prepare.append(_one_call(after, before, "NodePrepareResources"))
             self.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
             # The kubelet unprepares a pod's claims before the pod object goes: wait for that, then read
             # the kubelet's metrics (a large page, parsed here) rather than polling them throughout.
             self._watch_until(f"pod {name} gone", self.core.list_namespaced_pod, ("default",), selector,
                               running.metadata.resource_version, lambda kind, _p: kind == "DELETED")
-            unprepare.append(self._wait("NodeUnprepareResources",
-                                        lambda a=after: _calls(self._operations(), a, "NodeUnprepareResources"),
-                                        interval=0.1))
-        return prepare, unprepare, start
+            samples.unprepare.append(self._wait(
+                "NodeUnprepareResources",
+                lambda a=after: _calls(self._operations(variant.driver), a, "NodeUnprepareResources"), interval=0.1))
+
+
+class PublishTimeline:
+    """What one plugin's slices did after its start: first slice with devices, all devices, pool writes."""
+
+    def __init__(self) -> None:
+        self.first_s: float | None = None
+        self.all_s: float | None = None
+        self.writes = 0  # pool generations written until every device was published
+        self._devices: dict[str, int] = {}  # slice name -> devices in it now
+        self._generations: set[int] = set()
+        self._most = -1
+
+    def observe(self, kind: str, obj: Any, at: float) -> None:
+        """One watch event of this plugin's slices, ``at`` seconds after its start."""
+        name = obj.metadata.name
+        if kind == "DELETED":
+            self._devices.pop(name, None)
+            return
+        self._devices[name] = len(obj.spec.devices or [])
+        self._generations.add(int(obj.spec.pool.generation))
+        total = sum(self._devices.values())
+        if total and self.first_s is None:
+            self.first_s = at
+        if total > self._most:  # a pool only grows while its devices pass validation
+            self._most, self.all_s, self.writes = total, at, len(self._generations)
+
+
+class Samples:
+    """One plugin's samples, pooled over the rounds."""
+
+    def __init__(self) -> None:
+        self.prepare: list[float] = []
+        self.unprepare: list[float] = []
+        self.start: list[float] = []
+        self.inside_prepare: list[float] = []
+        self.inside_unprepare: list[float] = []
+        self.rss: list[float] = []
+        self.idle: list[float] = []
+
+    def extend(self, other: Samples) -> None:
+        """Add another round's samples."""
+        for key, values in vars(other).items():
+            getattr(self, key).extend(values)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -331,37 +364,119 @@ def _calls(now: dict[str, Any], before: dict[str, Any], method: str) -> float | 
         return None
 
 
-def run(quick: bool = False, variants: list[Variant] | None = None, pods: int | None = None,
-        idle_s: float | None = None, starts: int | None = None) -> list[BenchResult]:
-    """Start a real cluster, measure each variant's plugin on it (default: this checkout)."""
-    from testbed.realcluster import Cluster, binaries
+# key -> (what was measured, unit, absolute target (text, median max, p95 max), target against the peer
+# (text, median ratio max, p95 ratio max)): the issue's targets (issues 14 and 27).
+FIGURES: dict[str, tuple[str, str, tuple[str, float | None, float | None], tuple[str, float | None, float | None]]] = {
+    "prepare": ("NodePrepareResources at the kubelet, one whole-GPU claim per pod", "ms",
+                ("median < 5 ms, p95 < 10 ms", 5.0, 10.0), ("median <= 0.8x, p95 <= 1x the peer's", 0.8, 1.0)),
+    "unprepare": ("NodeUnprepareResources at the kubelet", "ms", ("median < 3 ms", 3.0, None),
+                  ("median <= 1x the peer's", 1.0, None)),
+    "start": ("pod create -> Running (scheduling, binding, prepare, container start)", "s", ("", None, None),
+              ("median <= 1x the peer's", 1.0, None)),
+    "inside_prepare": ("of NodePrepareResources, inside the plugin's handler (mean per round)", "ms", ("", None, None),
+                       ("", None, None)),
+    "inside_unprepare": ("of NodeUnprepareResources, inside the plugin's handler (mean per round)", "ms",
+                         ("", None, None), ("", None, None)),
+    "first_slice": ("plugin start to first ResourceSlice with devices", "s", ("< 0.3 s", 0.3, None), ("", None, None)),
+    "all_published": ("plugin start to every device published", "s", ("", None, None),
+                      ("median <= 0.5x the peer's", 0.5, None)),
+    "writes": ("writes of the pool (generations) until every device was published", "writes", ("<= 2", 2.0, None),
+               ("", None, None)),
+    "rss": ("plugin resident memory after the pods", "MiB", ("<= 48 MiB", 48.0, None), ("", None, None)),
+    "idle": ("plugin CPU while idle, per 60 s", "s", ("<= 0.05 s", 0.05, None), ("", None, None)),
+}
 
-    variants = variants or [Variant("now", str(ROOT))]
+
+def _series(samples: Samples, timelines: list[PublishTimeline]) -> dict[str, list[float]]:
+    return {"prepare": samples.prepare, "unprepare": samples.unprepare, "start": samples.start,
+            "inside_prepare": samples.inside_prepare, "inside_unprepare": samples.inside_unprepare,
+            "first_slice": [t.first_s for t in timelines if t.first_s is not None],
+            "all_published": [t.all_s for t in timelines if t.all_s is not None],
+            "writes": [float(t.writes) for t in timelines], "rss": samples.rss, "idle": samples.idle}
+
+
+def figures(variants: list[Variant], series: dict[str, dict[str, list[float]]]) -> list[BenchResult]:
+    """One result per figure and plugin; with a peer, gpuready's carry the ratio to it and its targets."""
+    import statistics
+
+    from benchmarks.common import percentile
+
+    peer = next((v for v in variants if v.peer), None)
     results: list[BenchResult] = []
-    with Cluster(binaries.find()) as cluster:
-        bench = KubeletBench(cluster)
-        try:
-            first = bench.first_slices(variants, starts or (1 if quick else 5))
-            for variant in variants:
-                results += bench.measure(variant, pods or (5 if quick else 20), idle_s or (10.0 if quick else 60.0),
-                                         first[variant.name])
-        finally:
-            bench.close()
+    for variant in variants:
+        for key, (what, unit, absolute, relative) in FIGURES.items():
+            values = series[variant.name][key]
+            if not values:
+                continue
+            text, median_max, p95_max = absolute
+            peers = ""
+            theirs = series[peer.name][key] if peer is not None and not variant.peer else []
+            if theirs:
+                peers = (f"{peer.name}: {statistics.median(theirs):.3g} / {percentile(theirs, 95):.3g}; "  # type: ignore[union-attr]
+                         f"gpuready/{peer.name} {_ratio(statistics.median(values), statistics.median(theirs))} "  # type: ignore[union-attr]
+                         f"(p95 {_ratio(percentile(values, 95), percentile(theirs, 95))})")
+                if relative[0]:
+                    text = relative[0] + (f"; {absolute[0]}" if absolute[0] and key in ("writes", "rss", "idle") else "")
+                    median_max = relative[1] * statistics.median(theirs) if relative[1] else None
+                    p95_max = relative[2] * percentile(theirs, 95) if relative[2] else None
+            result = summarize(f"[{variant.name}] {what}", values, unit, target="" if variant.peer else text,
+                               median_max=None if variant.peer else median_max,
+                               p95_max=None if variant.peer else p95_max, peers=peers)
+            # "at most": a figure equal to its bound meets it (summarize's bounds are strict).
+            if result.met is False and (median_max is None or result.median <= median_max) and (
+                    p95_max is None or (result.p95 or 0) <= p95_max):
+                result = replace(result, met=True)
+            results.append(result)
     return results
 
 
+def _ratio(mine: float, theirs: float) -> str:
+    return f"{mine / theirs:.2f}" if theirs else "n/a (peer 0)"
+
+
+def run(quick: bool = False, variants: list[Variant] | None = None, pods: int | None = None,
+        idle_s: float | None = None, starts: int | None = None, runs: int | None = None) -> list[BenchResult]:
+    """Start a real cluster, measure each plugin on it (default: this checkout, plus the peers named in
+    ``GPUREADY_BENCH_PEERS``), ``runs`` rounds with the plugins taking turns."""
+    from testbed.realcluster import Cluster, binaries
+
+    variants = variants or [Variant("gpuready", str(ROOT)), *peers_from_env()]
+    pooled = {v.name: Samples() for v in variants}
+    with Cluster(binaries.find()) as cluster:
+        bench = KubeletBench(cluster, variants)
+        try:
+            timelines = bench.starts(variants, starts or (1 if quick else 5))
+            for _round in range(runs or (1 if quick else 3)):
+                for variant in variants:
+                    got = bench.measure(variant, pods or (5 if quick else 20), idle_s or (10.0 if quick else 60.0))
+                    # Each round's samples as they come: a cluster lost late in the run keeps the rest.
+                    print(json.dumps({"round": _round, "plugin": variant.name, "samples": vars(got)}), file=sys.stderr,
+                          flush=True)
+                    pooled[variant.name].extend(got)
+        finally:
+            bench.close()
+    series = {v.name: _series(pooled[v.name], timelines[v.name]) for v in variants}
+    print(json.dumps({"raw_samples": series}), file=sys.stderr)  # kept even if a figure cannot be computed
+    return figures(variants, series)
+
+
 def main() -> None:
-    """``--variant name=tree`` (repeatable), ``--pods``, ``--idle``; JSON lines on stdout."""
+    """``--variant name=tree`` and ``--peer kind=PATH`` (repeatable), ``--pods``, ``--runs``, ``--idle``;
+    JSON lines on stdout."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_kubelet")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=TREE")
+    parser.add_argument("--peer", action="append", default=[], metavar="KIND=PATH",
+                        help="a peer's kubelet plugin binary, run beside gpuready (kind: example)")
     parser.add_argument("--pods", type=int, default=20)
+    parser.add_argument("--runs", type=int, default=3, help="rounds of --pods pods, the plugins taking turns")
     parser.add_argument("--idle", type=float, default=60.0, metavar="SECONDS")
     parser.add_argument("--starts", type=int, default=5,
-                        help="plugin starts per variant for the first-slice figure (median over them)")
+                        help="plugin starts per plugin for the publish figures (median over them)")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
-    variants = [Variant.parse(v) for v in args.variant] or None
-    report(run(args.quick, variants, args.pods, args.idle, args.starts))
+    variants = [Variant.parse(v) for v in args.variant] or [Variant("gpuready", str(ROOT))]
+    variants += [Variant.parse_peer(p) for p in args.peer] or peers_from_env()
+    report(run(args.quick, variants, args.pods, args.idle, args.starts, args.runs))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,8 @@ REAL_KUBELET_AREAS = ("kubelet",)
 # Areas with a report of their own, run only when named in ``--only``: a fleet of fake nodes on a real
 # control plane takes minutes per fleet size, and its figures need their own tables and reading.
 SEPARATE_REPORTS = {"fleet": "docs/scale.md"}
+# Plugins in bench_kubelet's figures that are peers, not gpuready (benchmarks/kubelet_variants.py).
+PEER_NAMES = ("example", "nvidia")
 
 
 def discover() -> list[str]:
@@ -85,21 +87,41 @@ def _table(results: dict[str, list[dict[str, object]]]) -> list[str]:
     return out
 
 
+def _ratio(mine: dict[str, object], theirs: dict[str, object]) -> str:
+    """``mine / theirs`` of the medians (and of the p95s where both have several samples)."""
+    def div(a: object, b: object) -> str:
+        return f"{float(a) / float(b):.2f}" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else ""
+
+    cell = div(mine["median"], theirs["median"])
+    if cell and mine.get("n", 1) != 1 and theirs.get("n", 1) != 1 and (p95 := div(mine.get("p95"), theirs.get("p95"))):
+        cell += f" / {p95}"
+    return cell
+
+
 def _variant_table(rows: list[dict[str, object]]) -> list[str]:
-    """Figures of one side-by-side run: one row per figure, one column per variant (median)."""
+    """Figures of one side-by-side run: one row per figure, one column per plugin (median / p95) and,
+    when peers ran in it, one column per gpuready variant and peer: the ratio from this one run."""
     variants: list[str] = []
-    figures: dict[str, dict[str, str]] = {}
+    figures: dict[str, dict[str, dict[str, object]]] = {}
     for r in rows:
         name = str(r["name"])
         variant, _, figure = name.partition("] ")
         variant = variant.lstrip("[")
         if variant not in variants:
             variants.append(variant)
-        cell = _fmt(r["median"]) + (f" / {_fmt(r.get('p95'))}" if r.get("n", 1) != 1 and r.get("p95") else "")
-        figures.setdefault(f"{figure} ({r['unit']})", {})[variant] = cell
-    out = ["| figure (median / p95) | " + " | ".join(variants) + " |", "|---" * (len(variants) + 1) + "|"]
+        figures.setdefault(f"{figure} ({r['unit']})", {})[variant] = r
+    peers = [v for v in variants if v in PEER_NAMES]
+    ratios = [(mine, peer) for mine in variants if mine not in PEER_NAMES for peer in peers]
+    head = [*variants, *(f"{mine}/{peer}" for mine, peer in ratios)]
+    out = [f"| figure (median / p95) | {' | '.join(head)} |", "|---" * (len(head) + 1) + "|"]
     for figure, cells in figures.items():
-        out.append(f"| {figure} | " + " | ".join(cells.get(v, "") for v in variants) + " |")
+        values = []
+        for v in variants:
+            got = cells.get(v)
+            values.append("" if got is None else _fmt(got["median"]) + (
+                f" / {_fmt(got.get('p95'))}" if got.get("n", 1) != 1 and got.get("p95") else ""))
+        values += [_ratio(cells[m], cells[p]) if m in cells and p in cells else "" for m, p in ratios]
+        out.append(f"| {figure} | " + " | ".join(values) + " |")
     return out
 
 
@@ -123,12 +145,18 @@ def render(results: dict[str, list[dict[str, object]]], errors: dict[str, str],
         "Real kube-apiserver, scheduler, controller-manager, containerd and kubelet v1.37.2 built from",
         "Kubernetes' own Go modules (`testbed/realcluster`), the plugin as its own process on a simulated",
         "8 x H100 node with health monitoring on. Prepare and unprepare are the kubelet's own",
-        "`dra_grpc_operations_duration_seconds`, one call per pod. The peers' figures were measured the",
-        "same way on the same kind of 2-core machine (kubelet 1.36.2, containerd 2.3.4). Where a prepare's",
-        "time goes, step by step: [prepare-profile.md](prepare-profile.md).",
+        "`dra_grpc_operations_duration_seconds`, one call per pod. The peers ran on the same cluster in",
+        "the same run (`--peer`, `GPUREADY_BENCH_PEERS`): Kubernetes' example driver with 8 mock GPUs, its",
+        "own DeviceClass, the same pod shape, the plugins taking turns; its ratios are this run's, and a",
+        "target against a peer is judged on them. Where a prepare's time goes, step by step:",
+        "[prepare-profile.md](prepare-profile.md).",
         "",
         *_table(real),
     ]
+    for area, rows in real.items():
+        if any(str(r["name"]).startswith(tuple(f"[{p}]" for p in PEER_NAMES)) for r in rows):
+            out += ["", f"Side by side ({area}, one run; the last columns are ratios gpuready/peer, median / p95):",
+                    "", *_variant_table(rows)]
     if variant_rows:
         out += ["", "### What each change bought (one cluster, the variants run one after another)", "",
                 "`python -m benchmarks.bench_kubelet --variant NAME=TREE[,ENV=VALUE] ...`: each column is the",

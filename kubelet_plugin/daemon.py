@@ -34,11 +34,13 @@ is validated by the health monitor and published once it passes, without a resta
 Start order (:meth:`KubeletPlugin.start`): check the node's directories -> discover devices ->
 start the health monitor (validation probes run from here on; its snapshots wait in the fan-out) ->
 ask the API server whether this node's pool is already published (a restart holds it until
-validated) -> start publishing slices and the GPUReady condition -> wait, at most a second, for the
-first ResourceSlice with devices (the scheduler needs it before any prepare can come, so it gets the
-CPU; the modules below are imported only after it) -> open the checkpoint (quarantine a corrupt
-one, with an Event) and recover it -> serve the DRA socket -> only then create the registration
-socket, so the kubelet never finds a plugin that cannot answer. :meth:`stop` removes this
+validated) -> start the slice publisher (gated) and the GPUReady condition -> open the checkpoint
+(quarantine a corrupt one, with an Event) and recover it -> serve the DRA socket -> only then create
+the registration socket, so the kubelet never finds a plugin that cannot answer -> the kubelet's
+registration opens the publisher's gate (slices go out only once a pod bound to them can be
+prepared: before, such a pod failed with "driver not registered" and backed off ~10 s) -> wait, at
+most a second, for the first ResourceSlice with devices (the metrics collectors and node watches
+load after it). :meth:`stop` removes this
 instance's sockets only (another instance may be running during a rolling update).
 
 Several plugins can run in one process (one per simulated node): nothing here is global.
@@ -138,8 +140,7 @@ class KubeletPlugin:
 
     @property
     def checkpoint(self) -> CheckpointStore:
-        """The checkpoint store, made on first use: its modules (codec, hashing, salvage) load after the
-        first ResourceSlice, which does not need them."""
+        """The checkpoint store, made on first use (start-up's preparer, or a test's earlier read)."""
         store = self._checkpoint
         if store is None:
             with self._checkpoint_lock:
@@ -187,14 +188,16 @@ class KubeletPlugin:
             self.pool.hold_until_validated = self.kubelet.pool_is_published()
         finally:
             self.fanout.open()
-        self.kubelet.start_publishing()
+        self.kubelet.start_publishing()  # gated: it writes once the kubelet has registered us
         self._start_reporting()
-        # The scheduler needs the slice before anything below matters (no prepare can come for a
-        # device it has not seen), so the first publish gets the CPU: the rest of start-up, and its
-        # imports (checkpoint, CDI, gRPC, metrics collectors), waits for it, at most a second.
-        self.kubelet.publisher.wait_first_pass(self.first_slice_wait_s)
+        # Registration comes before the first slice (a pod bound before it fails and backs off ~10 s),
+        # and the kubelet's plugin manager looks for new sockets once a second: serve and register as
+        # early as prepare can be answered, while the probes run.
         self._start_preparer()
         self.kubelet.serve(self.preparer_or_fail(), self.metrics)
+        # The first publish gets the CPU: the rest of start-up, and its imports (metrics collectors,
+        # node watches), waits for it, at most a second.
+        self.kubelet.publisher.wait_first_pass(self.first_slice_wait_s)
         self._start_node_watches()
         self._start_metrics()
         log.info("plugin_started", node=cfg.node_name, driver=cfg.driver_name, dra_socket=self.paths.dra,

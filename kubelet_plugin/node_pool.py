@@ -73,6 +73,14 @@ class NodePool:
         devices = self.devices
         assert devices is not None
         unhealthy = snapshot.unhealthy()
+        if not snapshot.validated and snapshot.prerequisite is None and not snapshot.healthy_names():
+            # A fresh node before its first probe passed: an empty pool tells the scheduler nothing
+            # (no pool is on the server, or the hold above applied), and writing it would be one more
+            # write of the pool per node start. Prepare still learns what is withheld.
+            with self._state_lock:
+                self._unhealthy = dict(unhealthy)
+                self.on_unhealthy(self._unhealthy)
+            return
         tracked = {d.gpu_uuid for d in snapshot.devices.values()}
         for gpu in devices.gpus:
             if gpu.uuid not in tracked:

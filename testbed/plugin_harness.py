@@ -113,15 +113,19 @@ class PluginHarness:
         ``previous``: a handle from before the plugin restarted; waits until the emulator has let it go
         (same socket names: the restarted plugin replaces the files) and returns the new registration.
         """
+        emu = self.kubelet_emulator(node)
+        if previous is not None:
+            emu.wait_for_deregistration(previous, timeout=timeout)
+        return emu.wait_for_plugin(self.driver_name, timeout=timeout)
+
+    def kubelet_emulator(self, node: str) -> Any:
+        """``node``'s emulated kubelet (started on first use)."""
         from testbed.kubelet_emulator import KubeletEmulator
 
         if node not in self.emulators:
             self.emulators[node] = KubeletEmulator(self.node_dirs(node).registry, retry_initial=0.2,
                                                    pod_resources_socket=self.pod_resources_socket(node)).start()
-        emu = self.emulators[node]
-        if previous is not None:
-            emu.wait_for_deregistration(previous, timeout=timeout)
-        return emu.wait_for_plugin(self.driver_name, timeout=timeout)
+        return self.emulators[node]
 
     def pod_resources_socket(self, node: str) -> str:
         """Where ``node``'s emulated kubelet serves the PodResources API (its plugin's default)."""
@@ -132,8 +136,9 @@ class PluginHarness:
         self.kubelet(node)  # the emulator, and its PodResources socket, exist from here on
         self.emulators[node].set_pod(namespace, name, containers)
 
-    def start_plugin(self, node: str, nvml: Any = "sim:8xh100", **overrides: Any) -> Any:
-        """Start an in-process plugin for ``node`` (``nvml``: a spec string or an NVML object)."""
+    def start_plugin(self, node: str, nvml: Any = "sim:8xh100", kubelet: bool = True, **overrides: Any) -> Any:
+        """Start an in-process plugin for ``node`` (``nvml``: a spec string or an NVML object); ``kubelet``:
+        start the node's emulated kubelet first (False: it comes later, through :meth:`kubelet`)."""
         from kubelet_plugin.daemon import KubeletPlugin
         from kubelet_plugin.nvml import open_nvml
 
@@ -142,6 +147,9 @@ class PluginHarness:
         real = getattr(handle, "__name__", "") == "pynvml"
         overrides.setdefault("nvml", "real" if real else nvml if isinstance(nvml, str) else "sim:8xh100")
         plugin = KubeletPlugin(self.config(node, **overrides), self.api_client, handle)
+        # As on a real node, a kubelet is there to register the plugin (its slices wait for that).
+        if kubelet:
+            self.kubelet_emulator(node)
         plugin.start()
         self.plugins[node] = plugin
         return plugin

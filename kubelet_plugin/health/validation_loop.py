@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,12 @@ from kubelet_plugin.health.validation import DEVICE_NODE_KEY, ValidationConfig, 
 log = get_logger(__name__)
 
 IDLE_WAIT_S = 30.0  # an all-healthy node's validation loop wakes at least this often (a safety net)
+# Probe results are applied in batches, so a node's GPUs are published in one write of the pool, not
+# one write per GPU (a thousand nodes restarting at once). After a batch's first result, the others
+# finishing within about as long again (at least BATCH_MIN_S, at most BATCH_MAX_S) join it; a slower
+# GPU (hung until the probe timeout) goes in a later batch and holds nobody back.
+BATCH_MIN_S = 0.25
+BATCH_MAX_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -122,15 +129,22 @@ class ValidationLoop:
         # Bounded: dozens of MIG devices starting CUDA at once would starve each other (and the
         # node) and turn slow starts into false timeouts.
         workers = min(len(due), max(4, os.cpu_count() or 1), 16)
+        started = time.monotonic()
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="health-probe") as pool:
             # Targets CUDA cannot reach (in use, covered, unreachable) are decided without the prober,
             # so its metrics count only probes that ran.
             futures = {pool.submit(run_target, self._nvml, gpu, t, self._prober, self._policy.probe_timeout_s): t
                        for gpu, t in due}
-            for future in as_completed(futures):
-                target = futures[future]
-                self._last_probe[(target.gpu_uuid, target.label)] = self._clock()
-                self._apply_probe(target, future.result())
+            pending: set[Future[ProbeResult]] = set(futures)
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                if pending:  # the others finishing about as fast join this batch
+                    window = min(BATCH_MAX_S, max(BATCH_MIN_S, time.monotonic() - started))
+                    more, pending = wait(pending, timeout=window)
+                    done |= more
+                for future in done:
+                    self._last_probe[(futures[future].gpu_uuid, futures[future].label)] = self._clock()
+                self._apply_probes([(futures[f], f.result()) for f in done])
         if any(t.mode is ProbeMode.TEMPORARY for _, t in due):
             self._resync_after_temporary()
 
@@ -175,15 +189,23 @@ class ValidationLoop:
         return BindCheck(True, "Validated", message)
 
     def _apply_probe(self, target: ProbeTarget, result: ProbeResult) -> None:
+        self._apply_probes([(target, result)])
+
+    def _apply_probes(self, results: list[tuple[ProbeTarget, ProbeResult]]) -> None:
+        """Apply the results of several targets as one health change (one snapshot, one pool write)."""
         now = self._clock()
-        failure = None if result.ok else Fault(result.code, f"CUDA {result.reason} on {target.label}")
-        # Not probed: publishes a validating device on NVML checks alone (as before), says so, and
-        # keeps any other device's last result. A static-MIG parent is covered by its MIG devices' probes.
-        why = result.reason if not result.probed and result.code != COVERED else ""
-        if why:
-            log.info("validation_not_probed", device=target.label, reason=why)
-        self._update(lambda: [(n, apply_validation(self._records[n], result.ok, now, self._policy, failure,
-                                                   not_probed=why))
+        verdicts: list[tuple[ProbeTarget, bool, Fault | None, str]] = []
+        for target, result in results:
+            failure = None if result.ok else Fault(result.code, f"CUDA {result.reason} on {target.label}")
+            # Not probed: publishes a validating device on NVML checks alone (as before), says so, and
+            # keeps any other device's last result. A static-MIG parent is covered by its MIG devices' probes.
+            why = result.reason if not result.probed and result.code != COVERED else ""
+            if why:
+                log.info("validation_not_probed", device=target.label, reason=why)
+            verdicts.append((target, result.ok, failure, why))
+        # Read the records under the monitor's lock (inside _update), not here.
+        self._update(lambda: [(n, apply_validation(self._records[n], ok, now, self._policy, failure, not_probed=why))
+                              for target, ok, failure, why in verdicts
                               for n in target.device_names if n in self._records])
 
     def _resync_after_temporary(self) -> None:

@@ -6,11 +6,13 @@ broadcaster, claim reads (and the opt-in read-ahead), the DRA socket's gRPC serv
 registration socket. The GPU driver behind it is a :class:`~kubelet_plugin.kubelet.driver.DraDriver`:
 it says what prepare and unprepare do for a claim and never sees gRPC, sockets or claim reads.
 
-Order, driven by :mod:`kubelet_plugin.daemon`: :meth:`start_publishing` (slices go out first: the
-scheduler needs them before any prepare can come), then :meth:`serve` with the driver (imports
-gRPC, serves the DRA socket, and only then creates the registration socket, so the kubelet never
-finds a plugin that cannot answer), and :meth:`stop`, which removes this instance's sockets only
-(another instance may be running during a rolling update).
+Order, driven by :mod:`kubelet_plugin.daemon`: :meth:`start_publishing` (the publisher's threads;
+it writes nothing until the kubelet has registered the plugin), then :meth:`serve` with the driver
+(imports gRPC, serves the DRA socket, and only then creates the registration socket, so the kubelet
+never finds a plugin that cannot answer; the kubelet's ``NotifyRegistrationStatus`` opens the
+publisher's gate, so no pod is bound to a device before the kubelet can prepare it), and
+:meth:`stop`, which removes this instance's sockets only (another instance may be running during a
+rolling update).
 """
 
 from __future__ import annotations
@@ -63,8 +65,10 @@ class KubeletHelper:
         self.paths = SocketPaths.for_instance(settings.registrar_dir, settings.plugin_data_dir,
                                               settings.driver_name, settings.pod_uid)
         self.broadcaster = HealthBroadcaster(interval=settings.health_interval)
+        # Gated until the kubelet has registered the plugin: a pod bound to a device the kubelet cannot
+        # prepare yet fails ("DRA driver ... is not registered") and backs off for about 10 s.
         self.publisher = SlicePublisher(api_client, settings.node_name, settings.driver_name,
-                                        on_pass=on_publish, on_fields_dropped=on_fields_dropped)
+                                        on_pass=on_publish, on_fields_dropped=on_fields_dropped, gated=True)
         self.claims: KubeClaims | None = None
         self.claim_prefetch: ClaimPrefetch | None = None
         self.registration: RegistrationServer | None = None
@@ -101,7 +105,8 @@ class KubeletHelper:
         log.info("dra_socket_serving", socket=self.paths.dra, node=cfg.node_name)
         self.registration = RegistrationServer(self._grpc_loop, self.paths.registration, cfg.driver_name,
                                                self.paths.dra, health=cfg.health_stream,
-                                               retry_initial=cfg.registration_retry, node=cfg.node_name)
+                                               retry_initial=cfg.registration_retry, node=cfg.node_name,
+                                               on_registered=self.publisher.allow)
         self.registration.start()
 
     def claim_reader(self) -> KubeClaims:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -36,7 +37,8 @@ class RegistrationServer(pluginregistration_pb2_grpc.RegistrationServicer):
     """Serves the registration socket; re-creates it after a rejection."""
 
     def __init__(self, loop: GrpcLoop, socket_path: str, driver_name: str, endpoint: str, health: bool = True,
-                 retry_initial: float = 1.0, retry_max: float = 30.0, node: str = "") -> None:
+                 retry_initial: float = 1.0, retry_max: float = 30.0, node: str = "",
+                 on_registered: Callable[[], None] = lambda: None) -> None:
         self.loop = loop
         self.socket_path = socket_path
         self.node = node or None  # in log lines (None: left out)
@@ -46,6 +48,7 @@ class RegistrationServer(pluginregistration_pb2_grpc.RegistrationServicer):
         self.retry_initial = retry_initial
         self.retry_max = retry_max
         self.registered = threading.Event()
+        self._on_registered = on_registered  # the slice publisher's gate: slices only once registered
         self.last_error = ""
         self.rejections = 0
         self._server: grpc.aio.Server | None = None
@@ -90,6 +93,7 @@ class RegistrationServer(pluginregistration_pb2_grpc.RegistrationServicer):
             self.last_error = ""
             self.registered.set()
             log.info("plugin_registered", driver=self.driver_name, endpoint=self.endpoint, node=self.node)
+            self._on_registered()
         else:
             self.registered.clear()
             self.last_error = request.error

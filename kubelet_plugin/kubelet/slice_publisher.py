@@ -87,13 +87,16 @@ class SlicePublisher:
     def __init__(self, api_client: Any, node_name: str, driver_name: str,
                  resync_seconds: float = 30.0,
                  on_pass: Callable[[float, bool], None] | None = None,
-                 on_fields_dropped: Callable[[list[str]], None] | None = None) -> None:
+                 on_fields_dropped: Callable[[list[str]], None] | None = None, gated: bool = False) -> None:
         """``on_pass(seconds, ok)`` is called after every reconcile pass (metrics); it must not raise.
 
         ``on_fields_dropped(gates)`` is called on the reconcile thread, after the pass that found
         them, with the feature gates newly found off (the server dropped their fields), so the
         owner can publish something the cluster understands (taint -> withdraw). It may call
         :meth:`set_desired`.
+
+        ``gated``: write nothing until :meth:`allow` (the plugin: until the kubelet has registered it,
+        so no pod is bound to a device the kubelet cannot prepare yet).
         """
         self._http = RawHttp(api_client)
         self.node_name = node_name
@@ -106,6 +109,9 @@ class SlicePublisher:
         self._wake = threading.Event()
         self._first_pass = threading.Event()  # set after the first pass that wrote a non-empty pool
         self._stop = threading.Event()
+        self._allowed = threading.Event()  # the gate before the first write (see ``gated``)
+        if not gated:
+            self._allowed.set()
         self._desired: list[SliceSpec] | None = None  # None: nothing asked yet, touch nothing
         self._desired_version = 0
         self._synced_version = -1
@@ -160,6 +166,10 @@ class SlicePublisher:
             self._desired_version += 1
         self._wake.set()
 
+    def allow(self) -> None:
+        """Open the gate: from now on the pool is written (a gated publisher wrote nothing before)."""
+        self._allowed.set()
+
     def wait_until_synced(self, timeout: float) -> bool:
         """Block until the server holds the latest ``set_desired()`` list; False on timeout."""
         deadline = time.monotonic() + timeout
@@ -203,6 +213,7 @@ class SlicePublisher:
         """Stop both threads. Published slices stay: a restart must not withdraw devices."""
         self._stop.set()
         self._wake.set()
+        self._allowed.set()  # a publisher still gated ends too
         self._watch.shutdown()
         for thread in self._threads:
             thread.join(timeout)
@@ -214,6 +225,10 @@ class SlicePublisher:
     # -- reconcile thread --------------------------------------------------------------------
 
     def _run(self) -> None:
+        if not self._allowed.is_set():
+            log.info("slices_wait_for_registration", node=self.node_name,
+                     detail="a pod bound before the kubelet registers the plugin would fail and back off")
+            self._allowed.wait()
         failures = 0
         while not self._stop.is_set():
             with self._lock:

@@ -52,3 +52,16 @@ def grpc_operations(metrics_text: str, driver: str = "gpu.nvidia.com", status: s
                 op = Operation(op.count, op.sum + sample.value)
             out[method] = op
     return out
+
+
+def registered_plugins(metrics_text: str) -> set[str]:
+    """Registration sockets the kubelet's plugin manager has registered (``plugin_manager_total_plugins``
+    in its actual state of world): a plugin is registered once its socket is listed here."""
+    sockets: set[str] = set()
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name != "plugin_manager_total_plugins":
+            continue
+        for sample in family.samples:
+            if sample.labels.get("state") == "actual_state_of_world" and sample.value > 0:
+                sockets.add(sample.labels.get("socket_path", ""))
+    return sockets

@@ -89,3 +89,13 @@ def test_scale_section_shows_the_last_run_per_fleet_size_with_the_shaping_ratio(
     assert "| (a) one-GPU claim each: pods bound per second | 30 |" in text[n100:n1000] and "99" not in text
     assert "what shaping costs the scheduler** (target < 1.5) | **1.20** |" in text[n100:n1000]
     assert "**3.00**" in text[n1000:] and "| controller resident memory: fleet / with 5,000 more claims (MiB) | 120 |" in text
+
+
+def test_peers_in_one_run_get_ratio_columns() -> None:
+    rows = [vars(summarize(f"[{v}] prepare at the kubelet", values))
+            for v, values in (("gpuready", [4.0, 5.0, 6.0]), ("example", [8.0, 10.0, 12.0]))]
+    text = run_all.render({"kubelet": rows}, {}, [])
+    header = next(x for x in text.splitlines() if x.startswith("| figure"))
+    assert [c.strip() for c in header.strip("|").split("|")][1:] == ["gpuready", "example", "gpuready/example"]
+    line = next(x for x in text.splitlines() if x.startswith("| prepare at the kubelet"))
+    assert [c.strip() for c in line.strip("|").split("|")][3] == "0.50 / 0.50"

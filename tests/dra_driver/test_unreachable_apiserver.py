@@ -18,6 +18,7 @@ import pytest
 
 from dra_driver.kube_api import ApiError, describe_error
 from testbed.apiserver import LocalApiServer
+from testbed.kubelet_emulator import KubeletEmulator
 
 
 def _closed_port() -> int:
@@ -44,11 +45,14 @@ def test_the_plugin_says_once_per_failure_what_failed_and_when_it_retries(tmp_pa
     args = [sys.executable, "-m", "dra_driver", "kubelet-plugin", "--node-name", "n1", "--nvml", "sim:h100-80gb@n1",
             "--kubeconfig", _kubeconfig(tmp_path, port), "--registrar-dir", str(root / "reg"),
             "--plugin-dir", str(root / "plugin"), "--cdi-root", str(root / "cdi")]
+    # A kubelet registers the plugin (its slices wait for that), so the publisher meets the dead server.
+    kubelet = KubeletEmulator(str(root / "reg"), retry_initial=0.2).start()
     try:
         out = subprocess.run(args, capture_output=True, text=True, timeout=8).stderr
     except subprocess.TimeoutExpired as exc:  # it keeps running and retrying: what it said so far
         out = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
     finally:
+        kubelet.stop()
         subprocess.run(["rm", "-rf", str(root)], check=False)
     lines = [line for line in out.splitlines() if line.strip()]
     assert lines and all(line.startswith("ts=") for line in lines), out[-2000:]  # one event per line

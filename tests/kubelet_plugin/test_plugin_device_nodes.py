@@ -64,6 +64,7 @@ def test_a_gpu_whose_device_node_is_missing_is_withdrawn_naming_the_path_and_ret
                                 health_mode="withdraw", dev_root=dev_root, hold_down=0.0, recovery_passes=1,
                                 boot_id="test-boot", registration_retry=0.2)
         plugin = KubeletPlugin(config, h.api_client, nvml)
+        h.kubelet_emulator(node)  # the kubelet registers the plugin: its slices wait for that
         plugin.start()
         h.plugins[node] = plugin
         assert plugin.health_monitor.wait_validated(60)

@@ -54,7 +54,7 @@ def _start(h: PluginHarness, node: str, nvml: Any = "sim:8xh100", **overrides: A
 def test_readyz_is_503_until_the_kubelet_accepts_the_registration_and_healthz_is_200_while_serving() -> None:
     with PluginHarness() as h:
         # No kubelet yet: the plugin serves its DRA socket but nobody has registered it.
-        plugin, port = _start(h, "n1", registration_retry=3.0)
+        plugin, port = _start(h, "n1", registration_retry=3.0, kubelet=False)
         assert _get(port, "/healthz") == (200, "ok\n")
         status, body = _get(port, "/readyz")
         assert status == 503 and "the kubelet has not accepted the registration" in body, body

@@ -57,6 +57,7 @@ def test_the_plugin_logs_a_typo_once_at_start_and_keeps_publishing(caplog: pytes
     with PluginHarness() as h:
         config = h.config("n1", nvml="sim:8xh100", shared_gpus=frozenset({"gpu0", "gpu-1"}))
         kubeconfig = h.server.write_kubeconfig(os.path.join(h.root, "kubeconfig"))
+        h.kubelet_emulator("n1")  # the kubelet registers the plugin: its slices wait for that
         plugin = command._start(config, kubeconfig, threading.Event(), delay=0.05)
         try:
             events = [r for r in caplog.records if r.getMessage() == "shared_gpus_unknown_names"]

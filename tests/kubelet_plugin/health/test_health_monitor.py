@@ -369,3 +369,22 @@ def test_unattributable_instance_falls_back_to_the_whole_gpu() -> None:
     assert topo.names_for_event(0xFFFFFFFF, 0xFFFFFFFF) == topo.device_names
     assert topo.names_for_event(99, 0) == topo.device_names  # an instance we do not know: be safe
     assert len(topo.device_names) == 8  # the parent and its seven 1g devices
+
+
+def test_first_validation_round_publishes_the_node_in_one_change(rig_factory: Callable[..., Rig]) -> None:
+    # One health change for the whole node, so the pool is written once, not once per GPU (issue 27:
+    # a thousand nodes restarting at once would write their pools up to 7 times each).
+    rig = rig_factory()
+    snap = rig.healthy_after_validation()
+    growing = [s for _, s in rig.rec.snaps if s.healthy_names()]
+    assert growing and growing[0].healthy_names() == snap.healthy_names(), (
+        f"first published change had {len(growing[0].healthy_names())} of {len(snap.healthy_names())} devices")
+
+
+def test_a_hung_gpu_holds_back_none_of_the_others(rig_factory: Callable[..., Rig]) -> None:
+    rig = rig_factory(before_start=lambda sim: sim.faults.probe(1, "hang"), probe_timeout_s=4.0)
+    started = time.monotonic()
+    at, snap = rig.rec.wait_for(lambda s: bool(s.healthy_names()), timeout=20)
+    assert at - started < 3.0, "the others waited for the hung probe's timeout"
+    assert all(not n.startswith("gpu-1") for n in snap.healthy_names())
+    assert len(snap.healthy_names()) == len([n for n in snap.devices if not n.startswith("gpu-1")])

@@ -39,3 +39,15 @@ def test_slices_follow_health_and_metrics_count_prepares() -> None:
         assert registry.get_sample_value("gpuready_prepare_errors_total", {**labels, "reason": "wrong_node"}) == 1
         assert registry.get_sample_value("gpuready_prepared_claims", labels) == 1
         assert registry.get_sample_value("gpuready_checkpoint_writes_total", {**labels, "result": "success"}) >= 2
+
+
+def test_a_fresh_node_is_published_in_one_write_of_the_pool() -> None:
+    # Issue 27: the pool was written up to 7 times while the GPUs finished validating (an empty pool
+    # first, then one write per GPU); a thousand nodes starting at once multiply that.
+    with PluginHarness() as h:
+        plugin = h.start_plugin("onewrite", "sim:8xh100", health_mode="withdraw")
+        assert plugin.health_monitor.wait_validated(60)
+        assert plugin.kubelet.publisher.wait_until_synced(20)
+        assert set(h.published_devices("onewrite")) == set(plugin.device_index)
+        stats = plugin.kubelet.publisher.stats()
+        assert stats.generation == 1, f"the pool was written {stats.generation} times"

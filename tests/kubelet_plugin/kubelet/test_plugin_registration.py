@@ -115,3 +115,19 @@ def test_socket_names_fit_unix_socket_limits() -> None:
         assert "--plugin-dir" in str(exc)
     else:
         raise AssertionError("an unbindable DRA socket path was accepted")
+
+
+def test_no_slice_is_published_before_the_kubelet_registers_the_plugin() -> None:
+    # Issue 27: the first slice went out before the kubelet's registration (0.1-1 s); a pod bound in
+    # that window failed with "DRA driver gpu.nvidia.com is not registered" and backed off ~10 s.
+    with PluginHarness() as h:
+        plugin = KubeletPlugin(h.config("late"), h.api_client, open_nvml("sim:8xh100@late"))
+        plugin.start()  # no kubelet on this node yet
+        try:
+            assert not plugin.kubelet.publisher.wait_until_synced(1.5)
+            assert h.published_devices("late") == {}
+            h.kubelet("late")  # the kubelet comes and registers the plugin
+            assert plugin.kubelet.publisher.wait_until_synced(20)
+            assert set(h.published_devices("late")) == set(plugin.device_index)
+        finally:
+            plugin.stop()
