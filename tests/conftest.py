@@ -28,8 +28,20 @@ def real_nvml_available() -> bool:
         return False
 
 
+def chaos_selected(markexpr: str) -> bool:
+    """Whether a ``-m`` expression asks for the chaos cases by name. They stop the kubelet, the API
+    server and etcd of the session's cluster and take minutes, so ``-m e2e`` (CI's warm run),
+    ``-m 'not e2e'`` (the unit run) and plain ``pytest`` leave them out; ``-m chaos`` runs them."""
+    return "chaos" in markexpr.replace("not chaos", "")
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads xdist_group into the node IDs
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not chaos_selected(config.option.markexpr or ""):
+        chaos = [item for item in items if item.get_closest_marker("chaos") is not None]
+        if chaos:
+            config.hook.pytest_deselected(items=chaos)
+            items[:] = [item for item in items if item.get_closest_marker("chaos") is None]
     skip_gpu = pytest.mark.skip(reason="needs a real NVIDIA GPU (NVML did not initialise)")
     for item in items:
         if ("gpu" in item.keywords or "gpu_e2e" in item.keywords) and not real_nvml_available():
