@@ -38,6 +38,7 @@ import glob
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -334,6 +335,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=25)
     parser.add_argument("--no-record", action="store_true", help="do not append to docs/chaos-results.jsonl")
     args = parser.parse_args()
+    # SIGTERM (``timeout``, a person's kill) must unwind through ``with Cluster``: its processes run
+    # in sessions of their own and would outlive this one, holding the node IP and bridges.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     figures = run(args.pods, args.duration, args.seed)
     print(json.dumps(figures, indent=1))
     if not args.no_record:
