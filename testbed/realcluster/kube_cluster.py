@@ -463,7 +463,7 @@ class Cluster:
         self._scheduler_port = free_port()
         kubeconfig = os.path.join(self.dir, "kube-scheduler.kubeconfig")
         config = component_config.scheduler(kubeconfig=kubeconfig, binding_timeout_s=self.config.binding_timeout_s,
-                                            client_qps=self.config.scheduler_qps)
+                                            client_qps=self.config.scheduler_qps, binary=self.bins.kube_scheduler)
         path = os.path.join(self.dir, "kube-scheduler-config.yaml")
         with open(path, "w") as f:
             yaml.safe_dump(config, f)

@@ -1,0 +1,90 @@
+"""Cluster components stopped and started again in place, as an operator's ``systemctl restart`` or
+a control-plane outage does: same binary, flags, ports and data directory, so what survives is what
+survives on a real node (running containers, the kubelet's checkpoints, etcd's data).
+
+The chaos suite (``tests/e2e/test_chaos_*.py``) uses it for the kubelet restarting under running
+pods and for kube-apiserver and etcd going away for half a minute.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+
+import yaml
+
+from testbed.realcluster.kube_cluster import Cluster
+from testbed.realcluster.procs import ComponentError
+
+RESTARTABLE = ("etcd", "kube-apiserver", "kubelet")
+# Started again in this order: each needs the one before it to answer.
+_START_ORDER = {name: i for i, name in enumerate(RESTARTABLE)}
+
+
+def health_url(cluster: Cluster, name: str) -> str:
+    """The component's health endpoint, read off how it was started: etcd's client URL, the kubelet's
+    healthz port in its configuration file, the API server's ``/readyz`` (HTTPS, admin)."""
+    if name == "kube-apiserver":
+        return f"{cluster.api_url}/readyz"
+    if name == "etcd":
+        [url] = [a.split("=", 1)[1] for a in cluster.components["etcd"].argv if a.startswith("--listen-client-urls=")]
+        return f"{url}/health"
+    with open(os.path.join(cluster.dir, "kubelet-config.yaml")) as f:
+        config = yaml.safe_load(f)
+    return f"http://{config.get('healthzBindAddress', '127.0.0.1')}:{config['healthzPort']}/healthz"
+
+
+def healthy(cluster: Cluster, name: str) -> bool:
+    """Whether the component answers its health endpoint now."""
+    url = health_url(cluster, name)
+    try:
+        if url.startswith("https:"):
+            cluster.https_get(url, timeout=2)
+            return True
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            body = resp.read()
+        return name != "etcd" or json.loads(body).get("health") == "true"
+    except Exception:
+        return False
+
+
+def stop(cluster: Cluster, name: str) -> None:
+    """SIGTERM the component (SIGKILL after 10 s). Its children outside its process group (the
+    kubelet's containers live under containerd's shims) keep running."""
+    if name not in RESTARTABLE:
+        raise ValueError(f"{name}: only {RESTARTABLE} restart in place")
+    cluster.components[name].stop()
+
+
+def start(cluster: Cluster, name: str, timeout: float = 90.0) -> float:
+    """Start the stopped component with its old command line; wait until it is healthy. Returns the
+    seconds it took."""
+    t0 = time.monotonic()
+    comp = cluster.components[name]
+    if comp.running():
+        raise ComponentError(name, "still running: stop it first")
+    comp.start()
+    comp.wait_ready(lambda: healthy(cluster, name), timeout, "healthy again")
+    return time.monotonic() - t0
+
+
+@contextlib.contextmanager
+def outage(cluster: Cluster, names: Sequence[str]) -> Iterator[dict[str, float]]:
+    """Stop ``names`` (API server before etcd, as their dependency wants), run the body, start them
+    again in dependency order and wait until each is healthy. The dict it yields gets ``down_s`` (from
+    the first stop to the last start) and ``<name>_start_s`` filled in on exit."""
+    order = sorted(names, key=lambda n: _START_ORDER[n])
+    figures: dict[str, float] = {}
+    t0 = time.monotonic()
+    for name in reversed(order):
+        stop(cluster, name)
+    try:
+        yield figures
+    finally:
+        figures["down_s"] = round(time.monotonic() - t0, 2)
+        for name in order:
+            figures[f"{name}_start_s"] = round(start(cluster, name), 2)
