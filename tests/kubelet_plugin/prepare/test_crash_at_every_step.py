@@ -30,6 +30,7 @@ from testbed.fake_mps_control import events, write_fake
 from testbed.node_leaks import holdings, leaks
 from testbed.nvml_sim.mig_persist import MIG_STATE_ENV
 from testbed.plugin_harness import PluginHarness, opaque
+from testbed.waiting import wait_for
 
 NODE = "crash-node"
 NVML = "sim:4xh200"
@@ -110,8 +111,10 @@ def test_kill_9_at_each_step_then_restart_converges_without_leaks(point: str, no
         proc = _spawn(h, point, marker)
         try:
             kubelet = h.kubelet(NODE, timeout=60)
-            device = next(n for n, d in h.published_devices(NODE, timeout=60).items()
-                          if d.get("attributes", {}).get("profile", {}).get("string") == "1g.18gb")
+            # MIG placements are validated after the whole GPUs and may come in a later write of the pool.
+            device = wait_for("a 1g.18gb placement published", lambda: next(
+                (n for n, d in h.published_devices(NODE, timeout=60).items()
+                 if d.get("attributes", {}).get("profile", {}).get("string") == "1g.18gb"), None), timeout=60)
             uid = h.create_claim("c1", [("gpu", NODE, device)], config=[MPS])
             ref = [("default", "c1", uid)]
             if step.call == "prepare":
