@@ -5,6 +5,7 @@ Never changes GPU settings (whole GPUs or existing MIG devices only)."""
 from __future__ import annotations
 
 import functools
+import re
 import tempfile
 from typing import Any
 
@@ -62,14 +63,16 @@ def test_real_gpu_shaped_allocated_and_prepared() -> None:
             assert "patch" not in warn and "100 TiB" in warn["warnings"][0]
             what = biggest.attr("profile") if biggest.attr("type") == "mig" else biggest.attr("productName")
             assert str(what) in warn["warnings"][0]
-            # 1 GiB fits every device: the list starts with the smallest real device.
+            # 1 GiB fits every device: the list's first tier holds the smallest real device.
             template = vram_template("1Gi")
             shaped = apply_patch(template, client.post("/mutate", admission_review(template))["response"])
             client.close()
             entries = shaped["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"]
             smallest = min(inv.devices.values(), key=lambda d: d.memory)
-            label = smallest.attr("profile") if smallest.attr("type") == "mig" else smallest.attr("productName")
-            assert f'"{label}"' in entries[0]["selectors"][0]["cel"]["expression"]
+            first = entries[0]["selectors"][0]["cel"]["expression"]
+            assert 'memory.compareTo(quantity("1Gi")) >= 0' in first
+            ceiling = re.search(r'quantity\("(\d+)"\)\) <= 0', first)  # none: one tier, any size
+            assert ceiling is None or int(ceiling.group(1)) >= smallest.memory, (first, smallest.memory)
             api.request("POST", f"{RESOURCE_V1}/namespaces/default/resourceclaimtemplates", body=shaped)
             api.request("POST", f"{CORE_V1}/namespaces/default/pods", body={
                 "metadata": {"name": "real-job", "namespace": "default"},
