@@ -6,7 +6,8 @@
 # node, such as the e2e suite's, runs the plugin from the test-only tag this makes instead
 # (gpuready:<version>-testbed): the production layers plus testbed/__init__.py and
 # testbed/nvml_sim/, which gpuready's installed entry point `sim = testbed.nvml_sim:backend` finds,
-# and testbed/crash_points.py, which the simulated NVML's fault channel arms for the e2e kill test.
+# testbed/crash_points.py, which the simulated NVML's fault channel arms for the e2e kill test, and
+# testbed/fake_driver_root.py, which its driver_reload fault uses to swap the driver's files.
 # Only those: they need nothing but the standard library and gpuready itself, while the
 # rest of the testbed (local API server, demo, real-cluster harness) has no place in a pod.
 set -eu
@@ -18,7 +19,7 @@ src=$1
 site=$(python3 -c 'import os, dra_driver; print(os.path.dirname(os.path.dirname(dra_driver.__file__)))')
 [ ! -e "$site/testbed" ] || { echo "add-testbed.sh: $site/testbed exists already" >&2; exit 1; }
 mkdir -p "$site/testbed"
-cp "$src/testbed/__init__.py" "$src/testbed/crash_points.py" "$site/testbed/"
+cp "$src/testbed/__init__.py" "$src/testbed/crash_points.py" "$src/testbed/fake_driver_root.py" "$site/testbed/"
 cp -R "$src/testbed/nvml_sim" "$site/testbed/"
 find "$site/testbed" -depth -type d -name __pycache__ -exec rm -rf {} +
 find "$site/testbed" -exec chmod u=rwX,go=rX {} +

@@ -4,7 +4,10 @@ from the same scripts and runs it)."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -116,3 +119,27 @@ def test_the_chart_default_image_is_the_one_the_docs_build() -> None:
     assert values["image"]["repository"]
     chart = yaml.safe_load((ROOT / "deploy" / "helm" / "gpuready" / "Chart.yaml").read_text())
     assert chart["appVersion"] == PYPROJECT["project"]["version"] == gpuready_image.gpuready_version()
+
+
+def test_the_testbed_tag_carries_every_module_the_simulated_nvml_imports(tmp_path: Path) -> None:
+    """add-testbed.sh copies a hand-picked part of testbed/ into the test-only image. Run its copy
+    lines into an empty site folder and open a simulated node from there alone: a module the
+    simulated NVML newly imports but the script leaves out fails here, not in the image build."""
+    script = (RECIPE / "add-testbed.sh").read_text()
+    copies = [line for line in script.splitlines() if line.startswith(("mkdir ", "cp "))]
+    assert copies, "add-testbed.sh no longer copies with plain cp lines; update this test"
+    site = tmp_path / "site"
+    site.mkdir()
+    subprocess.run(["sh", "-euc", "\n".join(copies)], check=True,
+                   env={**os.environ, "src": str(ROOT), "site": str(site)})
+    # The copied testbed comes first on the path and the editable install's finder (which maps
+    # `testbed.*` to this checkout) is dropped, so `testbed.*` resolves only inside the copy.
+    probe = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f)]; "
+             "sys.path[:0] = sys.argv[1:]; import testbed; "
+             "assert testbed.__file__.startswith(sys.argv[1]), testbed.__file__; "
+             "from testbed.nvml_sim import open_simulated; "
+             "sim = open_simulated('4xh200'); sim.nvmlInit(); print(sim.nvmlDeviceGetCount())")
+    out = subprocess.run([sys.executable, "-c", probe, str(site), str(ROOT)], capture_output=True, text=True,
+                         env={k: v for k, v in os.environ.items() if k != "GPUREADY_SIM_CONTROL_DIR"})
+    assert out.returncode == 0, f"the test-only image's testbed cannot open a simulated node:\n{out.stderr}"
+    assert out.stdout.split() == ["4"]
