@@ -122,16 +122,18 @@ def test_the_chart_default_image_is_the_one_the_docs_build() -> None:
 
 
 def test_the_testbed_tag_carries_every_module_the_simulated_nvml_imports(tmp_path: Path) -> None:
-    """add-testbed.sh copies a hand-picked part of testbed/ into the test-only image. Run its copy
-    lines into an empty site folder and open a simulated node from there alone: a module the
+    """The image build stages a hand-picked part of testbed/ and add-testbed.sh copies a hand-picked
+    part of that into the test-only image. Stage, run the script's copy lines into an empty site folder and open a simulated node from there alone: a module the
     simulated NVML newly imports but the script leaves out fails here, not in the image build."""
     script = (RECIPE / "add-testbed.sh").read_text()
     copies = [line for line in script.splitlines() if line.startswith(("mkdir ", "cp "))]
     assert copies, "add-testbed.sh no longer copies with plain cp lines; update this test"
-    site = tmp_path / "site"
+    # The source tree the image build hands the script holds only what the build stages.
+    src, site = tmp_path / "src", tmp_path / "site"
+    gpuready_image._stage(gpuready_image._TESTBED_SOURCES, str(src))
     site.mkdir()
     subprocess.run(["sh", "-euc", "\n".join(copies)], check=True,
-                   env={**os.environ, "src": str(ROOT), "site": str(site)})
+                   env={**os.environ, "src": str(src), "site": str(site)})
     # The copied testbed comes first on the path and the editable install's finder (which maps
     # `testbed.*` to this checkout) is dropped, so `testbed.*` resolves only inside the copy.
     probe = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f)]; "
