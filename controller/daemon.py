@@ -169,7 +169,9 @@ class Controller:
         self._loop: threading.Thread | None = None
         self.passes = 0
         for inf in self.cache.informers:
-            inf.add_handler(lambda _e, _k, _o: self._kick.set())
+            # A resync is no news: the loop's own resync_s wake-up already heals missed reactions,
+            # and one kick per informer resync would add up to seven passes per period.
+            inf.add_handler(lambda event, _k, _o: None if event == "RESYNC" else self._kick.set())
 
     # --- lifecycle -------------------------------------------------------------------------------
     def start(self) -> Controller:

@@ -304,9 +304,11 @@ class ClusterCache:
         self.builds = 0
         self._skipped: set[Skipped] = set()  # what the last build left out (logged when it changes)
         for inf in (self.slices, self.claims, self.classes, self.taint_rules):
-            inf.add_handler(lambda _e, _k, _o: self._changed())
+            inf.add_handler(self._changed)
 
-    def _changed(self) -> None:
+    def _changed(self, event: str, _key: str, _obj: dict[str, Any] | None) -> None:
+        if event == "RESYNC":  # the cache handed round again, unchanged: nothing to rebuild
+            return
         with self._inv_lock:
             self._changes += 1
         self._dirty.set()
