@@ -88,7 +88,7 @@ def _device_nodes() -> list[tuple[str, int, int]]:
 def _plugin(cluster: Cluster, node: str) -> tuple[Component, str, str]:
     """Start a node's plugin; (process, fault directory, data directory)."""
     real = node == cluster.node_name
-    root = cluster.kubelet_root if real else os.path.join(cluster.dir, "fake", node)
+    root = cluster.kubelet_root if real else cluster.fake_node_root(node)
     data_dir = os.path.join(root, "plugins", DRIVER)
     control = os.path.join(cluster.dir, "sim-control", node)
     argv = [sys.executable, "-m", "dra_driver", "kubelet-plugin", "--node-name", node,

@@ -35,6 +35,7 @@ from typing import Any
 
 import yaml
 
+from testbed.kubelet_emulator.emulator import KubeletEmulator
 from testbed.realcluster import cleanup, component_config, containerd_config, fake_nodes, hostnet, images
 from testbed.realcluster.binaries import Binaries
 from testbed.realcluster.feature_gates import Gates, driver_gates
@@ -114,6 +115,8 @@ class Cluster:
         # Host device nodes a test made for simulated GPUs (see cleanup.DeviceNodes); removed at stop.
         self.device_nodes = cleanup.DeviceNodes()
         self._machine_lock: int | None = None
+        # Fake nodes' plugin registration (see fake_node_root); stopped at stop.
+        self._fake_kubelets: dict[str, KubeletEmulator] = {}
 
     # --- public -----------------------------------------------------------------------------------
     @property
@@ -163,6 +166,19 @@ class Cluster:
         post("/v3/kv/compaction", {"revision": revision, "physical": True})
         return revision
 
+    def fake_node_root(self, node: str) -> str:
+        """The directory that stands in for fake node ``node``'s kubelet root (no kubelet runs there).
+
+        A real node's kubelet registers the plugin, and the plugin publishes its slices only after
+        that (so no pod is bound to a device the kubelet cannot prepare yet). For a fake node the
+        kubelet's plugin watcher is the testbed's :class:`KubeletEmulator` on ``<root>/plugins_registry``
+        (the registration handshake only), started on first use and stopped with the cluster."""
+        root = os.path.join(self.dir, "fake", node)
+        with self._lock:
+            if node not in self._fake_kubelets:
+                self._fake_kubelets[node] = KubeletEmulator(os.path.join(root, "plugins_registry")).start()
+        return root
+
     def log_path(self, component: str) -> str:
         """Where ``component``'s output goes."""
         return os.path.join(self.log_dir, f"{component}.log")
@@ -198,6 +214,8 @@ class Cluster:
         # Processes tests added (the DRA plugin...) go first, newest first, while the API still answers.
         for name in reversed([n for n in self.components if n not in _CORE]):
             self.components[name].stop()
+        for registrar in self._fake_kubelets.values():
+            registrar.stop()
         for name in ("kubelet", "kube-scheduler", "kube-controller-manager"):
             if name in self.components:
                 self.components[name].stop()

@@ -216,8 +216,9 @@ def start_plugin(cluster: Cluster, node: str = NODE, profile: str = PROFILE, *, 
     """Run ``python -m dra_driver kubelet-plugin`` for ``node`` as a real process; return it.
 
     For the kubelet's node its sockets go where that kubelet looks (``<root>/plugins_registry``,
-    ``<root>/plugins/<driver>``). For a fake node (no kubelet) they go to a directory of its own:
-    the plugin publishes that node's slices and waits for a registration that never comes.
+    ``<root>/plugins/<driver>``). For a fake node (no kubelet) they go to a directory of its own,
+    where the testbed's kubelet emulator registers the plugin (``Cluster.fake_node_root``), so it
+    publishes that node's slices as on a real node; nothing prepares there.
 
     ``name``: the component (and log file) name, for a second instance on one node (a rolling
     update). ``extra_args``: more plugin flags. ``control_dir``: the simulated NVML takes faults
@@ -226,7 +227,7 @@ def start_plugin(cluster: Cluster, node: str = NODE, profile: str = PROFILE, *, 
     ``driver_root``: the plugin's ``--driver-root`` (the session's fake driver install, whose files its
     CDI specs mount into containers); default: the plugin's own (``/``).
     """
-    root = cluster.kubelet_root if node == cluster.node_name else os.path.join(cluster.dir, "fake", node)
+    root = cluster.kubelet_root if node == cluster.node_name else cluster.fake_node_root(node)
     name = name or "gpuready-kubelet-plugin" + ("" if node == cluster.node_name else f"-{node}")
     argv = [sys.executable, *(launcher or ("-m", "dra_driver")), "kubelet-plugin", "--node-name", node,
             "--nvml", f"sim:{profile}@{node}", "--kubeconfig", cluster.kubeconfig,
