@@ -36,14 +36,21 @@ from typing import Any
 import yaml
 
 from testbed.kubelet_emulator.emulator import KubeletEmulator
-from testbed.realcluster import cleanup, component_config, containerd_config, fake_nodes, hostnet, images
+from testbed.realcluster import (
+    cleanup,
+    component_config,
+    containerd_config,
+    fake_nodes,
+    hostnet,
+    images,
+    node_readiness,
+)
 from testbed.realcluster.binaries import Binaries
 from testbed.realcluster.feature_gates import Gates, driver_gates
 from testbed.realcluster.pki import CertFiles, Pki
 from testbed.realcluster.procs import Component, ComponentError, free_port, run, tail
 
 _SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
-_NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 # One cluster per machine: the bridges, the node IP and /dev nodes are host-wide. A second run waits.
 MACHINE_LOCK = "/run/lock/gpuready-realcluster.lock"
 _CORE = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "containerd", "kubelet")
@@ -146,25 +153,6 @@ class Cluster:
         API server calls: register it with ``caBundle`` = the cluster CA (:attr:`ca_file`)."""
         assert self._pki is not None, "the cluster's certificates are made by start()"
         return self._pki.issue(name, name, server=True, dns=("localhost",), ips=hosts)
-
-    def compact_etcd(self) -> int:
-        """Compact etcd's history up to its current revision and return that revision, as
-        kube-apiserver's own compactor does every 5 minutes (``--etcd-compaction-interval``), now.
-
-        A watch the API server serves from etcd (the resources without a watch cache: Events) from
-        an older resourceVersion is then answered 200 + an ERROR event with a 410 Expired Status.
-        Watches served from a watch cache do not notice: the cache keeps its own window.
-        """
-        def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
-            req = urllib.request.Request(f"http://127.0.0.1:{self._etcd_port}{path}",
-                                         data=json.dumps(body).encode(), method="POST")
-            with urllib.request.urlopen(req, timeout=10) as resp:  # etcd's gRPC gateway, plain HTTP here
-                answer: dict[str, Any] = json.loads(resp.read())
-                return answer
-
-        revision = int(post("/v3/maintenance/status", {})["header"]["revision"])
-        post("/v3/kv/compaction", {"revision": revision, "physical": True})
-        return revision
 
     def fake_node_root(self, node: str) -> str:
         """The directory that stands in for fake node ``node``'s kubelet root (no kubelet runs there).
@@ -366,9 +354,9 @@ class Cluster:
                 core.create_namespaced_service_account("default", {"metadata": {"name": "default"}})
             if kubelet is not None:
                 if cm is None:  # the node lifecycle controller's job: lift the not-ready taint once Ready
-                    kubelet.wait_ready(lambda: self._lift_not_ready_taint(core), cfg.start_timeout,
+                    kubelet.wait_ready(lambda: node_readiness.lift_not_ready_taint(core, cfg.node_name), cfg.start_timeout,
                                        f"registered with Node {cfg.node_name} Ready", watch=self._running())
-                kubelet.wait_ready(lambda: self._node_ready(core), cfg.start_timeout,
+                kubelet.wait_ready(lambda: node_readiness.node_ready(core, cfg.node_name), cfg.start_timeout,
                                    f"registered with Node {cfg.node_name} Ready and untainted",
                                    watch=self._running())
                 self._phase("node-ready")
@@ -539,27 +527,6 @@ class Cluster:
             f"--root-dir={self.kubelet_root}", f"--node-ip={cfg.node_ip}", f"--hostname-override={cfg.node_name}",
             f"--v={cfg.kubelet_verbosity}",
         ], env=env)
-
-    def _lift_not_ready_taint(self, core: Any) -> bool:
-        try:
-            node = core.read_node(self.config.node_name)
-        except Exception:
-            return False
-        if not any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or [])):
-            return False
-        taints = [t for t in (node.spec.taints or []) if t.key != _NOT_READY_TAINT]
-        if len(taints) != len(node.spec.taints or []):
-            core.patch_node(self.config.node_name, {"spec": {"taints": [t.to_dict() for t in taints] or None}})
-        return True
-
-    def _node_ready(self, core: Any) -> bool:
-        try:
-            node = core.read_node(self.config.node_name)
-        except Exception:
-            return False
-        ready = any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
-        tainted = any(t.key == _NOT_READY_TAINT for t in (node.spec.taints or []))
-        return ready and not tainted
 
     # --- fake nodes -------------------------------------------------------------------------------
     def fake_nodes(self, names: list[str], labels: dict[str, str] | None = None) -> contextlib.AbstractContextManager[list[str]]:

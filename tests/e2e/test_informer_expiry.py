@@ -24,6 +24,7 @@ from e2e_support import E2E, wait_for
 from dra_driver.http_transport import StreamingResponse
 from dra_driver.informer import Backoff, Informer
 from dra_driver.kube_api import ApiError, JsonApi
+from testbed.realcluster import outages
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("realcluster")]  # one real cluster per run
 
@@ -96,7 +97,7 @@ def test_a_watch_the_real_server_expired_relists_and_goes_on(
         api.request("DELETE", f"{path}/before")
         event("meanwhile")
         event("meanwhile-2")
-        compacted_to = e2e.cluster.compact_etcd()
+        compacted_to = outages.compact_etcd(e2e.cluster)
         assert compacted_to > away_from + 1  # the history the watch would resume from is gone
         before_relist = len(changes())
         api.gate.set()
