@@ -3,7 +3,8 @@ a control-plane outage does: same binary, flags, ports and data directory, so wh
 survives on a real node (running containers, the kubelet's checkpoints, etcd's data).
 
 The chaos suite (``tests/e2e/test_chaos_*.py``) uses it for the kubelet restarting under running
-pods and for kube-apiserver and etcd going away for half a minute.
+pods, for kube-apiserver and etcd going away for half a minute, and for the node rebooting
+(:func:`rebooted`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
+import socket
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -18,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from testbed.realcluster import cleanup
 from testbed.realcluster.kube_cluster import Cluster
 from testbed.realcluster.procs import ComponentError
 
@@ -110,3 +114,53 @@ def outage(cluster: Cluster, names: Sequence[str]) -> Iterator[dict[str, float]]
         figures["down_s"] = round(time.monotonic() - t0, 2)
         for name in order:
             figures[f"{name}_start_s"] = round(start(cluster, name), 2)
+
+
+def containerd_ready(cluster: Cluster) -> bool:
+    """Whether containerd accepts connections on its socket (the file can outlive a killed one)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(cluster.containerd_socket)
+            return True
+        except OSError:
+            return False
+
+
+def run_dirs(cluster: Cluster) -> list[str]:
+    """What lives under ``/run`` on a real node and so is gone after a reboot: containerd's state
+    (tasks, sandboxes' shm) and runc's container state. containerd's root (images, the metadata of
+    containers) and the kubelet's root (its checkpoints, the plugin's checkpoint) are on disk and stay."""
+    return [os.path.join(os.path.dirname(cluster.containerd_socket), "state"), cluster.runc_root]
+
+
+@contextlib.contextmanager
+def rebooted(cluster: Cluster, wipe: Sequence[str] = (), timeout: float = 90.0) -> Iterator[dict[str, float]]:
+    """The node goes down hard and boots again: the kubelet stops, every container dies, containerd
+    stops, every mount under the cluster's directory goes (pods' volumes, rootfs overlays) and the
+    ``/run`` state (:func:`run_dirs`, plus ``wipe``: for example a CDI directory on tmpfs) is emptied.
+    The body runs while the node is down (the caller stops its node plugin there and starts it with a
+    new boot ID after). On exit containerd and then the kubelet start again with their old flags, as
+    the node's init system would; the kubelet then brings its pods back through its normal path
+    (new sandboxes, NodePrepareResources for every claim). The dict gets ``down_s``,
+    ``containerd_start_s`` and ``kubelet_start_s``."""
+    figures: dict[str, float] = {}
+    t0 = time.monotonic()
+    stop(cluster, "kubelet")
+    cleanup.kill_containers(cluster.bins.runc, cluster.runc_root)
+    cluster.components["containerd"].stop()
+    cleanup.kill_processes(cleanup.processes_mentioning(cluster.containerd_socket))  # the shims
+    stuck = cleanup.unmount_all(cluster.dir)
+    if stuck:
+        raise ComponentError("reboot", "mounts left under " + cluster.dir + ": " + "; ".join(stuck))
+    for path in [*run_dirs(cluster), *wipe]:
+        shutil.rmtree(path, ignore_errors=True)
+        os.makedirs(path, exist_ok=True)
+    try:
+        yield figures
+    finally:
+        figures["down_s"] = round(time.monotonic() - t0, 2)
+        t1 = time.monotonic()
+        containerd = cluster.components["containerd"].start()
+        containerd.wait_ready(lambda: containerd_ready(cluster), timeout, "serving its socket again")
+        figures["containerd_start_s"] = round(time.monotonic() - t1, 2)
+        figures["kubelet_start_s"] = round(start(cluster, "kubelet", timeout), 2)

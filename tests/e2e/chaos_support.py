@@ -5,7 +5,9 @@ slices as the API server has them, and the health the kubelet reports for a pod'
 
 from __future__ import annotations
 
+import glob
 import json
+import os
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -13,6 +15,8 @@ from typing import Any
 
 from e2e_chart import CONTROLLER_SELECTOR, PLUGIN_SELECTOR
 from e2e_support import DRIVER, E2E, wait_for
+
+from testbed.node_leaks import holdings, leaks
 
 
 @dataclass(frozen=True)
@@ -92,3 +96,16 @@ def health_of(e2e: E2E, namespace: str, pod: str) -> list[str]:
     return [r.get("health", "") for s in obj["status"].get("containerStatuses") or []
             for entry in s.get("allocatedResourcesStatus") or [] if entry.get("name", "").startswith("claim:")
             for r in entry.get("resources") or []]
+
+
+def checkpoint_file(e2e: E2E) -> str:
+    """The node plugin's checkpoint file under the kubelet's root."""
+    found = glob.glob(os.path.join(e2e.cluster.kubelet_root, "plugins", DRIVER, "**", "checkpoint.json"),
+                      recursive=True)
+    assert len(found) == 1, f"want the plugin's one checkpoint, found {found}"
+    return found[0]
+
+
+def node_leaks(e2e: E2E) -> list[str]:
+    """What the node holds that no prepared claim accounts for (:func:`testbed.node_leaks.leaks`)."""
+    return leaks(holdings(checkpoint_file(e2e), e2e.cdi_dir, DRIVER))

@@ -106,13 +106,14 @@ class E2E:
         old, self.plugin, self.control_dir = self.plugin, new, control_dir
         return old
 
-    def start_node_plugin(self, name: str, extra_args: Sequence[str] = (), launcher: Sequence[str] = ()) -> tuple[
-            Component, str]:
+    def start_node_plugin(self, name: str, extra_args: Sequence[str] = (), launcher: Sequence[str] = (),
+                          env: dict[str, str] | None = None) -> tuple[Component, str]:
         """Another plugin instance for the kubelet's node with the session's settings and a fault
-        directory of its own (two instances never read one): (the process, its fault directory)."""
+        directory of its own (two instances never read one): (the process, its fault directory).
+        ``env``: more environment variables (``GPUREADY_BOOT_ID`` after a simulated reboot)."""
         control_dir = os.path.join(self.cluster.dir, "sim-control", name)
         plugin = start_plugin(self.cluster, name=name, extra_args=(*SESSION_PLUGIN_ARGS, *extra_args),
-                              control_dir=control_dir, launcher=launcher, driver_root=self.driver_root)
+                              control_dir=control_dir, launcher=launcher, driver_root=self.driver_root, env=env)
         return plugin, control_dir
 
     def wait_plugin_registered(self, plugin: Component, timeout: float = 60.0) -> None:
@@ -212,7 +213,7 @@ def sim_device_nodes(profile: str) -> list[tuple[str, int, int]]:
 
 def start_plugin(cluster: Cluster, node: str = NODE, profile: str = PROFILE, *, name: str = "",
                  extra_args: Sequence[str] = (), control_dir: str = "", launcher: Sequence[str] = (),
-                 driver_root: str = "") -> Component:
+                 driver_root: str = "", env: dict[str, str] | None = None) -> Component:
     """Run ``python -m dra_driver kubelet-plugin`` for ``node`` as a real process; return it.
 
     For the kubelet's node its sockets go where that kubelet looks (``<root>/plugins_registry``,
@@ -225,7 +226,8 @@ def start_plugin(cluster: Cluster, node: str = NODE, profile: str = PROFILE, *, 
     from files there (``GPUREADY_SIM_CONTROL_DIR``, see testbed/nvml_sim/sim_control.py).
     ``launcher``: what runs instead of ``-m dra_driver`` (``-m testbed.crash_points ... --``).
     ``driver_root``: the plugin's ``--driver-root`` (the session's fake driver install, whose files its
-    CDI specs mount into containers); default: the plugin's own (``/``).
+    CDI specs mount into containers); default: the plugin's own (``/``). ``env``: more environment
+    variables for the process.
     """
     root = cluster.kubelet_root if node == cluster.node_name else cluster.fake_node_root(node)
     name = name or "gpuready-kubelet-plugin" + ("" if node == cluster.node_name else f"-{node}")
@@ -240,10 +242,11 @@ def start_plugin(cluster: Cluster, node: str = NODE, profile: str = PROFILE, *, 
             os.path.join(root, "pod-resources", "kubelet.sock") if node == cluster.node_name else "",
             *(("--driver-root", driver_root) if driver_root else ()),
             *extra_args]
-    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "NODE_NAME", "NVML", CONTROL_DIR_ENV)}
+    process_env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "NODE_NAME", "NVML", CONTROL_DIR_ENV)}
+    process_env.update(env or {})
     if control_dir:
-        env[CONTROL_DIR_ENV] = control_dir
-    plugin = Component(name, argv, cluster.log_path(name), env=env, cwd=REPO).start()
+        process_env[CONTROL_DIR_ENV] = control_dir
+    plugin = Component(name, argv, cluster.log_path(name), env=process_env, cwd=REPO).start()
     cluster.components[plugin.name] = plugin  # stopped with the cluster, its log in the failure report
     return plugin
 
@@ -257,12 +260,14 @@ def log_has(path: str, text: str) -> bool:
 KEEP_RUNNING = "trap 'exit 0' TERM; while true; do sleep 1; done"
 
 
-def one_gpu_pod_manifest(pod: str, template: str = "", report: str = "", spec_extra: str = "") -> str:
+def one_gpu_pod_manifest(pod: str, template: str = "", report: str = "", spec_extra: str = "",
+                         restart_policy: str = "Never") -> str:
     """A ResourceClaimTemplate asking for one ``gpu.nvidia.com`` device and a busybox pod using it.
 
     ``template`` defaults to the pod's name; ``report`` is shell run before the pod idles (its
     output is what the test reads from the log); ``spec_extra`` is YAML lines added to the pod's
-    spec (indented two spaces, e.g. scheduling gates). The pod exits at once on SIGTERM, so deletion
+    spec (indented two spaces, e.g. scheduling gates); ``restart_policy`` ``Always`` for a pod that
+    should come back after a node reboot, as a Deployment's do. The pod exits at once on SIGTERM, so deletion
     does not wait out the grace period.
     """
     template = template or pod
@@ -285,7 +290,7 @@ kind: Pod
 metadata:
   name: {pod}
 spec:{spec_extra}
-  restartPolicy: Never
+  restartPolicy: {restart_policy}
   terminationGracePeriodSeconds: 5
   containers:
   - name: main

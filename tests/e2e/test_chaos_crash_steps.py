@@ -14,7 +14,6 @@ one real-cluster kill (tests/e2e/test_plugin_restarts.py, after the CDI write).
 
 from __future__ import annotations
 
-import glob
 import os
 import signal
 import threading
@@ -22,27 +21,16 @@ import uuid
 from typing import Any
 
 import pytest
+from chaos_support import node_leaks
 from e2e_chart import NAMESPACE, host_pid_of
-from e2e_support import DRIVER, E2E, one_gpu_pod_manifest, wait_for
+from e2e_support import E2E, one_gpu_pod_manifest, wait_for
 
 from kubelet_plugin.prepare.steps import STEPS
-from testbed.node_leaks import holdings, leaks
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chaos, pytest.mark.xdist_group("realcluster")]
 
 PLAIN_POD_STEPS = ("record_intent", "write_cdi_spec", "record_completion", "remove_cdi_spec", "drop_record")
 POINTS = [f"{when}:{s.name}" for s in STEPS if s.name in PLAIN_POD_STEPS for when in ("before", "after")]
-
-
-def _checkpoint(e2e: E2E) -> str:
-    found = glob.glob(os.path.join(e2e.cluster.kubelet_root, "plugins", DRIVER, "**", "checkpoint.json"),
-                      recursive=True)
-    assert len(found) == 1, f"want the plugin's one checkpoint, found {found}"
-    return found[0]
-
-
-def _node_leaks(e2e: E2E) -> list[str]:
-    return leaks(holdings(_checkpoint(e2e), e2e.cdi_dir, DRIVER))
 
 
 def _restarts(pod: Any) -> int:
@@ -85,14 +73,14 @@ def test_kill_9_at_each_step_under_the_real_kubelet(e2e: E2E, namespace: str, po
         deleting.start()
     wait_for(f"the plugin to stop at {point}", lambda: os.path.exists(os.path.join(e2e.control_dir, marker)), 120)
     kill_and_restart_plugin(e2e)
-    assert _node_leaks(e2e) == [], f"after kill -9 at {point} and the restart"
+    assert node_leaks(e2e) == [], f"after kill -9 at {point} and the restart"
     if unprepare:
         deleting.join(300)
         wait_for(f"pod {pod} to go", lambda: not e2e.core.list_namespaced_pod(
             namespace, field_selector=f"metadata.name={pod}").items, 120)
     else:
         e2e.wait_pod_phase(namespace, pod, "Running", timeout=180)
-        assert _node_leaks(e2e) == []
+        assert node_leaks(e2e) == []
         e2e.delete_pod(namespace, pod, timeout=120)
     wait_for("the claim's CDI spec to go with the pod", lambda: set(e2e.cdi_spec_files()) == specs_before, 60)
-    assert _node_leaks(e2e) == []
+    assert node_leaks(e2e) == []
