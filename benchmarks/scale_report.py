@@ -70,6 +70,18 @@ def _cell(matches: list[dict[str, Any]], how: str) -> str:
     return " / ".join(_fmt(m["median"]) for m in matches)
 
 
+def _slice_rows(rows: list[dict[str, Any]]) -> list[str]:
+    """What the fleet's slices weigh: bytes and slices per node for each node kind, in the bench's order."""
+    out = []
+    for what, label in (("ResourceSlice bytes per node", "ResourceSlice bytes per node (JSON)"),
+                        ("ResourceSlices per node", "ResourceSlices per node")):
+        kinds = [(m.group(1), r["median"]) for r in rows
+                 if (m := re.match(rf"N=\d+ ([\w-]+): {what}\b", str(r["name"])))]
+        if kinds:
+            out.append(f"| {label}: {' / '.join(k for k, _ in kinds)} | {' / '.join(_fmt(v) for _, v in kinds)} |")
+    return out
+
+
 def shaped_cost_ratio(rows: list[dict[str, Any]], n: int) -> float:
     """Time per pod of (b) shaped claims over (a) plain claims at fleet size ``n`` (NaN if missing)."""
     rate = {}
@@ -100,6 +112,7 @@ def render_scale(path: Path = SCALE_RESULTS) -> list[str]:
             cell = _cell([r for r in mine if re.search(pattern, str(r["name"]))], how)
             if cell:
                 out.append(f"| {label} | {cell} |")
+        out += _slice_rows(mine)
         ratio = shaped_cost_ratio(rows, n)
         if not math.isnan(ratio):
             out.append(f"| **(b) / (a) time per pod: what shaping costs the scheduler** (target < 1.5) | "

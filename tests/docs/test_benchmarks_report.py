@@ -80,6 +80,9 @@ def test_scale_section_shows_the_last_run_per_fleet_size_with_the_shaping_ratio(
         row(2, "N=1000 scheduler QPS 500 (a-claim) 200 pods, plain: pods bound per second", 9.0),
         row(2, "N=1000 scheduler QPS 500 (b-shaped) 200 pods, shaped: pods bound per second", 3.0),
         row(2, "N=1000: controller resident memory with the fleet", 120.0, "MiB"),
+        row(2, "N=1000 h200-whole: ResourceSlice bytes per node (JSON)", 4717.0, "B"),
+        row(2, "N=1000 h200-dynamic: ResourceSlice bytes per node (JSON)", 111346.0, "B"),
+        row(2, "N=1000 h200-dynamic: ResourceSlices per node (104 devices)", 3.0, "slices"),
     ]) + "\n")
     text = "\n".join(render_scale(results))
     assert "run 2 of" in text and "QPS 500" in text
@@ -89,6 +92,9 @@ def test_scale_section_shows_the_last_run_per_fleet_size_with_the_shaping_ratio(
     assert "| (a) one-GPU claim each: pods bound per second | 30 |" in text[n100:n1000] and "99" not in text
     assert "what shaping costs the scheduler** (target < 1.5) | **1.20** |" in text[n100:n1000]
     assert "**3.00**" in text[n1000:] and "| controller resident memory: fleet / with 5,000 more claims (MiB) | 120 |" in text
+    # what each node kind's slices weigh, in the bench's order of kinds
+    assert "| ResourceSlice bytes per node (JSON): h200-whole / h200-dynamic | 4,717 / 111,346 |" in text[n1000:]
+    assert "| ResourceSlices per node: h200-dynamic | 3 |" in text[n1000:]
 
 
 def test_peers_in_one_run_get_ratio_columns() -> None:
