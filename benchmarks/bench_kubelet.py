@@ -111,6 +111,7 @@ class KubeletBench:
         import kubernetes
 
         from testbed.realcluster.cleanup import DeviceNodes
+        from testbed.realcluster.sim_device_nodes import sim_device_nodes
 
         self.cluster = cluster
         self.node = cluster.node_name
@@ -118,7 +119,7 @@ class KubeletBench:
         self.core = kubernetes.client.CoreV1Api(client)
         self.resource = kubernetes.client.ResourceV1Api(client)
         self.devices = DeviceNodes()
-        for path, major, minor in self._device_nodes():
+        for path, major, minor in sim_device_nodes(f"sim:{PROFILE}@{self.node}"):
             self.devices.ensure(path, major, minor)
         for doc in (ROOT / "deploy" / "deviceclasses").glob("*.yaml"):
             cluster.kubectl("apply", "-f", str(doc))
@@ -126,15 +127,6 @@ class KubeletBench:
             self.resource.create_device_class(device_class(driver))
         for template in {v.template: v for v in variants}.values():
             self.resource.create_namespaced_resource_claim_template("default", claim_template(template))
-
-    def _device_nodes(self) -> list[tuple[str, int, int]]:
-        out = subprocess.run([sys.executable, "-m", "dra_driver", "devices", "--nvml", f"sim:{PROFILE}@{self.node}",
-                              "-o", "json"], capture_output=True, check=True, cwd=ROOT)
-        data = json.loads(out.stdout)
-        nodes = [(f"/dev/nvidia{g['minor']}", 195, int(g["minor"])) for g in data["gpus"]]
-        for i, path in enumerate(data["control_device_nodes"]):
-            nodes.append((path, 195, 255) if path == "/dev/nvidiactl" else (path, 511, i))
-        return nodes
 
     def close(self) -> None:
         """Remove the device nodes made for the simulated GPUs."""

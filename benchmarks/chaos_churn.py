@@ -120,15 +120,9 @@ _TEMPLATE = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate"
 
 def _prepare_buckets(cluster: Cluster) -> dict[float, float]:
     """The kubelet's NodePrepareResources histogram for our driver (cumulative, all status codes)."""
-    from prometheus_client.parser import text_string_to_metric_families
+    from testbed.realcluster.kubelet_metrics import grpc_buckets
 
-    buckets: dict[float, float] = {}
-    for family in text_string_to_metric_families(cluster.https_get(cluster.kubelet_url("/metrics")).decode()):
-        for s in family.samples:
-            if (s.name == "dra_grpc_operations_duration_seconds_bucket" and s.labels.get("driver_name") == DRIVER
-                    and s.labels.get("method_name", "").endswith(PREPARE)):
-                buckets[float(s.labels["le"])] = buckets.get(float(s.labels["le"]), 0.0) + s.value
-    return buckets
+    return grpc_buckets(cluster.https_get(cluster.kubelet_url("/metrics")).decode(), PREPARE, DRIVER)
 
 
 class Injector:

@@ -54,6 +54,20 @@ def grpc_operations(metrics_text: str, driver: str = "gpu.nvidia.com", status: s
     return out
 
 
+def grpc_buckets(metrics_text: str, method: str, driver: str = "gpu.nvidia.com") -> dict[float, float]:
+    """The kubelet's cumulative histogram buckets (upper bound in seconds -> calls) of one gRPC method
+    (``NodePrepareResources``...) of ``driver``, every status code; for quantiles over many calls."""
+    buckets: dict[float, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name != GRPC_METRIC:
+            continue
+        for s in family.samples:
+            if (s.name == f"{GRPC_METRIC}_bucket" and s.labels.get("driver_name") == driver
+                    and s.labels.get("method_name", "").rpartition("/")[2] == method):
+                buckets[float(s.labels["le"])] = buckets.get(float(s.labels["le"]), 0.0) + s.value
+    return buckets
+
+
 def registered_plugins(metrics_text: str) -> set[str]:
     """Registration sockets the kubelet's plugin manager has registered (``plugin_manager_total_plugins``
     in its actual state of world): a plugin is registered once its socket is listed here."""

@@ -8,7 +8,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +22,7 @@ from testbed.nvml_sim.sim_control import CONTROL_DIR_ENV, send_fault  # noqa: E4
 from testbed.realcluster import Cluster, ComponentError  # noqa: E402
 from testbed.realcluster.kubelet_metrics import Operation, grpc_operations  # noqa: E402
 from testbed.realcluster.procs import Component  # noqa: E402
+from testbed.realcluster.sim_device_nodes import sim_device_nodes as device_nodes_of  # noqa: E402
 
 if TYPE_CHECKING:
     from e2e_chart import ChartRelease
@@ -194,21 +194,8 @@ class E2E:
 
 
 def sim_device_nodes(profile: str) -> list[tuple[str, int, int]]:
-    """The host device nodes the simulated node's CDI specs name: (path, major, minor).
-
-    Read from the driver's own discovery, so the list follows the profile. The majors of the
-    dynamic nodes (nvidia-uvm..., nvidia-caps) are made up: nothing opens them, containerd only stats them.
-    """
-    out = subprocess.run([sys.executable, "-m", "dra_driver", "devices", "--nvml", f"sim:{profile}@{NODE}",
-                          "-o", "json"], capture_output=True, check=True, cwd=REPO)
-    data = json.loads(out.stdout)
-    nodes = [(f"/dev/nvidia{g['minor']}", 195, int(g["minor"])) for g in data["gpus"]]
-    # A MIG device's CDI edits name its nvidia-caps nodes (/dev/nvidia-caps/nvidia-cap<N>): minor N.
-    nodes += [(path, 508, int(path.rsplit("nvidia-cap", 1)[1]))
-              for g in data["gpus"] for m in g.get("mig_devices", []) for path in m.get("device_nodes", [])]
-    for i, path in enumerate(data["control_device_nodes"]):
-        nodes.append((path, 195, 255) if path == "/dev/nvidiactl" else (path, 511, i))
-    return nodes
+    """The host device nodes the kubelet node's CDI specs name (:mod:`testbed.realcluster.sim_device_nodes`)."""
+    return device_nodes_of(f"sim:{profile}@{NODE}")
 
 
 def start_plugin(cluster: Cluster, node: str = NODE, profile: str = PROFILE, *, name: str = "",
