@@ -30,7 +30,7 @@ VARIANT_FIGURES = ROOT / "docs" / "benchmarks-kubelet-variants.jsonl"
 RESULTS = ROOT / "docs" / "benchmarks-results.jsonl"
 # Areas measured on real Kubernetes components (testbed/realcluster); every other area runs against
 # the stand-ins (local API server, simulated NVML, in-process gRPC client): micro-benchmarks.
-REAL_KUBELET_AREAS = ("kubelet",)
+REAL_KUBELET_AREAS = ("kubelet", "node_load")
 # Areas with a report of their own, run only when named in ``--only``: a fleet of fake nodes on a real
 # control plane takes minutes per fleet size, and its figures need their own tables and reading.
 SEPARATE_REPORTS = {"fleet": "docs/scale.md"}
@@ -149,7 +149,10 @@ def render(results: dict[str, list[dict[str, object]]], errors: dict[str, str],
         "the same run (`--peer`, `GPUREADY_BENCH_PEERS`): Kubernetes' example driver with 8 mock GPUs, its",
         "own DeviceClass, the same pod shape, the plugins taking turns; its ratios are this run's, and a",
         "target against a peer is judged on them. Where a prepare's time goes, step by step:",
-        "[prepare-profile.md](prepare-profile.md).",
+        "[prepare-profile.md](prepare-profile.md). The `node_load` rows load one node",
+        "(`benchmarks/bench_node_load.py`, gpuready alone): pods created at once on 56 MIG devices, whose",
+        "p50/p99 per call are the bounds of the kubelet's and the plugin's histogram buckets; a claim of 8",
+        "GPUs; a MIG device created at prepare time (dynamic MIG).",
         "",
         *_table(real),
     ]
