@@ -29,6 +29,8 @@ START_TIMEOUT_S = 10.0
 # grpc closes its poller's socket when a server stops; a read of it already queued on the loop then
 # fails with EBADF. Within this many seconds of a stop that is shutdown noise, not a fault.
 STOP_NOISE_S = 5.0
+# How long closing the loop waits for the tasks it cancels (a health stream ends at once).
+DRAIN_TIMEOUT_S = 2.0
 
 
 class GrpcLoop:
@@ -44,13 +46,19 @@ class GrpcLoop:
 
     def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         """An exception no coroutine handled, as one structured event (asyncio's own handler writes a
-        multi-line record without the plugin's fields); grpc's EBADF right after a server stop is debug."""
+        multi-line record without the plugin's fields). Right after a server stop, two are shutdown
+        noise and logged at debug: grpc's EBADF on its closed poller socket, and the final status of a
+        stream that the stop ended, which grpc could not send on the closed connection."""
         exc = context.get("exception")
-        noise = (isinstance(exc, OSError) and exc.errno == errno.EBADF
-                 and time.monotonic() - self._last_stop < STOP_NOISE_S)
-        (log.debug if noise else log.error)(
+        reason = None
+        if time.monotonic() - self._last_stop < STOP_NOISE_S:
+            if isinstance(exc, OSError) and exc.errno == errno.EBADF:
+                reason = "a queued read of grpc's poller socket, closed as a server stopped"
+            elif type(exc).__name__ == "ExecuteBatchError":
+                reason = "a stream's final status, its connection closed as the server stopped"
+        (log.debug if reason else log.error)(
             "grpc_loop_error", message=str(context.get("message", "")), error=repr(exc) if exc else None,
-            reason="a queued read of grpc's poller socket, closed as a server stopped" if noise else None)
+            reason=reason)
 
     def _run(self, coro: Any, timeout: float) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
@@ -78,10 +86,27 @@ class GrpcLoop:
         finally:
             self._last_stop = time.monotonic()
 
+    async def _drain(self) -> None:
+        """Cancel what the stopped servers left on the loop (a health stream's task, grpc's own) and wait
+        for it: a task still pending when the loop stops is destroyed, and its handler is then closed
+        with GeneratorExit instead of being cancelled (grpc logs that as an unhandled exception)."""
+        current = asyncio.current_task()
+        pending = [t for t in asyncio.all_tasks() if t is not current]
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=DRAIN_TIMEOUT_S)
+        await self._loop.shutdown_asyncgens()
+
     def close(self) -> None:
         """Stop the loop thread and the handler pool (after every server is stopped)."""
         if self._loop.is_closed():
             return
+        self._last_stop = time.monotonic()
+        try:
+            self._run(self._drain(), DRAIN_TIMEOUT_S + 1.0)
+        except Exception as exc:  # a task that will not finish: stop anyway, as before
+            log.debug("grpc_loop_drain_incomplete", error=repr(exc))
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5.0)
         if not self._thread.is_alive():
