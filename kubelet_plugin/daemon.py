@@ -243,10 +243,12 @@ class KubeletPlugin:
         # Made (not started) before the monitor, so no transition's Event is missed. A raw-JSON
         # client for the two calls it makes: CoreV1Api would cost ~20 MB resident.
         self.node_status = NodeStatusReporter(self.api_client, cfg.node_name, core=NodeStatusApi(self.api_client))
+        # The metrics first: they are in memory, so by the time a withdrawal reaches the API server the
+        # device's health-state gauge already says why (a scrape right after it saw Healthy).
+        self.fanout.subscribe("metrics", self.metrics.observe_health)
         self.fanout.subscribe("slices", self.pool.publish_health)
         self.fanout.subscribe("kubelet health stream", KubeletHealthFeed(self.kubelet.broadcaster, cfg.node_name))
         self.fanout.subscribe("GPUReady", self.node_status.update)  # condition + Events, on its own thread
-        self.fanout.subscribe("metrics", self.metrics.observe_health)
         self.health_monitor = HealthMonitor(self.nvml, self.devices, policy_from_config(cfg),
                                             prober=MeteredProber(prober_for(self.nvml), self.metrics),
                                             on_change=self.fanout.deliver, dynamic_mig=cfg.dynamic_mig,

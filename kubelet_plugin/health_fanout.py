@@ -4,8 +4,9 @@ The health monitor hands each :class:`~kubelet_plugin.health.snapshot.HealthSnap
 :meth:`HealthFanout.deliver` (from its event, poll or validation thread). The fan-out completes the
 snapshot with what only the node knows (the ``annotate`` step: the node's prerequisites and which
 devices the pool lists, :meth:`kubelet_plugin.node_pool.NodePool.annotate`), then calls each
-subscriber in the order subscribed: the node's slices, the kubelet health stream, the Node's
-GPUReady condition and Events, the metrics. Adding a reporter is one ``subscribe`` line in
+subscriber in the order subscribed: the metrics (in memory, so they are current before anything
+leaves the process), the node's slices, the kubelet health stream, the Node's GPUReady condition
+and Events. Adding a reporter is one ``subscribe`` line in
 :mod:`kubelet_plugin.daemon`.
 
 Snapshots are delivered one at a time and in order (a lock), so the last one delivered is always

@@ -36,7 +36,8 @@ DRAIN_TIMEOUT_S = 2.0
 class GrpcLoop:
     """An asyncio loop in a daemon thread that starts and stops grpc.aio servers for its callers."""
 
-    def __init__(self, workers: int, name: str) -> None:
+    def __init__(self, workers: int, name: str, node: str | None = None) -> None:
+        self._node = node  # in log lines (None: left out)
         self._pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
         self._loop = asyncio.new_event_loop()
         self._loop.set_exception_handler(self._loop_error)
@@ -58,7 +59,7 @@ class GrpcLoop:
                 reason = "a stream's final status, its connection closed as the server stopped"
         (log.debug if reason else log.error)(
             "grpc_loop_error", message=str(context.get("message", "")), error=repr(exc) if exc else None,
-            reason=reason)
+            reason=reason, node=self._node)
 
     def _run(self, coro: Any, timeout: float) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
@@ -106,7 +107,7 @@ class GrpcLoop:
         try:
             self._run(self._drain(), DRAIN_TIMEOUT_S + 1.0)
         except Exception as exc:  # a task that will not finish: stop anyway, as before
-            log.debug("grpc_loop_drain_incomplete", error=repr(exc))
+            log.debug("grpc_loop_drain_incomplete", error=repr(exc), node=self._node)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5.0)
         if not self._thread.is_alive():

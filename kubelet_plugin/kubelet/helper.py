@@ -99,7 +99,7 @@ class KubeletHelper:
             self.claims.prefetch = self.claim_prefetch = ClaimPrefetch(
                 self.claims.api, cfg.node_name, cfg.driver_name, self.claims.read_ahead)
             self.claim_prefetch.start()
-        self._grpc_loop = GrpcLoop(cfg.grpc_workers, f"grpc-{cfg.node_name}")
+        self._grpc_loop = GrpcLoop(cfg.grpc_workers, f"grpc-{cfg.node_name}", cfg.node_name)
         self._server = serve_dra(self._grpc_loop, self.paths.dra, driver, self.claims, self.broadcaster, metrics,
                                  health_stream=cfg.health_stream, node=cfg.node_name)
         log.info("dra_socket_serving", socket=self.paths.dra, node=cfg.node_name)

@@ -56,3 +56,26 @@ def test_withdraw_mode_refuses_a_withdrawn_device_naming_it_and_why() -> None:
         assert "ResourceClaim default/stale" in error and "device gpu-0 is unhealthy" in error
         assert reason in error and "79" in error
         assert plugin.checkpoint.get(uid) is None and h.cdi_files(node) == []
+
+
+def test_metrics_say_unhealthy_before_the_withdrawal_leaves_the_process() -> None:
+    """An SRE's scrape right after a device left the slices must not read it Healthy: the fan-out
+    updates the metrics before it hands the withdrawal to the slices (the demo caught the reverse)."""
+    node = "order"
+    with PluginHarness() as h:
+        plugin = h.start_plugin(node, "sim:h100-80gb", health_mode="withdraw")
+        assert plugin.health_monitor.wait_validated(60)
+        seen: list[float | None] = []
+        subscribers = plugin.fanout._subscribers
+        [(i, publish)] = [(i, s) for i, (name, s) in enumerate(subscribers) if name == "slices"]
+
+        def slices(snapshot: Any) -> None:
+            if "gpu-0" in snapshot.unhealthy():
+                seen.append(plugin.metrics.registry.get_sample_value(
+                    "gpuready_device_health_state", {"node": node, "device": "gpu-0", "state": "Unhealthy"}))
+            publish(snapshot)
+
+        subscribers[i] = ("slices", slices)
+        plugin.nvml.faults.inject_xid(0, 79)
+        wait_for("the withdrawal handed to the slices", lambda: seen)
+        assert seen[0] == 1.0
