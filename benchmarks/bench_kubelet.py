@@ -3,8 +3,9 @@
 Measured on a real one-node cluster (kube-apiserver, scheduler, controller-manager, containerd,
 kubelet, built from Kubernetes' own modules), with each plugin as its own process: gpuready on a
 simulated 8 x H100 node, health monitoring on (the default, withdraw), and, with ``--peer
-example=PATH``, Kubernetes' example driver (8 mock GPUs, its own driver name and DeviceClass) on the
-same cluster in the same run, the same pod shape (:mod:`benchmarks.kubelet_variants`):
+example=PATH``, Kubernetes' example driver (8 mock GPUs, its own driver name and DeviceClass) and, with ``--peer
+nvidia=PATH`` / ``nvidia-health=PATH``, NVIDIA's DRA driver on a mock NVML, on the same cluster in
+the same run, the same pod shape (:mod:`benchmarks.kubelet_variants`):
 
 - NodePrepareResources / NodeUnprepareResources per call, read from the kubelet's own histogram
   ``dra_grpc_operations_duration_seconds`` (its count and sum before and after each call: one pod
@@ -43,6 +44,7 @@ from typing import Any
 
 from benchmarks.common import BenchResult, report, summarize
 from benchmarks.kubelet_variants import (
+    PEER_KINDS,
     PROFILE,
     Variant,
     bench_pod,
@@ -123,8 +125,8 @@ class KubeletBench:
             self.devices.ensure(path, major, minor)
         for doc in (ROOT / "deploy" / "deviceclasses").glob("*.yaml"):
             cluster.kubectl("apply", "-f", str(doc))
-        for driver in sorted({v.driver for v in variants if v.peer}):
-            self.resource.create_device_class(device_class(driver))
+        for kind in sorted({PEER_KINDS[v.peer].device_class: v.peer for v in variants if v.peer}.values()):
+            self.resource.create_device_class(device_class(kind))
         for template in {v.template: v for v in variants}.values():
             self.resource.create_namespaced_resource_claim_template("default", claim_template(template))
 
@@ -388,12 +390,14 @@ def _series(samples: Samples, timelines: list[PublishTimeline]) -> dict[str, lis
 
 
 def figures(variants: list[Variant], series: dict[str, dict[str, list[float]]]) -> list[BenchResult]:
-    """One result per figure and plugin; with a peer, gpuready's carry the ratio to it and its targets."""
+    """One result per figure and plugin; with peers, gpuready's carry the ratio to each, and a target
+    against a peer is judged on the example driver's figures (the issue's yardstick), else the first peer's."""
     import statistics
 
     from benchmarks.common import percentile
 
-    peer = next((v for v in variants if v.peer), None)
+    peers = [v for v in variants if v.peer]
+    judge = next((v for v in peers if v.peer == "example"), peers[0] if peers else None)
     results: list[BenchResult] = []
     for variant in variants:
         for key, (what, unit, absolute, relative) in FIGURES.items():
@@ -401,19 +405,22 @@ def figures(variants: list[Variant], series: dict[str, dict[str, list[float]]]) 
             if not values:
                 continue
             text, median_max, p95_max = absolute
-            peers = ""
-            theirs = series[peer.name][key] if peer is not None and not variant.peer else []
-            if theirs:
-                peers = (f"{peer.name}: {statistics.median(theirs):.3g} / {percentile(theirs, 95):.3g}; "  # type: ignore[union-attr]
-                         f"gpuready/{peer.name} {_ratio(statistics.median(values), statistics.median(theirs))} "  # type: ignore[union-attr]
-                         f"(p95 {_ratio(percentile(values, 95), percentile(theirs, 95))})")
-                if relative[0]:
-                    text = relative[0] + (f"; {absolute[0]}" if absolute[0] and key in ("writes", "rss", "idle") else "")
+            notes = []
+            for peer in [] if variant.peer else peers:
+                theirs = series[peer.name][key]
+                if not theirs:
+                    continue
+                notes.append(f"{peer.name}: {statistics.median(theirs):.3g} / {percentile(theirs, 95):.3g}; "
+                             f"gpuready/{peer.name} {_ratio(statistics.median(values), statistics.median(theirs))} "
+                             f"(p95 {_ratio(percentile(values, 95), percentile(theirs, 95))})")
+                if peer is judge and relative[0]:
+                    text = relative[0].replace("the peer's", f"{peer.name}'s") + (
+                        f"; {absolute[0]}" if absolute[0] and key in ("writes", "rss", "idle") else "")
                     median_max = relative[1] * statistics.median(theirs) if relative[1] else None
                     p95_max = relative[2] * percentile(theirs, 95) if relative[2] else None
             result = summarize(f"[{variant.name}] {what}", values, unit, target="" if variant.peer else text,
                                median_max=None if variant.peer else median_max,
-                               p95_max=None if variant.peer else p95_max, peers=peers)
+                               p95_max=None if variant.peer else p95_max, peers="; ".join(notes))
             # "at most": a figure equal to its bound meets it (summarize's bounds are strict).
             if result.met is False and (median_max is None or result.median <= median_max) and (
                     p95_max is None or (result.p95 or 0) <= p95_max):
@@ -458,7 +465,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_kubelet")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=TREE")
     parser.add_argument("--peer", action="append", default=[], metavar="KIND=PATH",
-                        help="a peer's kubelet plugin binary, run beside gpuready (kind: example)")
+                        help="a peer's kubelet plugin binary, run beside gpuready (kind: example, nvidia, nvidia-health)")
     parser.add_argument("--pods", type=int, default=20)
     parser.add_argument("--runs", type=int, default=3, help="rounds of --pods pods, the plugins taking turns")
     parser.add_argument("--idle", type=float, default=60.0, metavar="SECONDS")

@@ -1,11 +1,23 @@
 """What ``bench_kubelet`` runs: gpuready checkouts (variants) and peers' kubelet plugins, and how each starts.
 
 A **variant** is a gpuready checkout (``--variant name=tree[,KEY=VALUE...]``); a **peer** is another
-project's kubelet plugin, given as a built binary (``--peer example=PATH``): Kubernetes' example
-driver (kubernetes-sigs/dra-example-driver, ``go build ./cmd/dra-example-kubeletplugin``), run with 8
-mock GPUs under its own driver name and DeviceClass. A peer's code and binary never enter this
-repository; without ``--peer`` (CI has no snapshot) the bench measures gpuready alone.
-``GPUREADY_BENCH_PEERS=example=PATH`` does the same as ``--peer`` for ``benchmarks.run_all``.
+project's kubelet plugin, given as a built binary (``--peer KIND=PATH``), with its own DeviceClass
+and the same pod shape:
+
+- ``example``: Kubernetes' example driver (kubernetes-sigs/dra-example-driver, ``go build
+  ./cmd/dra-example-kubeletplugin``), 8 mock GPUs under its own driver name ``gpu.example.com``;
+- ``nvidia`` and ``nvidia-health``: NVIDIA's DRA driver (kubernetes-sigs/dra-driver-nvidia-gpu, ``go
+  build -mod=vendor ./cmd/gpu-kubelet-plugin``) on the mock NVML of NVIDIA/k8s-test-infra
+  (``pkg/gpu/mocknvml``, its 8 x H100 profile), its health check off (as it ships) or on
+  (``NVMLDeviceHealthCheck``). Beside the binary the bench expects ``mock-nvml/`` (a driver root: the
+  mock ``usr/lib64/libnvidia-ml.so.1``, ``config/config.yaml``, a stub ``usr/bin/nvidia-smi``,
+  ``dev/nvidia*`` device nodes) and ``stubs/nvidia-cdi-hook`` (a script that exits 0: containers get
+  no driver files to link). Its driver name is a constant, ``gpu.nvidia.com``, gpuready's own: the
+  plugins take turns, so the two never publish at once.
+
+A peer's code and binary never enter this repository; without ``--peer`` (CI has no snapshot) the
+bench measures gpuready alone. ``GPUREADY_BENCH_PEERS="example=PATH nvidia=PATH"`` does the same as
+``--peer`` for ``benchmarks.run_all``.
 """
 
 from __future__ import annotations
@@ -17,9 +29,22 @@ from typing import Any
 
 GPUREADY_DRIVER = "gpu.nvidia.com"
 PROFILE = "8xh100"
-# Peer kind -> the driver name it publishes (its own DeviceClass is made for it).
-PEER_DRIVERS = {"example": "gpu.example.com"}
 PEERS_ENV = "GPUREADY_BENCH_PEERS"
+
+
+@dataclass(frozen=True)
+class PeerKind:
+    """What the bench needs to know of a peer: the driver it publishes and a DeviceClass for its GPUs."""
+
+    driver: str
+    device_class: str
+    selector: str  # CEL: one whole GPU of this peer
+
+
+_NVIDIA = PeerKind("gpu.nvidia.com", "nvidia-peer.gpu.nvidia.com",
+                   "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'")
+PEER_KINDS = {"example": PeerKind("gpu.example.com", "gpu.example.com", "device.driver == 'gpu.example.com'"),
+              "nvidia": _NVIDIA, "nvidia-health": _NVIDIA}
 
 
 @dataclass(frozen=True)
@@ -42,10 +67,10 @@ class Variant:
 
     @staticmethod
     def parse_peer(text: str) -> Variant:
-        """``kind=PATH`` (kind: ``example``): a peer's kubelet plugin binary."""
+        """``kind=PATH`` (kind: a key of :data:`PEER_KINDS`): a peer's kubelet plugin binary."""
         kind, _, path = text.partition("=")
-        if kind not in PEER_DRIVERS:
-            raise ValueError(f"unknown peer {kind!r}: one of {sorted(PEER_DRIVERS)}")
+        if kind not in PEER_KINDS:
+            raise ValueError(f"unknown peer {kind!r}: one of {sorted(PEER_KINDS)}")
         path = os.path.abspath(os.path.expanduser(path))
         if not os.access(path, os.X_OK):
             raise ValueError(f"peer {kind}: {path} is not an executable file (build it first; docs/benchmarks.md)")
@@ -54,12 +79,17 @@ class Variant:
     @property
     def driver(self) -> str:
         """The DRA driver name the plugin registers and publishes under."""
-        return PEER_DRIVERS[self.peer] if self.peer else GPUREADY_DRIVER
+        return PEER_KINDS[self.peer].driver if self.peer else GPUREADY_DRIVER
+
+    @property
+    def device_class(self) -> str:
+        """The DeviceClass its pods' claims name (gpuready's from deploy/, a peer's made by the bench)."""
+        return PEER_KINDS[self.peer].device_class if self.peer else GPUREADY_DRIVER
 
     @property
     def template(self) -> str:
-        """The ResourceClaimTemplate its pods use (one per driver, the same request shape)."""
-        return "bench-" + self.driver.replace(".", "-")
+        """The ResourceClaimTemplate its pods use (one per DeviceClass, the same request shape)."""
+        return "bench-" + self.device_class.replace(".", "-")
 
     def command(self, cluster: Any, work: str, port: int) -> tuple[list[str], dict[str, str]]:
         """(argv, environment) that start this plugin on ``cluster``'s node, its files under ``work``."""
@@ -69,7 +99,21 @@ class Variant:
             return ([self.binary, "--node-name", cluster.node_name, "--kubeconfig", cluster.kubeconfig,
                      "--cdi-root", cluster.cdi_dir, "--num-devices", "8",
                      "--kubelet-registrar-directory-path", registrar,
-                     "--kubelet-plugins-directory-path", os.path.join(work, "plugins")], base)
+                     "--kubelet-plugins-directory-path", os.path.join(work, "plugins")],
+                    {**base, "NODE_NAME": cluster.node_name})  # its CDI spec reads NODE_NAME
+        if self.peer in ("nvidia", "nvidia-health"):
+            peers = os.path.dirname(self.binary)
+            driver_root = os.environ.get("GPUREADY_PEER_MOCK_NVML", os.path.join(peers, "mock-nvml"))
+            gates = f"NVMLDeviceHealthCheck={'true' if self.peer == 'nvidia-health' else 'false'}"
+            return ([self.binary, "--node-name", cluster.node_name, "--namespace", "default",
+                     "--kubeconfig", cluster.kubeconfig, "--image-name", "unused:none", "--cdi-root", cluster.cdi_dir,
+                     "--nvidia-driver-root", driver_root, "--container-driver-root", driver_root,
+                     "--nvidia-cdi-hook-path", os.path.join(peers, "stubs", "nvidia-cdi-hook"),
+                     "--kubelet-registrar-directory-path", registrar,
+                     "--kubelet-plugins-directory-path", os.path.join(work, "plugins"), "--feature-gates", gates],
+                    {**base, "NODE_NAME": cluster.node_name,
+                     "LD_LIBRARY_PATH": os.path.join(driver_root, "usr", "lib64"),
+                     "MOCK_NVML_CONFIG": os.path.join(driver_root, "config", "config.yaml")})
         env = {**base, "PYTHONPATH": os.path.abspath(self.tree), **dict(self.env)}
         return ([sys.executable, "-m", "dra_driver", "kubelet-plugin", "--node-name", cluster.node_name,
                  "--nvml", f"sim:{PROFILE}@{cluster.node_name}", "--kubeconfig", cluster.kubeconfig,
@@ -84,16 +128,17 @@ def peers_from_env() -> list[Variant]:
     return [Variant.parse_peer(p) for p in os.environ.get(PEERS_ENV, "").split() if p]
 
 
-def device_class(driver: str) -> dict[str, Any]:
-    """A DeviceClass selecting every device of ``driver`` (a peer's; gpuready's come from deploy/)."""
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": driver},
-            "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{driver}'"}}]}}
+def device_class(kind: str) -> dict[str, Any]:
+    """The DeviceClass of a peer kind (gpuready's come from deploy/)."""
+    peer = PEER_KINDS[kind]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": peer.device_class},
+            "spec": {"selectors": [{"cel": {"expression": peer.selector}}]}}
 
 
 def claim_template(variant: Variant) -> dict[str, Any]:
     """One whole device of the variant's class, per pod."""
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": variant.template},
-            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": variant.driver}}]}}}}
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": variant.device_class}}]}}}}
 
 
 def bench_pod(name: str, variant: Variant) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -35,7 +36,7 @@ REAL_KUBELET_AREAS = ("kubelet", "node_load")
 # control plane takes minutes per fleet size, and its figures need their own tables and reading.
 SEPARATE_REPORTS = {"fleet": "docs/scale.md"}
 # Plugins in bench_kubelet's figures that are peers, not gpuready (benchmarks/kubelet_variants.py).
-PEER_NAMES = ("example", "nvidia")
+PEER_NAMES = ("example", "nvidia", "nvidia-health")
 
 
 def discover() -> list[str]:
@@ -146,9 +147,11 @@ def render(results: dict[str, list[dict[str, object]]], errors: dict[str, str],
         "Kubernetes' own Go modules (`testbed/realcluster`), the plugin as its own process on a simulated",
         "8 x H100 node with health monitoring on. Prepare and unprepare are the kubelet's own",
         "`dra_grpc_operations_duration_seconds`, one call per pod. The peers ran on the same cluster in",
-        "the same run (`--peer`, `GPUREADY_BENCH_PEERS`): Kubernetes' example driver with 8 mock GPUs, its",
-        "own DeviceClass, the same pod shape, the plugins taking turns; its ratios are this run's, and a",
-        "target against a peer is judged on them. Where a prepare's time goes, step by step:",
+        "the same run (`--peer`, `GPUREADY_BENCH_PEERS`): Kubernetes' example driver with 8 mock GPUs and,",
+        "where named, NVIDIA's DRA driver on NVIDIA's mock NVML (8 x H100; `nvidia`: its health check off,",
+        "as it ships; `nvidia-health`: on), each with its own DeviceClass, the same pod shape, the plugins",
+        "taking turns; their ratios are this run's, and a target against a peer is judged on the example",
+        "driver's. Where a prepare's time goes, step by step:",
         "[prepare-profile.md](prepare-profile.md). The `node_load` rows load one node",
         "(`benchmarks/bench_node_load.py`, gpuready alone): pods created at once on 56 MIG devices, whose",
         "p50/p99 per call are the bounds of the kubelet's and the plugin's histogram buckets; a claim of 8",
@@ -207,11 +210,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--render-only", action="store_true",
                         help="rewrite the report from the last run's figures (docs/benchmarks-results.jsonl) and "
                              "the variant and GPU files, running nothing")
+    parser.add_argument("--update", action="store_true",
+                        help="with --only: replace those areas' figures in the last run's and rewrite the report "
+                             "from all of them (a run of the real-kubelet areas alone takes half an hour with peers)")
     args = parser.parse_args(argv)
     areas = [a for a in discover() if a in args.only.split(",") or (not args.only and a not in SEPARATE_REPORTS)]
     results: dict[str, list[dict[str, object]]] = {}
     errors: dict[str, str] = {}
-    if args.render_only:
+    if args.render_only or args.update:
         for line in RESULTS.read_text().splitlines():
             if line.strip():
                 row = json.loads(line)
@@ -219,10 +225,11 @@ def main(argv: list[str] | None = None) -> int:
     for area in [] if args.render_only else areas:
         print(f"running {area} ...", file=sys.stderr, flush=True)
         rows, error = run_one(area, args.quick, args.timeout)
-        results[area] = rows
+        if rows or area not in results:  # a failed area keeps the last run's figures under --update
+            results[area] = rows
         if error:
             errors[area] = error
-    if not args.render_only and not args.stdout and not args.only and not args.quick:
+    if not args.render_only and not args.stdout and (not args.only or args.update) and not args.quick:
         RESULTS.write_text("".join(json.dumps({"area": a, **r}) + "\n" for a, rows in results.items() for r in rows))
     gpu_rows = []
     if GPU_FIGURES.exists():
@@ -235,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         print(text)
     else:
         REPORT.write_text(text)
-        print(f"wrote {REPORT.relative_to(ROOT)}", file=sys.stderr)
+        print(f"wrote {os.path.relpath(REPORT, ROOT)}", file=sys.stderr)
     return 1 if errors else 0
 
 

@@ -8,6 +8,7 @@ import inspect
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 from benchmarks import run_all
 from benchmarks.common import summarize
@@ -105,3 +106,17 @@ def test_peers_in_one_run_get_ratio_columns() -> None:
     assert [c.strip() for c in header.strip("|").split("|")][1:] == ["gpuready", "example", "gpuready/example"]
     line = next(x for x in text.splitlines() if x.startswith("| prepare at the kubelet"))
     assert [c.strip() for c in line.strip("|").split("|")][3] == "0.50 / 0.50"
+
+
+def test_update_replaces_only_the_areas_run_and_keeps_a_failed_areas_figures(tmp_path: Path, monkeypatch: Any) -> None:
+    results = tmp_path / "results.jsonl"
+    old = [{"area": area, **vars(summarize(f"{area} figure", [1.0]))} for area in ("kubelet", "prepare", "publish")]
+    results.write_text("".join(json.dumps(r) + "\n" for r in old))
+    monkeypatch.setattr(run_all, "RESULTS", results)
+    monkeypatch.setattr(run_all, "REPORT", tmp_path / "benchmarks.md")
+    fresh = {"kubelet": ([vars(summarize("kubelet figure", [2.0]))], ""), "publish": ([], "timed out")}
+    monkeypatch.setattr(run_all, "run_one", lambda area, quick, timeout: fresh[area])
+    assert run_all.main(["--only", "kubelet,publish", "--update"]) == 1  # publish failed: the exit says so
+    kept = {json.loads(x)["area"]: json.loads(x)["median"] for x in results.read_text().splitlines()}
+    assert kept == {"kubelet": 2.0, "prepare": 1.0, "publish": 1.0}
+    assert "| prepare | prepare figure |" in (tmp_path / "benchmarks.md").read_text()
