@@ -91,13 +91,15 @@ class Variant:
         """The ResourceClaimTemplate its pods use (one per DeviceClass, the same request shape)."""
         return "bench-" + self.device_class.replace(".", "-")
 
-    def command(self, cluster: Any, work: str, port: int) -> tuple[list[str], dict[str, str]]:
-        """(argv, environment) that start this plugin on ``cluster``'s node, its files under ``work``."""
+    def command(self, cluster: Any, work: str, port: int, devices: int = 8) -> tuple[list[str], dict[str, str]]:
+        """(argv, environment) that start this plugin on ``cluster``'s node, its files under ``work``
+        (``devices``: how many mock GPUs the example driver has; gpuready's and NVIDIA's come from
+        their profiles)."""
         base = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "NODE_NAME", "NVML")}
         registrar = os.path.join(cluster.kubelet_root, "plugins_registry")
         if self.peer == "example":
             return ([self.binary, "--node-name", cluster.node_name, "--kubeconfig", cluster.kubeconfig,
-                     "--cdi-root", cluster.cdi_dir, "--num-devices", "8",
+                     "--cdi-root", cluster.cdi_dir, "--num-devices", str(devices),
                      "--kubelet-registrar-directory-path", registrar,
                      "--kubelet-plugins-directory-path", os.path.join(work, "plugins")],
                     {**base, "NODE_NAME": cluster.node_name})  # its CDI spec reads NODE_NAME

@@ -75,3 +75,36 @@ def test_targets_against_a_peer_are_judged_on_the_example_driver(tmp_path: Path)
     assert mine.met is False  # twice the example driver's, though half NVIDIA's
     assert "example's" in mine.target
     assert "gpuready/nvidia 0.50" in mine.peers and "gpuready/example 2.00" in mine.peers
+
+
+def test_a_burst_row_carries_the_example_drivers_figure_and_the_ratio() -> None:
+    from benchmarks.bench_node_load import side_by_side
+    from benchmarks.common import summarize
+
+    mine = [summarize("burst: pod create -> Running", [6.0], "s"),
+            summarize("burst: prepare mean", [30.0], "ms", peers="kubelet's buckets p50 / p99 (ms): <= 50 / <= 100")]
+    theirs = [summarize("example: burst: pod create -> Running", [8.0], "s"),
+              summarize("example: burst: prepare mean", [20.0], "ms")]
+    start, prepare = side_by_side(mine, theirs, "example")
+    assert start.peers == "example: 8; gpuready/example 0.75"
+    assert prepare.peers.startswith("kubelet's buckets") and prepare.peers.endswith("gpuready/example 1.50")
+    with pytest.raises(ValueError):  # rows that do not pair up are a bug of the bench, not a figure
+        side_by_side(mine, theirs[:1], "example")
+
+
+def test_burst_rounds_of_one_driver_are_pooled_not_averaged() -> None:
+    from benchmarks.bench_node_load import BurstRound, burst_rows
+
+    def burst(bound: list[float], running: list[float], prepare: float, buckets: str) -> BurstRound:
+        return BurstRound(bound=bound, running=running, all_running=max(running), all_gone=1.0,
+                          prepare_ms=prepare, unprepare_ms=2.0, prepare_buckets=buckets, unprepare_buckets="u")
+
+    rows = {r.name.split(": ", 1)[1]: r for r in burst_rows("burst", [
+        burst([0.1, 0.2, 0.3], [1.0, 2.0, 3.0], 10.0, "first"), burst([0.4, 0.5, 0.6], [4.0, 5.0, 9.0], 30.0, "second")])}
+    per_pod = rows["pod create -> Running, per pod"]
+    assert per_pod.n == 6 and per_pod.median == 3.5  # the six pods' times, not the two rounds' medians
+    assert rows["pod create -> bound to the node, per pod"].median == 0.35
+    whole = rows["first create -> every pod Running"]
+    assert whole.n == 2 and whole.median == 6.0
+    prepare = rows["NodePrepareResources at the kubelet, mean of the burst's calls"]
+    assert prepare.median == 20.0 and prepare.peers.endswith("first | second")
