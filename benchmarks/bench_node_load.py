@@ -75,18 +75,18 @@ def burst_rows(label: str, rounds: list[BurstRound]) -> list[BenchResult]:
     def pooled(attr: str) -> list[float]:
         return [x for r in rounds for x in getattr(r, attr)]
 
-    def buckets(attr: str) -> str:
-        return "p50 / p99 (ms) by round: " + " | ".join(getattr(r, attr) for r in rounds)
+    def buckets(each: list[str]) -> str:
+        return "p50 / p99 (ms) by round: " + " | ".join(each)
 
     return [
         summarize(f"{label}: pod create -> bound to the node, per pod", pooled("bound"), "s"),
         summarize(f"{label}: pod create -> Running, per pod", pooled("running"), "s"),
         summarize(f"{label}: first create -> every pod Running", [r.all_running for r in rounds], "s"),
         summarize(f"{label}: NodePrepareResources at the kubelet, mean of the burst's calls",
-                  [r.prepare_ms for r in rounds], "ms", peers=buckets("prepare_buckets")),
+                  [r.prepare_ms for r in rounds], "ms", peers=buckets([r.prepare_buckets for r in rounds])),
         summarize(f"{label}: all deleted at once -> every pod gone", [r.all_gone for r in rounds], "s"),
         summarize(f"{label}: NodeUnprepareResources at the kubelet, mean of the burst's calls",
-                  [r.unprepare_ms for r in rounds], "ms", peers=buckets("unprepare_buckets")),
+                  [r.unprepare_ms for r in rounds], "ms", peers=buckets([r.unprepare_buckets for r in rounds])),
     ]
 
 
