@@ -51,6 +51,7 @@ from benchmarks.kubelet_variants import (
     claim_template,
     device_class,
     peers_from_env,
+    ratio,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -411,8 +412,8 @@ def figures(variants: list[Variant], series: dict[str, dict[str, list[float]]]) 
                 if not theirs:
                     continue
                 notes.append(f"{peer.name}: {statistics.median(theirs):.3g} / {percentile(theirs, 95):.3g}; "
-                             f"gpuready/{peer.name} {_ratio(statistics.median(values), statistics.median(theirs))} "
-                             f"(p95 {_ratio(percentile(values, 95), percentile(theirs, 95))})")
+                             f"gpuready/{peer.name} {ratio(statistics.median(values), statistics.median(theirs))} "
+                             f"(p95 {ratio(percentile(values, 95), percentile(theirs, 95))})")
                 if peer is judge and relative[0]:
                     text = relative[0].replace("the peer's", f"{peer.name}'s") + (
                         f"; {absolute[0]}" if absolute[0] and key in ("writes", "rss", "idle") else "")
@@ -427,10 +428,6 @@ def figures(variants: list[Variant], series: dict[str, dict[str, list[float]]]) 
                 result = replace(result, met=True)
             results.append(result)
     return results
-
-
-def _ratio(mine: float, theirs: float) -> str:
-    return f"{mine / theirs:.2f}" if theirs else "n/a (peer 0)"
 
 
 def run(quick: bool = False, variants: list[Variant] | None = None, pods: int | None = None,

@@ -45,7 +45,7 @@ from typing import Any
 
 from benchmarks.common import BenchResult, report, summarize
 from benchmarks.fleet_controller import bucket_quantile, histogram
-from benchmarks.kubelet_variants import Variant, device_class
+from benchmarks.kubelet_variants import Variant, device_class, ratio
 from testbed.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,15 +72,12 @@ class BurstRound:
 def burst_rows(label: str, rounds: list[BurstRound]) -> list[BenchResult]:
     """The burst's rows, the rounds of one driver pooled: per-pod samples together, one sample per
     round for the whole-burst figures, each round's bucket bounds in order."""
-    def pooled(attr: str) -> list[float]:
-        return [x for r in rounds for x in getattr(r, attr)]
-
     def buckets(each: list[str]) -> str:
         return "p50 / p99 (ms) by round: " + " | ".join(each)
 
     return [
-        summarize(f"{label}: pod create -> bound to the node, per pod", pooled("bound"), "s"),
-        summarize(f"{label}: pod create -> Running, per pod", pooled("running"), "s"),
+        summarize(f"{label}: pod create -> bound to the node, per pod", [x for r in rounds for x in r.bound], "s"),
+        summarize(f"{label}: pod create -> Running, per pod", [x for r in rounds for x in r.running], "s"),
         summarize(f"{label}: first create -> every pod Running", [r.all_running for r in rounds], "s"),
         summarize(f"{label}: NodePrepareResources at the kubelet, mean of the burst's calls",
                   [r.prepare_ms for r in rounds], "ms", peers=buckets([r.prepare_buckets for r in rounds])),
@@ -372,8 +369,7 @@ def side_by_side(mine: list[BenchResult], theirs: list[BenchResult], peer: str) 
     """gpuready's burst rows, each carrying the peer's figure for the same row and the ratio."""
     out = []
     for row, other in zip(mine, theirs, strict=True):
-        ratio = f"{row.median / other.median:.2f}" if other.median else "n/a (peer 0)"
-        note = f"{peer}: {other.median:.3g}; gpuready/{peer} {ratio}"
+        note = f"{peer}: {other.median:.3g}; gpuready/{peer} {ratio(row.median, other.median)}"
         out.append(replace(row, peers=f"{row.peers}; {note}" if row.peers else note))
     return out
 

@@ -130,6 +130,11 @@ def peers_from_env() -> list[Variant]:
     return [Variant.parse_peer(p) for p in os.environ.get(PEERS_ENV, "").split() if p]
 
 
+def ratio(mine: float, theirs: float) -> str:
+    """gpuready's figure over a peer's, as the reports print it (a peer's 0 has no ratio)."""
+    return f"{mine / theirs:.2f}" if theirs else "n/a (peer 0)"
+
+
 def device_class(kind: str) -> dict[str, Any]:
     """The DeviceClass of a peer kind (gpuready's come from deploy/)."""
     peer = PEER_KINDS[kind]
