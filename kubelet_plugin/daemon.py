@@ -1,37 +1,36 @@
-"""The kubelet plugin daemon of one node: start-up wiring, nothing else.
+"""The kubelet plugin daemon of one node: construction, start and stop, nothing else.
 
-:class:`KubeletPlugin` makes the parts and connects them; what each part does lives in its own
-module:
+:class:`KubeletPlugin` makes the parts and connects them; what each part does, including everything
+that happens at run time, lives in its own module:
 
+- the node's device view (:class:`~kubelet_plugin.inventory.NodeInventory`): discovery, the preparable
+  index, what is withheld now, the node's prerequisite; its subscribers hear of every new node (the
+  health monitor, the health fan-out, the driver-reload spec rewrite);
 - the kubelet side (:class:`~kubelet_plugin.kubelet.helper.KubeletHelper`): slice publishing, the
   kubelet health stream, claim reads, the DRA socket and registration;
 - the GPU driver behind it (:class:`~kubelet_plugin.prepare.preparer.Preparer`): what prepare and
   unprepare do, with the checkpoint, CDI specs, MIG instances and MPS daemons;
-- health (:class:`~kubelet_plugin.health.monitor.HealthMonitor`) and its fan-out
+- health (:class:`~kubelet_plugin.health.monitor.HealthMonitor`, or with ``--health-mode off``
+  :class:`~kubelet_plugin.health.fixed_health.FixedHealth`) and its fan-out
   (:class:`~kubelet_plugin.health_fanout.HealthFanout`), whose subscribers are the node's pool
-  (:class:`~kubelet_plugin.node_pool.NodePool`), the health stream, GPUReady and the metrics.
+  (:class:`~kubelet_plugin.node_pool.NodePool`, which also follows the cluster's feature fallbacks),
+  the health stream, GPUReady and the metrics.
 
 Concurrency model: **threads**. gRPC requests run on a pool of ``grpc_workers`` threads; gRPC's
 transport is grpc.aio on one event-loop thread (:mod:`kubelet_plugin.kubelet.grpc_loop`; the
 synchronous server woke every 200 ms), where the only plugin code is the health streams' wait for
-the next change (coroutines: an open stream holds no thread). The health monitor, the slice
-publisher, the claim prefetch (a watch of this node's pods), bind-time validation (a watch of
-claims and a few check workers), the VRAM accounting check, the MPS
-daemon watch, the prerequisite watch and the registration retry timer run their own daemon threads;
-/metrics scrapes run on the metrics server's thread. Shared state is guarded by locks: per-claim
-locks plus the checkpoint lock in the preparer, the fan-out's delivery lock (health snapshots one at
-a time, newest last), the pool's state lock for the current health view, and ``_devices_lock`` here
-to re-read the node after a dynamic MIG change or when the health poll finds NVML listing other GPUs
-(``devices`` and ``device_index`` are replaced whole, so readers need no lock; prepare never takes
-``_devices_lock`` except through a dynamic MIG change). Nothing blocks while holding a lock except the
-checkpoint write (a small file) and that re-read (NVML, milliseconds).
+the next change (coroutines: an open stream holds no thread). The health monitor, the inventory's
+refresh thread (a dynamic MIG change re-reads the node off the prepare path), the slice publisher,
+the claim prefetch (a watch of this node's pods), bind-time validation (a watch of claims and a few
+check workers), the VRAM accounting check, the MPS daemon watch, the prerequisite watch and the
+registration retry timer run their own daemon threads; /metrics scrapes run on the metrics server's
+thread. Shared state is guarded by locks: per-claim locks plus the checkpoint lock in the preparer,
+the fan-out's delivery lock (health snapshots one at a time, newest last), the pool's publish lock,
+and the inventory's lock (one re-read of the node at a time; the view is immutable and swapped whole,
+so readers take no lock). Nothing blocks while holding a lock except the checkpoint write (a small
+file) and the inventory's re-read (NVML, milliseconds).
 
-GPUs coming and going at run time (:meth:`KubeletPlugin.refresh_devices`): a GPU that falls off the
-bus stays in ``devices`` as Unhealthy (withdrawn, UNHEALTHY on the health stream, named in GPUReady)
-until it returns or the plugin restarts; a GPU that appears (back from a reset, or absent at start)
-is validated by the health monitor and published once it passes, without a restart.
-
-Start order (:meth:`KubeletPlugin.start`): check the node's directories -> discover devices ->
+Start order (:meth:`KubeletPlugin.start`): check the node's directories -> read the node ->
 start the health monitor (validation probes run from here on; its snapshots wait in the fan-out) ->
 ask the API server whether this node's pool is already published (a restart holds it until
 validated) -> start the slice publisher (gated) and the GPUReady condition -> open the checkpoint
@@ -40,8 +39,8 @@ the registration socket, so the kubelet never finds a plugin that cannot answer 
 registration opens the publisher's gate (slices go out only once a pod bound to them can be
 prepared: before, such a pod failed with "driver not registered" and backed off ~10 s) -> wait, at
 most a second, for the first ResourceSlice with devices (the metrics collectors and node watches
-load after it). :meth:`stop` removes this
-instance's sockets only (another instance may be running during a rolling update).
+load after it). :meth:`stop` removes this instance's sockets only (another instance may be running
+during a rolling update).
 
 Several plugins can run in one process (one per simulated node): nothing here is global.
 """
@@ -51,19 +50,15 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from collections.abc import Mapping
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from dra_driver.devices import NodeDevices
 from dra_driver.logs import get_logger
 from kubelet_plugin.checkpoint.boot_id import read_boot_id
 from kubelet_plugin.config import PluginConfig
-from kubelet_plugin.health.gpu_set import keep_lost_gpus, listed_uuids
 from kubelet_plugin.health.kubelet_health import KubeletHealthFeed
 from kubelet_plugin.health.mig_probe import destroy_leftover_probe_instances, mig_gate
 from kubelet_plugin.health_fanout import HealthFanout
-from kubelet_plugin.kubelet.health_stream import entries_from_map
+from kubelet_plugin.inventory import NodeInventory
 from kubelet_plugin.kubelet.helper import KubeletHelper, KubeletSettings
 from kubelet_plugin.liveness import PluginProbes
 from kubelet_plugin.metrics.plugin_metrics import PluginMetrics
@@ -76,12 +71,12 @@ from kubelet_plugin.node_prerequisites import (
     node_directories,
 )
 from kubelet_plugin.periodic import Periodic
-from kubelet_plugin.prepare.node_devices import NodeDevice, index_devices
 
 if TYPE_CHECKING:
     from kubelet_plugin.bind_validation import BindTimeValidator
     from kubelet_plugin.checkpoint.store import CheckpointStore
     from kubelet_plugin.health import HealthMonitor
+    from kubelet_plugin.health.fixed_health import FixedHealth
     from kubelet_plugin.health.node_status import NodeStatusReporter
     from kubelet_plugin.metrics.plugin_allocations import PluginAllocations
     from kubelet_plugin.metrics.pod_resources_client import PodResourcesCache
@@ -107,24 +102,24 @@ class KubeletPlugin:
         self.metrics = metrics or PluginMetrics(node=config.node_name, driver_name=config.driver_name)
         self._own_metrics = metrics is None
         self.boot_id = config.boot_id or read_boot_id()
-        self.devices: NodeDevices | None = None
-        self.device_index: dict[str, NodeDevice] = {}
-        self._devices_lock = threading.Lock()  # serializes re-reading the node after a MIG change
-        self._settings_lock = threading.Lock()  # the preparer's settings, switched by a fallback
+        self.inventory = NodeInventory(nvml, config.dynamic_mig, config.node_name)
         self.kubelet = KubeletHelper(api_client, KubeletSettings(
             node_name=config.node_name, driver_name=config.driver_name, registrar_dir=config.registrar_dir,
             plugin_data_dir=config.plugin_data_dir, pod_uid=config.pod_uid, grpc_workers=config.grpc_workers,
             health_stream=config.health_stream, health_interval=config.health_interval,
             registration_retry=config.registration_retry, claim_prefetch=config.claim_prefetch),
-            on_publish=self.metrics.observe_publish, on_fields_dropped=self._on_gates_off)
+            on_publish=self.metrics.observe_publish)
         self.paths = self.kubelet.paths
         # The pool's slices go straight to the publisher (set_desired swaps the wanted slices and returns).
-        self.pool = NodePool(config, self.kubelet.publisher.set_desired, self.metrics.set_published)
-        self.fallback = self.pool.fallback
+        self.pool = NodePool(config, self.inventory, self.kubelet.publisher.set_desired, self.metrics.set_published,
+                             record_event=functools.partial(emit_node_event, api_client, config.node_name))
+        self.kubelet.publisher.on_fields_dropped = self.pool.fields_dropped
         self.fanout = HealthFanout(self.pool.annotate, config.node_name)
+        self.inventory.subscribe("health fan-out", self.fanout.prerequisite_changed)
         self._checkpoint: CheckpointStore | None = None  # made on first use (:attr:`checkpoint`)
         self._checkpoint_lock = threading.Lock()
         self.health_monitor: HealthMonitor | None = None
+        self.fixed_health: FixedHealth | None = None  # ``--health-mode off``: health set, not watched
         self.node_status: NodeStatusReporter | None = None
         self.preparer: Preparer | None = None
         self.recovery: RecoveryReport | None = None
@@ -156,26 +151,25 @@ class KubeletPlugin:
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
         """Bring the plugin up; returns once the registration socket exists."""
-        from kubelet_plugin.nvml import discover
-
         cfg = self.config
         # Before anything that writes: a directory the plugin cannot use is named with its flag. The
         # sockets' and checkpoint's directories stop the start (retried); an unusable CDI root
         # leaves the plugin up with every device withdrawn and GPUReady=False until it is fixed.
-        self.pool.prerequisite = ensure_directories(self._directories)
-        if self.pool.prerequisite is not None and self.pool.prerequisite[0] != "CDIRootUnusable":
-            raise NodePrerequisiteError(self.pool.prerequisite[1])
-        self.devices = self.pool.devices = discover(self.nvml)
-        self.device_index = index_devices(self.devices, cfg.dynamic_mig)
-        log.info("devices_discovered", node=cfg.node_name, gpus=len(self.devices.gpus),
-                 preparable=len(self.device_index), mig_mode=cfg.mig_mode)
+        problem = ensure_directories(self._directories)
+        if problem is not None and problem[0] != "CDIRootUnusable":
+            raise NodePrerequisiteError(problem[1])
+        view = self.inventory.refresh()
+        self.inventory.set_prerequisite(problem)
+        log.info("devices_discovered", node=cfg.node_name, gpus=len(view.devices.gpus),
+                 preparable=len(view.index), mig_mode=cfg.mig_mode)
         if cfg.dynamic_mig:
             # Temporary probe instances are journalled here; a plugin killed mid-probe left its
             # instance behind, which would pass for a claim's and block prepares on that GPU.
             journal = os.path.join(cfg.plugin_data_dir, "probe-instances")
             mig_gate(self.nvml).journal_dir = journal
             if destroy_leftover_probe_instances(self.nvml, journal, cfg.node_name):
-                self.refresh_devices()
+                self.inventory.refresh()
+        self.inventory.start()
         # Validation first: the probes (child processes, the slowest step before a device may be
         # published) run while the rest of start-up does. A restart or a rolling update finds this
         # node's pool already published (the old instance's): publishing before validation
@@ -184,21 +178,24 @@ class KubeletPlugin:
         # round has a verdict for every device. A fresh node publishes each device as it passes.
         self.fanout.hold()
         try:
-            self._start_validation()
+            self._start_health()
             self.pool.hold_until_validated = self.kubelet.pool_is_published()
         finally:
             self.fanout.open()
         self.kubelet.start_publishing()  # gated: it writes once the kubelet has registered us
-        self._start_reporting()
+        if self.node_status is not None:
+            self.node_status.start()
+        assert self.fanout.source is not None
+        self.fanout.deliver_current(self.fanout.source)  # the health known now, to every reporter
         # Registration comes before the first slice (a pod bound before it fails and backs off ~10 s),
         # and the kubelet's plugin manager looks for new sockets once a second: serve and register as
         # early as prepare can be answered, while the probes run.
-        self._start_preparer()
-        self.kubelet.serve(self.preparer_or_fail(), self.metrics)
+        preparer = self._start_preparer()
+        self.kubelet.serve(preparer, self.metrics)
         # The first publish gets the CPU: the rest of start-up, and its imports (metrics collectors,
         # node watches), waits for it, at most a second.
         self.kubelet.publisher.wait_first_pass(self.first_slice_wait_s)
-        self._start_node_watches()
+        self._start_node_watches(preparer)
         self._start_metrics()
         log.info("plugin_started", node=cfg.node_name, driver=cfg.driver_name, dra_socket=self.paths.dra,
                  registration_socket=self.paths.registration)
@@ -210,7 +207,7 @@ class KubeletPlugin:
         if self.bind_validator is not None:
             self.bind_validator.stop()
         self.kubelet.stop()
-        for part in (self.vram, self.health_monitor, self.node_status):
+        for part in (self.vram, self.health_monitor, self.node_status, self.inventory):
             if part is not None:
                 part.stop()
         if self._metrics_server is not None:
@@ -220,17 +217,22 @@ class KubeletPlugin:
             self.pod_resources.close()
         log.info("plugin_stopped", node=self.config.node_name)
 
-    def preparer_or_fail(self) -> Preparer:
-        """The preparer (made in :meth:`start`)."""
-        assert self.preparer is not None, "the plugin has not started"
-        return self.preparer
-
     # --- pieces -----------------------------------------------------------------------------------
-    def _start_validation(self) -> None:
-        """Start the health monitor (its first validation round starts the probes) and subscribe the
-        reporters to its fan-out; no monitor with ``--health-mode off``."""
+    def _start_health(self) -> None:
+        """Subscribe the reporters to the fan-out and start the health source: the health monitor (its
+        first validation round starts the probes), or with ``--health-mode off`` fixed health."""
         cfg = self.config
+        # The metrics first: they are in memory, so by the time a withdrawal reaches the API server the
+        # device's health-state gauge already says why (a scrape right after it saw Healthy).
+        if cfg.health_mode != "off":
+            self.fanout.subscribe("metrics", self.metrics.observe_health)
+        self.fanout.subscribe("slices", self.pool.publish_health)
+        self.fanout.subscribe("kubelet health stream", KubeletHealthFeed(self.kubelet.broadcaster, cfg.node_name))
         if cfg.health_mode == "off":
+            from kubelet_plugin.health.fixed_health import FixedHealth
+
+            self.fixed_health = FixedHealth(self.inventory, self.fanout.deliver)
+            self.fanout.source = self.fixed_health.snapshot
             return
         from kubelet_plugin.health import HealthMonitor
         from kubelet_plugin.health.node_status import NodeStatusReporter
@@ -239,61 +241,44 @@ class KubeletPlugin:
         from kubelet_plugin.health.validation import device_node_check
         from kubelet_plugin.metrics.metered_prober import MeteredProber
 
-        assert self.devices is not None
         # Made (not started) before the monitor, so no transition's Event is missed. A raw-JSON
         # client for the two calls it makes: CoreV1Api would cost ~20 MB resident.
         self.node_status = NodeStatusReporter(self.api_client, cfg.node_name, core=NodeStatusApi(self.api_client))
-        # The metrics first: they are in memory, so by the time a withdrawal reaches the API server the
-        # device's health-state gauge already says why (a scrape right after it saw Healthy).
-        self.fanout.subscribe("metrics", self.metrics.observe_health)
-        self.fanout.subscribe("slices", self.pool.publish_health)
-        self.fanout.subscribe("kubelet health stream", KubeletHealthFeed(self.kubelet.broadcaster, cfg.node_name))
         self.fanout.subscribe("GPUReady", self.node_status.update)  # condition + Events, on its own thread
-        self.health_monitor = HealthMonitor(self.nvml, self.devices, policy_from_config(cfg),
+        self.health_monitor = HealthMonitor(self.nvml, None, policy_from_config(cfg),
                                             prober=MeteredProber(prober_for(self.nvml), self.metrics),
                                             on_change=self.fanout.deliver, dynamic_mig=cfg.dynamic_mig,
                                             node_name=cfg.node_name, on_xid=self.metrics.record_xid,
-                                            device_nodes=device_node_check(cfg, self.nvml),
-                                            on_inventory_change=self.refresh_devices,
-                                            on_driver_reload=self._driver_reloaded)
+                                            device_nodes=device_node_check(cfg, self.nvml), inventory=self.inventory)
+        self.fanout.source = self.health_monitor.snapshot
         self.health_monitor.start()
 
-    def _start_reporting(self) -> None:
-        """Publish the health known now and start writing GPUReady (the publisher is running)."""
-        if self.health_monitor is None:
-            self.set_unhealthy({})
-            return
-        assert self.node_status is not None
-        self.node_status.start()
-        self.fanout.deliver_current(self.health_monitor.snapshot)
-
-    def _start_preparer(self) -> None:
-        """Open the checkpoint (a corrupt one is quarantined, with an Event), make the preparer and
-        reconcile the checkpoint with the node (:func:`kubelet_plugin.prepare.recovery.recover`)."""
-        from kubelet_plugin.prepare.driver_reload import find_driver_edits, with_edits
+    def _start_preparer(self) -> Preparer:
+        """Open the checkpoint (a corrupt one is quarantined, with an Event), make the preparer,
+        reconcile the checkpoint with the node (:func:`kubelet_plugin.prepare.recovery.recover`) and
+        follow driver reloads from here on."""
+        from kubelet_plugin.prepare.driver_reload import DriverReloadFollower, find_driver_edits, with_edits
         from kubelet_plugin.prepare.mig_ops import NvmlMigOps
         from kubelet_plugin.prepare.preparer import Preparer, PrepareSettings
         from kubelet_plugin.prepare.recovery import recover
 
         cfg = self.config
-        assert self.devices is not None
         self._open_checkpoint()
-        edits = find_driver_edits(cfg.driver_root, cfg.cdi_driver_root, self.devices.control_device_nodes,
-                                  cfg.node_name)
-        self.preparer = Preparer(
+        edits = find_driver_edits(cfg.driver_root, cfg.cdi_driver_root,
+                                  self.inventory.current().devices.control_device_nodes, cfg.node_name)
+        preparer = self.preparer = Preparer(
             with_edits(PrepareSettings(driver_name=cfg.driver_name, pool=cfg.node_name, cdi_root=cfg.cdi_root,
                                        control_device_nodes=(), mps_root=cfg.mps_root,
-                                       write_mig_status=cfg.write_mig_status, driver_root=cfg.driver_root,
-                                       taint_mode=self.pool.fallback.health_mode == "taint"), edits),
-            self.checkpoint, self.kubelet.claim_reader(), self.device_index,
-            mig=NvmlMigOps(self.nvml, on_change=self.refresh_devices, node=cfg.node_name) if cfg.dynamic_mig else None)
-        # What prepare refuses (withdraw mode) or warns about (taint mode): the pool's withheld devices,
-        # set on the preparer as the pool changes them (an attribute: no call into prepare per change).
-        self.pool.on_unhealthy = functools.partial(setattr, self.preparer, "unhealthy")
-        self.preparer.unhealthy = self.pool.unhealthy()
-        self._follow_fallback()  # the publisher may have met a cluster without taints already
-        self.recovery = recover(self.preparer, self.boot_id)
+                                       write_mig_status=cfg.write_mig_status, driver_root=cfg.driver_root), edits),
+            self.checkpoint, self.kubelet.claim_reader(), self.inventory,
+            mig=NvmlMigOps(self.nvml, on_change=self.inventory.stale.set, node=cfg.node_name)
+            if cfg.dynamic_mig else None)
+        self.inventory.subscribe("driver reload", DriverReloadFollower(
+            preparer, cfg.driver_root, cfg.cdi_driver_root, cfg.node_name,
+            lambda reason, message, kind: emit_node_event(self.api_client, cfg.node_name, reason, message, kind)))
+        self.recovery = recover(preparer, self.boot_id)
         self.metrics.set_prepared_claims(len(self.checkpoint.records()))
+        return preparer
 
     def _open_checkpoint(self) -> None:
         self.checkpoint.open()
@@ -306,7 +291,7 @@ class KubeletPlugin:
                 "CDI spec remains get their record rebuilt at start-up, so their devices stay taken "
                 "(docs/troubleshooting.md, section 8).")
 
-    def _start_node_watches(self) -> None:
+    def _start_node_watches(self, preparer: Preparer) -> None:
         """The MPS daemon watch, the prerequisite watch and per-claim VRAM accounting."""
         from kubelet_plugin.metrics.plugin_allocations import PluginAllocations
         from kubelet_plugin.metrics.prepared_claims import PreparedClaims
@@ -314,14 +299,13 @@ class KubeletPlugin:
         from kubelet_plugin.prepare.mps_claims import revive_dead_daemons
 
         cfg = self.config
-        preparer = self.preparer_or_fail()
         mps = functools.partial(revive_dead_daemons, self.checkpoint, preparer.revive_all_mps)
-        prerequisites = PrerequisiteWatch(self._directories, self.pool.prerequisite, self._prerequisite_changed)
+        prerequisites = PrerequisiteWatch(self._directories, self.inventory.current().prerequisite,
+                                          self.inventory.set_prerequisite)
         self._watches = [Periodic("mps-watch", self.mps_watch_interval_s, mps),
                          Periodic("node-prerequisites", self.prerequisite_interval_s, prerequisites.check)]
         for watch in self._watches:
             watch.start()
-        prerequisites.report_current()
         if cfg.bind_time_validation and self.health_monitor is not None and self.kubelet.claims is not None:
             from kubelet_plugin.bind_validation import BindTimeValidator
 
@@ -339,12 +323,14 @@ class KubeletPlugin:
                                                    cfg.node_name)
         # The prepared claims with their pods and memory requests (API reads, cached): pod labels on
         # the DCGM series and per-claim VRAM accounting.
-        claims = PreparedClaims(self.api_client, cfg.driver_name, cfg.node_name, self._claim_refs)
+        claims = PreparedClaims(self.api_client, cfg.driver_name, cfg.node_name, self.checkpoint.claim_refs)
         self.allocations = PluginAllocations(claims, self.checkpoint, lambda: self.pod_resources)
         # Per-claim VRAM: Events on pods over their request (every vram_interval s) and, below, the
         # per-claim series at scrape time. Raw-JSON pod/event calls: CoreV1Api costs ~20 MB.
-        self.vram = VramAccountant(self.nvml, self._node_devices, claims, core_api=PodEventsApi(self.api_client),
-                                   proc_root=cfg.proc_root, node=cfg.node_name, pod_resources=self.pod_resources)
+        inventory = self.inventory
+        self.vram = VramAccountant(self.nvml, lambda: inventory.current().devices, claims,
+                                   core_api=PodEventsApi(self.api_client), proc_root=cfg.proc_root,
+                                   node=cfg.node_name, pod_resources=self.pod_resources)
         if cfg.vram_interval > 0:
             self.vram.start(cfg.vram_interval)
 
@@ -356,113 +342,13 @@ class KubeletPlugin:
             # Per-GPU readings under dcgm-exporter's names, read at scrape time only. Not when the
             # registry is shared by several plugins (the demo): the families would collide.
             assert self.allocations is not None and self.vram is not None
+            inventory = self.inventory
             self.metrics.registry.register(GpuCollector(
-                self.nvml, self._node_devices, self.allocations, xid_provider=self.metrics.last_xids,
-                node=cfg.node_name, driver_name=cfg.driver_name))
+                self.nvml, lambda: inventory.current().devices, self.allocations,
+                xid_provider=self.metrics.last_xids, node=cfg.node_name, driver_name=cfg.driver_name))
             self.metrics.registry.register(self.vram.collector())
         if cfg.metrics_port:
             from dra_driver.metrics_server import serve_metrics
 
             self._metrics_server, _ = serve_metrics(self.metrics.registry, cfg.metrics_host, cfg.metrics_port,
                                                     health=self.probes)
-
-    # --- run-time changes -------------------------------------------------------------------------
-    def _prerequisite_changed(self, previous: tuple[str, str] | None, problem: tuple[str, str] | None) -> None:
-        """The prerequisite watch's callback: withdraw every device, or publish them again."""
-        self.pool.prerequisite = problem
-        if problem is not None:
-            log.error("node_prerequisite_failed", node=self.config.node_name, reason=problem[0],
-                      error=problem[1], action="every device withdrawn until it is fixed")
-        else:
-            log.info("node_prerequisite_met", node=self.config.node_name,
-                     reason=previous[0] if previous else None, action="devices published again")
-        if self.health_monitor is not None:
-            self.fanout.deliver_current(self.health_monitor.snapshot)
-        else:
-            self.set_unhealthy({})
-
-    def refresh_devices(self) -> None:
-        """Re-read the node: after a dynamic MIG change, or when NVML lists other GPUs than before.
-
-        Called by the MIG manager (prepare/unprepare) and by the health monitor's poll thread. What
-        discovery no longer lists is kept (``keep_lost_gpus``): a GPU off the bus stays known, and
-        unhealthy, instead of being forgotten. The health monitor then tracks the new set (a GPU that
-        appeared starts Validating and is published once it passes; an XID on a new MIG instance is
-        attributed to that instance). The prepare index is rebuilt only when the set of GPUs changed:
-        in dynamic MIG it lists placements, whatever instances exist.
-        """
-        from kubelet_plugin.nvml import discover
-
-        with self._devices_lock:
-            fresh = discover(self.nvml)
-            previous = self.devices
-            devices, lost = keep_lost_gpus(previous, fresh) if previous is not None else (fresh, ())
-            if previous is None or {g.uuid for g in devices.gpus} != {g.uuid for g in previous.gpus}:
-                self.device_index = index_devices(devices, self.config.dynamic_mig)
-                log.info("devices_rediscovered", node=self.config.node_name, gpus=len(devices.gpus),
-                         lost=[g.name for g in lost], preparable=len(self.device_index))
-            self.devices = self.pool.devices = devices
-            if self.preparer is not None:
-                self.preparer.device_index = self.device_index
-            if self.health_monitor is not None:
-                self.health_monitor.set_devices(devices)
-
-    def _driver_reloaded(self, old: str, new: str) -> None:
-        """The health monitor's callback (its poll thread) when the NVIDIA driver was reloaded, ``old`` ->
-        ``new`` version, every device withdrawn until validated again: re-read the node, find the new
-        driver's files, and point new prepares and every prepared claim's CDI spec at them."""
-        from kubelet_plugin.prepare.driver_reload import find_driver_edits, rewrite_specs, with_edits
-
-        cfg = self.config
-        self.refresh_devices()
-        preparer = self.preparer
-        if preparer is None or self.devices is None:
-            return  # still starting: _start_preparer finds the driver's files afresh
-        edits = find_driver_edits(cfg.driver_root, cfg.cdi_driver_root, self.devices.control_device_nodes,
-                                  cfg.node_name)
-        with self._settings_lock:
-            preparer.settings = with_edits(preparer.settings, edits)
-        try:  # a GPU gone with the reload: its claims keep their spec, the device is reported unhealthy
-            listed = listed_uuids(self.nvml)
-            present = {name for name, d in self.device_index.items() if d.gpu.uuid in listed}
-        except Exception:
-            present = set(self.device_index)
-        report = rewrite_specs(preparer, present, cause=f"NVIDIA driver reloaded ({old} -> {new})")
-        emit_node_event(self.api_client, cfg.node_name, "NvidiaDriverReloaded",
-                        f"NVIDIA driver reloaded ({old} -> {new}): devices withdrawn until validated again; "
-                        f"CDI specs of {len(report.rewritten)} prepared claim(s) rewritten for the new driver's "
-                        f"files, {len(report.skipped) + len(report.failed)} not (see the plugin's log).",
-                        event_type="Normal" if not report.failed else "Warning")
-
-    def set_unhealthy(self, unhealthy: Mapping[str, str]) -> None:
-        """Set device health directly (``--health-mode off``, tests, the demo)."""
-        if self.pool.prerequisite is not None:
-            unhealthy = {**dict.fromkeys(self.device_index, self.pool.prerequisite[1]), **unhealthy}
-        self.pool.publish(unhealthy)
-        self.kubelet.broadcaster.publish(entries_from_map(self.config.node_name, self.device_index, unhealthy))
-
-    def _on_gates_off(self, gates: list[str]) -> None:
-        """Publisher callback (its reconcile thread): the API server dropped fields of ``gates``."""
-        changes = self.pool.fallback.apply(gates)
-        if not changes:
-            return
-        self._follow_fallback()
-        self.pool.republish()  # the same health, in the form this cluster keeps; first, then tell
-        for reason, message in changes:
-            emit_node_event(self.api_client, self.config.node_name, reason, message)
-
-    def _follow_fallback(self) -> None:
-        """Withdraw semantics for prepare too once the cluster kept no taints: an allocation naming an
-        unhealthy device is stale. Called by both sides (publisher thread, start), whichever is last."""
-        with self._settings_lock:
-            preparer = self.preparer
-            if preparer is not None and self.pool.fallback.health_mode == "withdraw" and preparer.settings.taint_mode:
-                preparer.settings = replace(preparer.settings, taint_mode=False)
-
-    def _node_devices(self) -> NodeDevices:
-        assert self.devices is not None
-        return self.devices
-
-    def _claim_refs(self) -> list[tuple[str, str, str]]:
-        # A record rebuilt from a CDI spec has no name until the kubelet prepares the claim again.
-        return [(r.namespace, r.name, r.uid) for r in self.checkpoint.records().values() if r.name]

@@ -10,7 +10,9 @@ and Events. Adding a reporter is one ``subscribe`` line in
 :mod:`kubelet_plugin.daemon`.
 
 Snapshots are delivered one at a time and in order (a lock), so the last one delivered is always
-the current health; a subscriber that raises is logged and the others still get the snapshot.
+the current health; a subscriber that raises is logged and the others still get the snapshot. When
+the node's prerequisite changes (its inventory's subscriber, :meth:`HealthFanout.prerequisite_changed`),
+the current health is delivered again, so every device is withdrawn or published again at once.
 During start-up, deliveries wait until :meth:`open` (the plugin first decides whether to hold a
 pool already on the API server), at most ``open_wait_s``.
 """
@@ -22,6 +24,7 @@ from collections.abc import Callable
 
 from dra_driver.logs import get_logger
 from kubelet_plugin.health.snapshot import HealthSnapshot
+from kubelet_plugin.inventory import NodeView
 
 log = get_logger(__name__)
 
@@ -34,6 +37,7 @@ class HealthFanout:
     def __init__(self, annotate: Callable[[HealthSnapshot], HealthSnapshot], node: str,
                  open_wait_s: float = 60.0) -> None:
         self._annotate = annotate
+        self.source: Callable[[], HealthSnapshot] | None = None  # the current health (the monitor's snapshot)
         self._node = node
         self._open_wait_s = open_wait_s
         self._subscribers: list[tuple[str, Subscriber]] = []
@@ -66,6 +70,20 @@ class HealthFanout:
         node prerequisite)."""
         with self._lock:
             self._deliver_locked(current())
+
+    def prerequisite_changed(self, previous: NodeView, view: NodeView) -> None:
+        """The inventory's subscriber: a prerequisite failed or was met, so deliver the health again."""
+        if view.prerequisite == previous.prerequisite:
+            return
+        if view.prerequisite is not None:
+            log.error("node_prerequisite_failed", node=self._node, reason=view.prerequisite[0],
+                      error=view.prerequisite[1], action="every device withdrawn until it is fixed")
+        else:
+            log.info("node_prerequisite_met", node=self._node,
+                     reason=previous.prerequisite[0] if previous.prerequisite else None,
+                     action="devices published again")
+        if self.source is not None:
+            self.deliver_current(self.source)
 
     def _deliver_locked(self, snapshot: HealthSnapshot) -> None:
         snapshot = self._annotate(snapshot)

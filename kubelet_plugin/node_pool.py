@@ -3,14 +3,17 @@
 :class:`NodePool` is the slices' subscriber of the health fan-out
 (:mod:`kubelet_plugin.health_fanout`). From each health snapshot it builds the pool without the
 devices that must not be used (or, in taint mode, with them tainted; :mod:`dra_driver.slices`) and
-hands it to the kubelet side's publisher. It also keeps what prepare asks about health (which
-devices are unhealthy now), the node's prerequisite (a CDI root the node cannot write withdraws
-every device), and the restart hold: a plugin that finds its pool already on the API server keeps
-it as it is until its first validation round has a verdict for every device, so no running pod's
-GPU is withdrawn by a restart or a rolling update.
+hands it to the kubelet side's publisher. What it withholds goes to the node's inventory
+(:meth:`~kubelet_plugin.inventory.NodeInventory.withhold`), where prepare reads it; the node's devices
+and its prerequisite (a CDI root the node cannot write withdraws every device) are read from there too.
+It also keeps the restart hold: a plugin that finds its pool already on the API server keeps it as it
+is until its first validation round has a verdict for every device, so no running pod's GPU is
+withdrawn by a restart or a rolling update.
 
 When the API server turns out to drop a feature's fields (:class:`~kubelet_plugin.feature_fallback.PublishFallback`),
-the pool is rebuilt in the form this cluster keeps, and ``on_fallback`` tells the rest of the plugin.
+:meth:`NodePool.fields_dropped` (the publisher's subscriber) rebuilds the pool in the form this cluster
+keeps, tells prepare through the inventory (withdraw semantics once taints are gone), and records why
+on the Node.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from kubelet_plugin.config import PluginConfig
 from kubelet_plugin.feature_fallback import PublishFallback
 from kubelet_plugin.health.snapshot import HealthSnapshot
 from kubelet_plugin.health.topology import gpu_topology
+from kubelet_plugin.inventory import NodeInventory
 
 log = get_logger(__name__)
 
@@ -34,34 +38,27 @@ log = get_logger(__name__)
 class NodePool:
     """Builds this node's pool from device health and hands it to ``publish``."""
 
-    def __init__(self, config: PluginConfig, publish: Callable[[list[SliceSpec]], None],
-                 on_published: Callable[[int, int], None] = lambda published, withdrawn: None) -> None:
+    def __init__(self, config: PluginConfig, inventory: NodeInventory, publish: Callable[[list[SliceSpec]], None],
+                 on_published: Callable[[int, int], None] = lambda published, withdrawn: None,
+                 record_event: Callable[[str, str], None] = lambda reason, message: None) -> None:
+        """``record_event(reason, message)``: a Warning Event on the Node (a feature fallback)."""
         self.config = config
         self._node, self._driver, self._dynamic_mig = config.node_name, config.driver_name, config.dynamic_mig
-        self.devices: NodeDevices | None = None  # the node as last read, replaced whole by the daemon
+        self._inventory = inventory
         self._publish_slices = publish
         self._on_published = on_published
+        self._record_event = record_event
         self.fallback = PublishFallback(config)
-        self.prerequisite: tuple[str, str] | None = None  # (reason, message) while the node cannot prepare
         self.hold_until_validated = False  # a restart keeps the pool already published until validated
-        self._state_lock = threading.Lock()
-        self._unhealthy: dict[str, str] = {}
-        self.on_unhealthy: Callable[[Mapping[str, str]], None] = lambda unhealthy: None  # the preparer's view
+        self._publish_lock = threading.Lock()  # one pool built and handed over at a time
         self._listed_cache: tuple[NodeDevices, SliceOptions, frozenset[str]] | None = None
-
-    def unhealthy(self) -> Mapping[str, str]:
-        """Device name -> reason for every device the pool withholds now (what prepare refuses)."""
-        with self._state_lock:
-            return self._unhealthy
 
     def annotate(self, snapshot: HealthSnapshot) -> HealthSnapshot:
         """The snapshot with the node's prerequisite and the devices the pool never lists (the health
         fan-out's first step: GPUReady must call published exactly what the pool lists)."""
-        snapshot = replace(snapshot, prerequisite=self.prerequisite)
-        devices = self.devices
-        if devices is None:
-            return snapshot
-        return replace(snapshot, unlisted=frozenset(snapshot.devices) - self._listed_names(devices))
+        view = self._inventory.current()
+        return replace(snapshot, prerequisite=view.prerequisite,
+                       unlisted=frozenset(snapshot.devices) - self._listed_names(view.devices))
 
     def publish_health(self, snapshot: HealthSnapshot) -> None:
         """Health subscriber: publish the pool this snapshot allows (unless the restart hold applies)."""
@@ -70,16 +67,13 @@ class NodePool:
                       "the pool already on the server stays as it is")
             return
         self.hold_until_validated = False
-        devices = self.devices
-        assert devices is not None
+        devices = self._inventory.current().devices
         unhealthy = snapshot.unhealthy()
         if not snapshot.validated and snapshot.prerequisite is None and not snapshot.healthy_names():
             # A fresh node before its first probe passed: an empty pool tells the scheduler nothing
             # (no pool is on the server, or the hold above applied), and writing it would be one more
             # write of the pool per node start. Prepare still learns what is withheld.
-            with self._state_lock:
-                self._unhealthy = dict(unhealthy)
-                self.on_unhealthy(self._unhealthy)
+            self._withhold(unhealthy)
             return
         tracked = {d.gpu_uuid for d in snapshot.devices.values()}
         for gpu in devices.gpus:
@@ -92,20 +86,30 @@ class NodePool:
 
     def publish(self, unhealthy: Mapping[str, str], devices: NodeDevices | None = None) -> None:
         """Publish every device except ``unhealthy`` (or tainted, in taint mode)."""
-        with self._state_lock:
-            self._unhealthy = dict(unhealthy)
-            self.on_unhealthy(self._unhealthy)
-        devices = devices or self.devices
-        assert devices is not None
-        slices = build_pool(devices, self._node, self._driver, self.slice_options(), unhealthy)
-        self._publish_slices(slices)
+        with self._publish_lock:
+            self._withhold(unhealthy)
+            devices = devices or self._inventory.current().devices
+            slices = build_pool(devices, self._node, self._driver, self.slice_options(), unhealthy)
+            self._publish_slices(slices)
         self._on_published(sum(len(s.devices) for s in slices), len(unhealthy))
 
-    def republish(self) -> None:
-        """The same health again, in the form the current options give (after a fallback)."""
-        with self._state_lock:
-            unhealthy = dict(self._unhealthy)
-        self.publish(unhealthy)
+    def _withhold(self, unhealthy: Mapping[str, str]) -> None:
+        """Tell prepare (through the inventory) what is withheld now, and whether to refuse it: in taint
+        mode the scheduler gives a tainted device only to a claim that tolerates it, so prepare warns."""
+        self._inventory.withhold(unhealthy, refuse=self.fallback.health_mode == "withdraw")
+
+    def fields_dropped(self, gates: list[str]) -> None:
+        """The publisher's subscriber (its reconcile thread): the API server dropped fields of ``gates``.
+
+        Publish the same health again in the form this cluster keeps (prepare follows: withdraw
+        semantics once taints are gone), then record each change on the Node.
+        """
+        changes = self.fallback.apply(gates)
+        if not changes:
+            return
+        self.publish(self._inventory.current().withheld)
+        for reason, message in changes:
+            self._record_event(reason, message)
 
     def slice_options(self) -> SliceOptions:
         """How the pool is laid out now: the configured MIG mode, minus what this cluster drops."""

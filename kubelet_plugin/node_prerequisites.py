@@ -138,25 +138,20 @@ class PrerequisiteWatch:
     """Checks the node's directories again and again: a CDI root unmounted at run time withdraws every
     device within one interval, and its return publishes them again.
 
-    ``on_change(previous, problem)`` is called when the first problem changes (None: all usable), and
-    once at start when there already is one. Run it with :meth:`check` on a
-    :class:`~kubelet_plugin.periodic.Periodic`.
+    ``on_change(problem)`` is called when the first problem changes (None: all usable); the node's
+    inventory (:meth:`kubelet_plugin.inventory.NodeInventory.set_prerequisite`) owns the answer. Run it
+    with :meth:`check` on a :class:`~kubelet_plugin.periodic.Periodic`.
     """
 
     def __init__(self, directories: Sequence[NodeDirectory], current: Problem | None,
-                 on_change: Callable[[Problem | None, Problem | None], None]) -> None:
+                 on_change: Callable[[Problem | None], None]) -> None:
         self.directories = directories
         self.current = current
         self.on_change = on_change
-
-    def report_current(self) -> None:
-        """Report a problem found at start (the plugin started with every device withdrawn)."""
-        if self.current is not None:
-            self.on_change(None, self.current)
 
     def check(self) -> None:
         """Check again; report a change."""
         problem = first_problem(self.directories)
         if problem != self.current:
-            previous, self.current = self.current, problem
-            self.on_change(previous, problem)
+            self.current = problem
+            self.on_change(problem)

@@ -294,7 +294,7 @@ def _start(config: PluginConfig, kubeconfig: str, stop: threading.Event, delay: 
             nvml = open_nvml(config.nvml, driver_root=config.driver_root)
             plugin = KubeletPlugin(config, connect(kubeconfig), nvml)
             plugin.start()
-            report_shared_gpu_names(config, plugin.devices)
+            report_shared_gpu_names(config, plugin.inventory.current().devices)
             return plugin
         except (ValueError, KubeConfigError) as exc:
             # A setting that can never work (an unknown simulated profile, no kubeconfig): no retry.

@@ -224,6 +224,11 @@ class CheckpointStore:
             self._refresh()
             return dict(self._claims)
 
+    def claim_refs(self) -> list[tuple[str, str, str]]:
+        """(namespace, name, UID) of every named record (a record rebuilt from a CDI spec has no name
+        until the kubelet prepares the claim again)."""
+        return [(r.namespace, r.name, r.uid) for r in self.records().values() if r.name]
+
     @contextlib.contextmanager
     def update(self) -> Iterator[dict[str, ClaimRecord]]:
         """Lock, refresh from disk if another instance wrote it, yield the records, then save them.

@@ -3,7 +3,8 @@
 A GPU that falls off the bus disappears from NVML's list (and the NVML indices after it shift down);
 a reset or reseat brings it back, and a GPU absent when the plugin started may appear later. The
 health monitor's poll compares NVML's list with the one it saw last (:func:`listed_uuids`) and asks
-the plugin to re-read the node when it changed. The re-read is merged (:func:`keep_lost_gpus`): a GPU
+the node's inventory to re-read the node when it changed. The re-read is merged
+(:func:`kubelet_plugin.inventory.keep_lost_gpus`): a GPU
 the plugin knew that NVML no longer lists stays in the device set, so it keeps being reported
 Unhealthy (withdrawn from slices, UNHEALTHY on the kubelet health stream, named in GPUReady) instead
 of silently vanishing; a GPU that appears is tracked as new and validated before it is published.
@@ -11,7 +12,6 @@ of silently vanishing; a GPU that appears is tracked as new and validated before
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import pynvml
@@ -44,25 +44,6 @@ def listed_uuids(nvml: Any) -> frozenset[str]:
             continue  # listed but unreadable: discovery reports it (NodeDevices.unreadable)
         out.add(raw.decode() if isinstance(raw, bytes) else str(raw))
     return frozenset(out)
-
-
-def keep_lost_gpus(previous: NodeDevices, fresh: NodeDevices) -> tuple[NodeDevices, tuple[Gpu, ...]]:
-    """``fresh`` plus the GPUs of ``previous`` it no longer lists; returns (merged, those kept).
-
-    A kept GPU keeps its last known identity (name, minor, UUID, MIG devices); its NVML index is
-    stale (the indices after it shifted down), which does not matter: it is never published as
-    healthy while it is kept. A fresh GPU with the same minor or PCI bus id replaces a kept one (the
-    board was swapped): two devices must never share a name. GPUs are ordered by minor.
-    """
-    uuids = {g.uuid for g in fresh.gpus}
-    minors = {g.minor for g in fresh.gpus}
-    buses = {g.pci_bus_id for g in fresh.gpus}
-    lost = tuple(g for g in previous.gpus
-                 if g.uuid not in uuids and g.minor not in minors and g.pci_bus_id not in buses)
-    if not lost:
-        return fresh, ()
-    gpus = tuple(sorted((*fresh.gpus, *lost), key=lambda g: g.minor))
-    return replace(fresh, gpus=gpus), lost
 
 
 def gpu_set(devices: NodeDevices) -> tuple[tuple[str, int], ...]:

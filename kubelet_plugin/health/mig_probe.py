@@ -5,7 +5,7 @@ CUDA on a MIG-enabled GPU sees only MIG devices, never the parent. So (see
 
 * an existing MIG device (static MIG) is probed by its ``MIG-...`` UUID like a GPU;
 * a dynamic-MIG GPU with no instance is probed through a **temporary full-size instance**: the same
-  instance prepare creates for a whole MIG-enabled GPU (``kubelet_plugin.nvml.mig_lifecycle.full_placement``),
+  instance prepare creates for a whole MIG-enabled GPU (``kubelet_plugin.kinds.full_instance.full_placement``),
   created and destroyed with the same NVML code prepare uses (:func:`kubelet_plugin.nvml.create_mig_device`,
   :func:`~kubelet_plugin.nvml.destroy_mig_device`). MIG mode itself is never changed;
 * a dynamic-MIG GPU holding a claim's instance is **not probed** ("in use"): a probe never runs inside
@@ -199,8 +199,10 @@ def probe_temporary(nvml: Any, gpu: Gpu, target: ProbeTarget, prober: Prober, ti
     gate again. Never raises for a GPU or NVML problem: an instance that cannot be created is a
     "not probed" with NVML's reason; one that cannot be destroyed is logged and named in the result.
     """
+    from kubelet_plugin.kinds.full_instance import (
+        full_placement,  # the instance prepare makes: one definition
+    )
     from kubelet_plugin.nvml import MigError, create_mig_device
-    from kubelet_plugin.nvml.mig_lifecycle import full_placement  # the instance prepare makes: one definition
 
     gate = gate or mig_gate(nvml)
     placement = full_placement(gpu)

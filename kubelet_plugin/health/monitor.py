@@ -7,7 +7,7 @@ Concurrency model: three daemon threads around one lock-protected table of :clas
   thread: this is the withdrawal hot path (no sleeping, no I/O besides the callback).
 * **poll**: every ``poll_interval_s`` (or when woken by an event-wait error) checks NVML answers at
   all, whether NVML lists other GPUs than last time (a GPU fell off the bus, returned after a reset,
-  or is new: ``on_inventory_change`` re-reads the node, see :meth:`HealthMonitor.set_devices`), then
+  or is new: the node's inventory re-reads it, and the monitor tracks each new view), then
   each GPU's lasting conditions (GPU lost or off the bus, Unknown Error, remapped rows, retired pages,
   recovery action, fabric). While NVML cannot initialise it retries with backoff; when NVML stops
   answering or reports another driver version (a driver reload), it starts a new NVML session and the
@@ -67,6 +67,7 @@ from kubelet_plugin.health.topology import GpuTopology, node_topology
 from kubelet_plugin.health.validation import DEVICE_NODE_KEY, ValidationConfig, device_node_faults
 from kubelet_plugin.health.validation_loop import ValidationLoop
 from kubelet_plugin.health.xid import XidAction
+from kubelet_plugin.inventory import NodeInventory, NodeView
 
 log = get_logger(__name__)
 
@@ -74,18 +75,24 @@ log = get_logger(__name__)
 class HealthMonitor(NvmlSession, ValidationLoop):
     """Watches a node's GPUs and reports every health change through ``on_change``."""
 
-    def __init__(self, nvml: Any, devices: NodeDevices, policy: HealthPolicy, prober: Prober | None,
+    def __init__(self, nvml: Any, devices: NodeDevices | None, policy: HealthPolicy, prober: Prober | None,
                  on_change: Callable[[HealthSnapshot], None], clock: Callable[[], float] = time.monotonic,
                  *, dynamic_mig: bool = False, node_name: str = "",
                  device_nodes: ValidationConfig | None = None,
                  on_xid: Callable[[str, str, int, bool], None] | None = None,
-                 on_inventory_change: Callable[[], None] | None = None,
-                 on_driver_reload: Callable[[str, str], None] | None = None) -> None:
+                 inventory: NodeInventory | None = None) -> None:
+        """``inventory``: the node's (the plugin's); without one, ``devices`` is the node and the
+        monitor keeps a private inventory of it (a monitor run alone: tests, ``gpuready validate``)."""
+        if inventory is None:
+            assert devices is not None, "a HealthMonitor needs the node's devices or its inventory"
+            inventory = NodeInventory(nvml, dynamic_mig, node_name, devices=devices)
+        # The node as its inventory knows it now; a GPU no longer listed is kept there (unhealthy).
+        self._inventory = inventory
+        devices = inventory.current().devices
         self._nvml = nvml
         # on_xid(device, gpu_uuid, xid, withdrew): every XID event, ignored ones too (metrics). The
         # device is the MIG device the event is attributed to, else the GPU.
         self._on_xid = on_xid
-        self._devices = devices
         self._policy = policy
         self._prober = prober if prober is not None else prober_for(nvml)
         self._on_change = on_change
@@ -113,16 +120,14 @@ class HealthMonitor(NvmlSession, ValidationLoop):
         self._last_probe: dict[tuple[str, str], float] = {}
         self._threads: list[threading.Thread] = []
         self._event_thread: threading.Thread | None = None
-        # NVML's list of GPUs as the poll last saw it. When it changes, on_inventory_change re-reads
-        # the node (the plugin: discovery, then set_devices with what it knew merged in); without
-        # one the monitor re-reads it itself. Runs on the poll thread, never on the event thread.
+        # NVML's list of GPUs as the poll last saw it. When it changes, the inventory re-reads the
+        # node. Runs on the poll thread, never on the event thread.
         self._listed = frozenset(g.uuid for g in devices.gpus)
-        self._on_inventory_change = on_inventory_change or self._rediscover
-        # Set when set_devices added GPUs: the event thread registers them between two waits.
+        self._tracked = gpu_sets.gpu_set(devices)  # the GPUs the topology below was made from
+        # Set when a new view added GPUs: the event thread registers them between two waits.
         self._register_wanted = threading.Event()
-        # A driver reload (NvmlSession): the plugin re-reads the node and rewrites CDI specs; alone, re-read it.
-        self._driver_version: str | None = None
-        self._on_driver_reload = on_driver_reload or (lambda old, new: self._rediscover())
+        self._driver_version: str | None = None  # the driver of the NVML session (NvmlSession)
+        inventory.subscribe("health monitor", self._track)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -168,25 +173,38 @@ class HealthMonitor(NvmlSession, ValidationLoop):
         threads = [*self._threads, *([self._event_thread] if self._event_thread else [])]
         return [t.name for t in threads if not t.is_alive()]
 
-    def set_devices(self, devices: NodeDevices) -> None:
-        """Track a re-read of the node (a dynamic MIG change, or NVML listing other GPUs than before).
+    @property
+    def inventory(self) -> NodeInventory:
+        """The node's inventory this monitor tracks (its own when it was given only devices)."""
+        return self._inventory
+
+    @property
+    def _devices(self) -> NodeDevices:
+        """The node now, as its inventory knows it (GPUs no longer listed kept, unhealthy)."""
+        return self._inventory.current().devices
+
+    def _track(self, previous: NodeView, view: NodeView) -> None:
+        """The inventory's subscriber: track a new view of the node (a dynamic MIG change, NVML
+        listing other GPUs than before, a driver reload).
 
         Names that persist keep their health (a dynamic MIG device has its placement's name); new
         names (a MIG instance, a GPU back from a reset, a new GPU) start Validating and are published
-        only once validated. A whole GPU missing from ``devices`` is *kept* (see
-        :func:`~kubelet_plugin.health.gpu_set.keep_lost_gpus`) with its health, so it stays reported
+        only once validated. A whole GPU NVML no longer lists is kept by the inventory (see
+        :func:`~kubelet_plugin.inventory.keep_lost_gpus`) with its health, so it stays reported
         unhealthy rather than vanishing from the health stream and GPUReady; the poll keeps judging
-        it (off the bus, lost, Unknown Error: a GPU NVML lists but discovery could not read is
-        missing too, and must keep its own reason). XIDs are then
-        attributed by the new topology; GPUs not yet registered for events are registered by the
-        event thread between two waits. Notifies ``on_change`` when the tracked set changed.
+        it (off the bus, lost, Unknown Error). XIDs are then attributed by the new topology; GPUs not
+        yet registered for events are registered by the event thread between two waits. Notifies
+        ``on_change`` when the tracked set changed.
         """
+        devices = view.devices
+        if view.devices is previous.devices:
+            return  # the prerequisite changed, not the node
         with self._notify_lock:
             with self._lock:
-                merged, lost = gpu_sets.keep_lost_gpus(self._devices, devices)
-                changed = gpu_sets.gpu_set(merged) != gpu_sets.gpu_set(self._devices)
-                self._devices = merged
-                self._topo = node_topology(merged, self._dynamic_mig)
+                tracked = gpu_sets.gpu_set(devices)
+                changed = tracked != self._tracked
+                self._tracked = tracked
+                self._topo = node_topology(devices, self._dynamic_mig)
                 self._gpu_of = {n: t.gpu.uuid for t in self._topo.values() for n in t.device_names}
                 now = self._clock()
                 records = {n: self._records.get(n) or initial_record(n, now, self._policy) for n in self._gpu_of}
@@ -198,17 +216,12 @@ class HealthMonitor(NvmlSession, ValidationLoop):
                     snap = self._snapshot_locked(())
             if notify:
                 self._notify(snap)
+        lost = [g for g in view.lost if g not in previous.lost]
         if lost:
             log.info("gpus_kept_while_unlisted", node=self._node or None, devices=[g.name for g in lost])
             self._poll_wake.set()  # judge them now, not at the next poll
         self._register_wanted.set()
         self._validate_wake.set()
-
-    def _rediscover(self) -> None:
-        """Re-read the node and track it: the default ``on_inventory_change`` (no plugin around)."""
-        from kubelet_plugin.nvml import discover  # the discovery layer, not needed by the rest of health
-
-        self.set_devices(discover(self._nvml))
 
     def wait_validated(self, timeout: float | None = None) -> bool:
         """Block until the first validation round has finished and ``on_change`` has been given its
@@ -396,7 +409,7 @@ class HealthMonitor(NvmlSession, ValidationLoop):
                 self._poll_wake.set()
                 return
             self._check_inventory()
-            topos = self._topo  # replaced whole by set_devices: read it once
+            topos = self._topo  # replaced whole by _track: read it once
             results = {uuid: check_gpu(self._nvml, t.gpu) for uuid, t in topos.items()}
         except NvmlUnavailable as exc:
             self._mark_nvml_down(str(exc))
@@ -443,7 +456,7 @@ class HealthMonitor(NvmlSession, ValidationLoop):
         log.info("gpu_inventory_changed", node=self._node or None, appeared=sorted(listed - previous),
                  gone=sorted(previous - listed))
         try:
-            self._on_inventory_change()
+            self._inventory.refresh()
         except Exception:
             self._listed = previous
             log.error("gpu_rediscovery_failed", exc_info=True, node=self._node or None)
@@ -459,7 +472,7 @@ class HealthMonitor(NvmlSession, ValidationLoop):
             for name in topo.device_names:
                 rec = self._records.get(name)
                 if rec is None:
-                    continue  # set_devices dropped the name meanwhile (a MIG device destroyed)
+                    continue  # _track dropped the name meanwhile (a MIG device destroyed)
                 for key in owned - present:
                     rec = clear_condition(rec, key)
                 for f in faults:

@@ -13,8 +13,8 @@ state table, events and polls live there), run on its poll thread.
   NVML up again, as at start.
 * **Driver reload** (:meth:`NvmlSession._follow_driver`): the bring-up after a loss finds another driver
   version. Every device starts over as at start-up (Validating, withdrawn, probed again), and
-  ``on_driver_reload(old, new)`` lets the plugin re-read the node and point the CDI specs of prepared
-  claims at the new driver's files before any device is published again.
+  the node's inventory re-reads the node, and its subscriber in :mod:`kubelet_plugin.prepare.driver_reload`
+  points the CDI specs of prepared claims at the new driver's files before any device is published again.
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from typing import Any
 
 import pynvml
 
-from dra_driver.devices import NodeDevices
 from dra_driver.logs import get_logger
 from kubelet_plugin.health.events import Registration, register_events
 from kubelet_plugin.health.nvml_checks import NvmlUnavailable, check_driver, describe_nvml_error
 from kubelet_plugin.health.policy import HealthPolicy
 from kubelet_plugin.health.state import DeviceRecord, Fault, apply_fault, clear_condition, initial_record
 from kubelet_plugin.health.topology import GpuTopology
+from kubelet_plugin.inventory import NodeInventory
 
 log = get_logger(__name__)
 
@@ -49,7 +49,7 @@ class NvmlSession:
     """NVML bring-up and reloads for the health monitor. The attributes below are the monitor's."""
 
     _nvml: Any
-    _devices: NodeDevices
+    _inventory: NodeInventory
     _policy: HealthPolicy
     _clock: Callable[[], float]
     _node: str
@@ -62,7 +62,6 @@ class NvmlSession:
     _validate_wake: threading.Event
     _last_probe: dict[tuple[str, str], float]
     _driver_version: str | None  # the driver the session began with (None: never up yet)
-    _on_driver_reload: Callable[[str, str], None]
 
     def _update(self, change: Callable[[], Iterable[tuple[str, DeviceRecord]]],
                 node_problem: str | bool | None = False) -> None:
@@ -78,7 +77,7 @@ class NvmlSession:
                 self._nvml.nvmlInit()
                 self._nvml_ready = True
             version = check_driver(self._nvml)
-            self._reg = register_events(self._nvml, self._devices.gpus)
+            self._reg = register_events(self._nvml, self._inventory.current().devices.gpus)
         except (pynvml.NVMLError, NvmlUnavailable) as exc:
             detail = str(exc) if isinstance(exc, NvmlUnavailable) else describe_nvml_error(exc)
             problem = (f"NVML failed to initialise: {detail}" if not self._nvml_ready
@@ -121,8 +120,8 @@ class NvmlSession:
         reason = f"NVIDIA driver reloaded ({old} -> {version}): awaiting validation"
         self._update(lambda: [(n, replace(initial_record(n, now, self._policy), reason=reason))
                               for n in self._records], node_problem=problem)
-        try:
-            self._on_driver_reload(old, version)
+        try:  # the node re-read: the inventory's subscribers rewrite CDI specs for the new driver's files
+            self._inventory.refresh()
         except Exception:
             log.error("driver_reload_handling_failed", exc_info=True, node=self._node or None,
                       old_version=old, new_version=version)

@@ -16,7 +16,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
-from dra_driver.devices import Gpu, NodeDevices
+from dra_driver.devices import Gpu
 from dra_driver.logs import get_logger
 from kubelet_plugin.health.mig_probe import run_target
 from kubelet_plugin.health.nvml_checks import POLLED_KEYS, NvmlUnavailable, check_gpu
@@ -26,6 +26,7 @@ from kubelet_plugin.health.snapshot import HealthSnapshot
 from kubelet_plugin.health.state import DeviceRecord, Fault, HealthState, Transition, apply_validation
 from kubelet_plugin.health.topology import GpuTopology, ProbeMode, ProbeTarget
 from kubelet_plugin.health.validation import DEVICE_NODE_KEY, ValidationConfig, device_node_faults
+from kubelet_plugin.inventory import NodeInventory
 
 log = get_logger(__name__)
 
@@ -51,7 +52,6 @@ class ValidationLoop:
     """Validation for the health monitor. The attributes and the four methods below are the monitor's."""
 
     _nvml: Any
-    _devices: NodeDevices
     _policy: HealthPolicy
     _prober: Prober
     _clock: Callable[[], float]
@@ -68,7 +68,7 @@ class ValidationLoop:
     _validate_wake: threading.Event
     _reg: Any
     _last_probe: dict[tuple[str, str], float]
-    _on_inventory_change: Callable[[], None]
+    _inventory: NodeInventory
     _gpu_of: dict[str, str]
 
     def _update(self, change: Callable[[], Iterable[tuple[str, DeviceRecord]]],
@@ -89,7 +89,7 @@ class ValidationLoop:
         raise NotImplementedError
 
     def _due(self, target: ProbeTarget, now: float) -> bool:
-        with self._lock:  # .get: set_devices may have dropped a name since the target was listed
+        with self._lock:  # .get: _track may have dropped a name since the target was listed
             recs = [r for r in (self._records.get(n) for n in target.device_names) if r is not None]
         if self._node_problem is not None:
             return False
@@ -120,7 +120,7 @@ class ValidationLoop:
                 self._mark_nvml_down(str(exc))
                 return
             if self._device_nodes is not None:
-                faults += device_node_faults(topo.gpu, self._devices, self._device_nodes)
+                faults += device_node_faults(topo.gpu, self._inventory.current().devices, self._device_nodes)
             self._apply_conditions(topo, faults, POLLED_KEYS | {DEVICE_NODE_KEY})
             if not faults:
                 due.extend((topo.gpu, t) for t in targets)
@@ -169,7 +169,7 @@ class ValidationLoop:
             self._mark_nvml_down(str(exc))
             return BindCheck(False, "NvmlUnavailable", f"NVML cannot be asked about {device}: {exc}")
         if self._device_nodes is not None:
-            faults += device_node_faults(topo.gpu, self._devices, self._device_nodes)
+            faults += device_node_faults(topo.gpu, self._inventory.current().devices, self._device_nodes)
         if faults:
             self._apply_conditions(topo, faults, POLLED_KEYS | {DEVICE_NODE_KEY})
             return BindCheck(False, faults[0].code, "; ".join(f.reason for f in faults))
@@ -225,7 +225,7 @@ class ValidationLoop:
             return
         log.info("health_resync_after_probe_instance", devices=stale)
         try:
-            self._on_inventory_change()
+            self._inventory.refresh()
         except Exception:
             log.error("gpu_rediscovery_failed", exc_info=True)
 

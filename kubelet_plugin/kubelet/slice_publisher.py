@@ -129,7 +129,7 @@ class SlicePublisher:
         # gate off) would otherwise make every pass rewrite the same slice.
         self._stored_as: dict[str, tuple[Any, Any]] = {}
         self._dropped_logged: set[str] = set()
-        self._on_fields_dropped = on_fields_dropped
+        self.on_fields_dropped = on_fields_dropped
         self._gates_off: set[str] = set()  # feature gates found off (reported once each)
         self._gates_pending: list[str] = []
         # While a pass writes, watch events wait here: the echo of a write can arrive before the
@@ -280,10 +280,10 @@ class SlicePublisher:
     def _report_gates_off(self) -> None:
         with self._lock:
             gates, self._gates_pending = self._gates_pending, []
-        if not gates or self._on_fields_dropped is None:
+        if not gates or self.on_fields_dropped is None:
             return
         try:
-            self._on_fields_dropped(sorted(gates))
+            self.on_fields_dropped(sorted(gates))
         except Exception:  # the owner's fallback failing must not stop publishing
             log.error("publisher_on_fields_dropped_failed", exc_info=True, node=self.node_name)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pynvml
 
-from dra_driver.devices import Gpu, MigDevice, MigMode, MigPlacement, MigPlacementRange
+from dra_driver.devices import Gpu, MigDevice, MigPlacement
 from dra_driver.logs import get_logger
 from kubelet_plugin.nvml.discovery import GpuReadError, host_for, read_mig_device
 from kubelet_plugin.nvml.nvml_errors import MigError, describe_nvml_error
@@ -31,28 +31,6 @@ _REASONS: dict[type, str] = {
     pynvml.NVMLError_NoPermission: "creating MIG devices needs a privileged process",
     pynvml.NVMLError_InUse: "a process is still running on it",
 }
-
-
-def needs_full_instance(gpu: Gpu) -> bool:
-    """Whether preparing this whole GPU must create its full-size MIG instance (MIG mode enabled)."""
-    return gpu.mig_mode == MigMode.ENABLED
-
-
-def full_placement(gpu: Gpu) -> MigPlacement | None:
-    """The full-size instance of ``gpu`` (e.g. 7g.141gb on H200) at start 0, or None if it has none.
-
-    The plain profile is preferred over a "+me"-style variant with the same size, which takes
-    the media engines but is otherwise the same instance.
-    """
-    candidates = [
-        p for p in gpu.mig_profiles
-        if p.compute_slices == gpu.compute_slice_count
-        and any(r.start == 0 and r.size == gpu.memory_slice_count for r in p.placements)
-    ]
-    if not candidates or gpu.memory_slice_count <= 0:
-        return None
-    profile = min(candidates, key=lambda p: ("+" in p.name, p.gi_profile_id))
-    return MigPlacement(gpu.uuid, gpu.minor, profile, MigPlacementRange(0, gpu.memory_slice_count))
 
 
 def _explain(exc: pynvml.NVMLError) -> str:

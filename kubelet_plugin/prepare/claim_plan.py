@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dra_driver.devices import MigMode
 from dra_driver.opaque_config import (
     DeviceConfig,
     OpaqueConfigError,
@@ -26,9 +25,9 @@ from dra_driver.opaque_config import (
 )
 from dra_driver.quantity import parse_whole_quantity
 from kubelet_plugin.cdi.cdi_spec import qualified_device_id
+from kubelet_plugin.kinds.device_kind import NodeDevice
 from kubelet_plugin.kubelet.driver import PreparedDevice, PrepareError
 from kubelet_plugin.mps.mps_plan import MpsDevice
-from kubelet_plugin.prepare.node_devices import NodeDevice
 
 
 @dataclass(frozen=True)
@@ -130,8 +129,7 @@ def plan_claim(claim: Mapping[str, Any], uid: str, namespace: str, name: str, dr
         planned.append(PlannedDevice(request=request, pool=result_pool, device=device,
                                      share_id=r.get("shareID"), admin_access=bool(r.get("adminAccess")),
                                      config=config, consumed_memory_bytes=_consumed_memory(r, ref)))
-    needs_mig = any(d.device.placement is not None or (d.device.kind == "gpu" and d.device.gpu.mig_mode is MigMode.ENABLED)
-                    for d in planned)
+    needs_mig = any(d.device.creates_instance for d in planned)
     return ClaimPlan(uid=uid, namespace=namespace, name=name, devices=tuple(planned), needs_mig=needs_mig,
                      mps_devices=tuple(mps_devices(planned)))
 

@@ -5,7 +5,8 @@ prepared claim's spec brought in line with them.
 and turns them into the spec-level edits each claim gets. :func:`rewrite_specs` rewrites the CDI spec
 file and the checkpoint record's copy of every prepared claim whose spec names other files than the
 preparer's settings now do (:mod:`kubelet_plugin.prepare.spec_rewrites` decides which, and to what).
-It runs after a driver reload (the daemon, on the health monitor's poll thread) and at every start
+It runs after a driver reload (:class:`DriverReloadFollower`, the node inventory's subscriber, on the
+health monitor's poll thread) and at every start
 (:func:`kubelet_plugin.prepare.recovery.recover`: the driver may have been upgraded while no plugin
 ran). Each claim is rewritten under its claim lock, so it never races a prepare or unprepare of that
 claim; the file first, then the record, as prepare does (a crash in between leaves a spec the next
@@ -15,12 +16,13 @@ start rewrites again).
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 from dra_driver.logs import get_logger
 from kubelet_plugin.cdi.cdi_spec import driver_mounts, ldcache_hook
 from kubelet_plugin.cdi.driver_files import CONTAINER_LIB_DIR, find_driver_files
+from kubelet_plugin.inventory import NodeView
 from kubelet_plugin.prepare.prepare_types import PrepareSettings
 from kubelet_plugin.prepare.preparer import Preparer
 from kubelet_plugin.prepare.spec_recovery import claim_ref
@@ -67,7 +69,7 @@ def rewrite_specs(preparer: Preparer, present: Collection[str] | None = None, ca
     """
     settings = preparer.settings
     edits = NodeEdits(settings.control_device_nodes, settings.driver_mounts, settings.driver_hooks)
-    names = preparer.device_index.keys() if present is None else present
+    names = preparer.inventory.current().index.keys() if present is None else present
     report = RewriteReport()
     for uid in sorted(preparer.checkpoint.records()):
         try:
@@ -93,3 +95,37 @@ def rewrite_specs(preparer: Preparer, present: Collection[str] | None = None, ca
             report.failed[uid] = str(exc)
             log.error("cdi_spec_rewrite_failed", exc_info=True, claim_uid=uid, node=settings.pool)
     return report
+
+
+class DriverReloadFollower:
+    """The node inventory's subscriber for driver reloads: when a new view of the node has another
+    driver version (the health monitor's NVML session saw the driver reloaded and the node was
+    re-read), find the new driver's files, point new prepares and every prepared claim's CDI spec at
+    them, and record it on the Node (``record_event(reason, message, type)``)."""
+
+    def __init__(self, preparer: Preparer, driver_root: str, cdi_driver_root: str, node: str,
+                 record_event: Callable[[str, str, str], None]) -> None:
+        self._preparer = preparer
+        self._driver_root = driver_root
+        self._cdi_driver_root = cdi_driver_root
+        self._node = node
+        self._record_event = record_event
+
+    def __call__(self, previous: NodeView, view: NodeView) -> None:
+        """Follow a reload (``previous`` -> ``view`` changed the driver version); else nothing."""
+        old, new = previous.devices.driver_version, view.devices.driver_version
+        if old == new:
+            return
+        preparer = self._preparer
+        edits = find_driver_edits(self._driver_root, self._cdi_driver_root, view.devices.control_device_nodes,
+                                  self._node)
+        preparer.settings = with_edits(preparer.settings, edits)  # one writer: this subscriber
+        # A GPU gone with the reload: its claims keep their spec, and the device is reported unhealthy.
+        present = {name for name, d in view.index.items() if d.gpu not in view.lost}
+        report = rewrite_specs(preparer, present, cause=f"NVIDIA driver reloaded ({old} -> {new})")
+        self._record_event(
+            "NvidiaDriverReloaded",
+            f"NVIDIA driver reloaded ({old} -> {new}): devices withdrawn until validated again; CDI specs of "
+            f"{len(report.rewritten)} prepared claim(s) rewritten for the new driver's files, "
+            f"{len(report.skipped) + len(report.failed)} not (see the plugin's log).",
+            "Normal" if not report.failed else "Warning")

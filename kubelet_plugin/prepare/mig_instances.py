@@ -8,7 +8,7 @@ as it exists so a crash can destroy it, and publishing/withdrawing their UUIDs i
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from dra_driver.devices import MigDevice
@@ -16,28 +16,33 @@ from dra_driver.kube_api import describe_error
 from dra_driver.logs import get_logger
 from kubelet_plugin.checkpoint.schema import ClaimRecord, MigRecord
 from kubelet_plugin.checkpoint.store import CheckpointStore
+from kubelet_plugin.kinds.device_kind import NodeDevice
 from kubelet_plugin.kubelet.driver import PrepareError
 from kubelet_plugin.prepare.claim_plan import ClaimPlan
-from kubelet_plugin.prepare.node_devices import NodeDevice
 from kubelet_plugin.prepare.prepare_types import ClaimStatus, MigOps, PrepareSettings
-from kubelet_plugin.prepare.whole_gpu_instance import (
-    full_instance_record,
-    full_placement,
-    gpu_locks,
-    needs_full_instance,
-    other_users,
-)
+from kubelet_plugin.prepare.whole_gpu_instance import gpu_locks, other_users
 
 log = get_logger(__name__)
 
 
-def planned_mig(node: NodeDevice) -> MigRecord | None:
-    """The record of the MIG instance preparing ``node`` creates (a placement), or None."""
-    if node.placement is None:
-        return None
-    return MigRecord(device=node.name, parent_uuid=node.gpu.uuid, parent_minor=node.gpu.minor,
-                     profile=node.placement.profile.name, gi_profile_id=node.placement.profile.gi_profile_id,
-                     placement_start=node.placement.placement.start)
+def planned_mig(devices: Iterable[NodeDevice], claim: str) -> list[MigRecord]:
+    """The records of the MIG instances preparing ``devices`` creates: a placement's own, and one
+    full-size instance per whole MIG-enabled GPU (its kind shares it between claims). ``claim`` names
+    the claim in the error for a GPU with no full-size profile."""
+    result: dict[str, MigRecord] = {}
+    for device in devices:
+        if not device.creates_instance or device.name in result:
+            continue
+        placement = device.instance
+        if placement is None:
+            raise PrepareError("mig_full_profile_missing", f"{claim}: GPU {device.gpu.name} has MIG mode enabled "
+                               "but no MIG profile covering the whole GPU, so it cannot run CUDA as a whole "
+                               "GPU; disable MIG mode on it or allocate a MIG device instead")
+        result[device.name] = MigRecord(
+            device=device.name, parent_uuid=device.gpu.uuid, parent_minor=device.gpu.minor,
+            profile=placement.profile.name, gi_profile_id=placement.profile.gi_profile_id,
+            placement_start=placement.placement.start, whole_gpu=device.kind.shared_instance)
+    return list(result.values())
 
 
 class MigInstances:
@@ -52,36 +57,21 @@ class MigInstances:
         self.ops = mig
         self._lock_dir = lock_dir
 
-    def full_instances(self, plan: ClaimPlan) -> list[MigRecord]:
-        """Records of the full-size instances this plan's whole MIG-enabled GPUs need (one per GPU)."""
-        result: dict[str, MigRecord] = {}
-        for d in plan.devices:
-            gpu = d.device.gpu
-            if d.device.kind != "gpu" or not needs_full_instance(gpu) or gpu.name in result:
-                continue
-            placement = full_placement(gpu)
-            if placement is None:
-                raise PrepareError("mig_full_profile_missing", f"ResourceClaim {plan.namespace}/{plan.name}: "
-                                   f"GPU {gpu.name} has MIG mode enabled but no MIG profile covering the whole "
-                                   "GPU, so it cannot run CUDA as a whole GPU; disable MIG mode on it or "
-                                   "allocate a MIG device instead")
-            result[gpu.name] = full_instance_record(gpu, placement)
-        return list(result.values())
-
     def create(self, plan: ClaimPlan, record: ClaimRecord) -> dict[str, MigDevice]:
         """Create the instances ``record`` plans (placements, and whole GPUs' full-size instances)."""
         created: dict[str, MigDevice] = {}
-        placements = [d.device for d in plan.devices if d.device.placement is not None]
+        devices = {d.device.name: d.device for d in plan.devices}
+        owned = [devices[m.device] for m in record.mig if not m.whole_gpu]
         wholes = [m for m in record.mig if m.whole_gpu]
-        if not placements and not wholes:
+        if not owned and not wholes:
             return created
         if self.ops is None:
             raise PrepareError("mig_unsupported", "dynamic MIG placement allocated but this plugin has no "
                                "MIG support; run it with --mig-mode dynamic")
-        for device in placements:
-            assert device.placement is not None
+        for device in owned:
+            assert device.instance is not None  # planned_mig recorded only devices that have one
             try:
-                mig = self.ops.create(device.gpu, device.placement)
+                mig = self.ops.create(device.gpu, device.instance)
             except Exception as exc:  # NVML's reason (overlap, no permission, MIG off) for the user
                 raise PrepareError("mig_create_failed", f"ResourceClaim {plan.namespace}/{plan.name}: "
                                    f"creating MIG device {device.name} failed: {exc}") from exc
@@ -101,12 +91,13 @@ class MigInstances:
     def _full_instance(self, plan: ClaimPlan, whole: MigRecord) -> MigDevice:
         """Create (or, when other claims share the GPU, reuse) a whole GPU's full-size instance."""
         assert self.ops is not None
-        gpu = next(d.device.gpu for d in plan.devices if d.device.name == whole.device)
+        device = next(d.device for d in plan.devices if d.device.name == whole.device)
+        gpu = device.gpu
         with gpu_locks(self._lock_dir, [gpu.name]):
             users = other_users(self.checkpoint.records(), plan.uid, whole)
             mig = self.ops.existing(whole) if users else None
             if mig is None:
-                placement = full_placement(gpu)
+                placement = device.instance
                 assert placement is not None  # checked when the record was made
                 try:
                     mig = self.ops.create(gpu, placement)

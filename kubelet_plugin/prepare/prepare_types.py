@@ -46,10 +46,6 @@ class PrepareSettings:
     driver_mounts: tuple[Mapping[str, Any], ...] = ()
     driver_hooks: tuple[Mapping[str, Any], ...] = ()  # the loader-cache hook, when there are libraries
     write_mig_status: bool = True
-    # Taint mode: an unhealthy device is published with a NoSchedule taint and the scheduler gives it
-    # only to claims that tolerate it, so an allocation naming it is the scheduler's decision: prepare
-    # it (with a warning) instead of refusing as withdraw mode does.
-    taint_mode: bool = False
     # sharing.strategy: MPS (used when no MpsOps is passed to Preparer): the nvidia-cuda-mps-control to
     # run ("" = MPS_CONTROL_PATH, PATH, then the driver root), where the driver files are ("" =
     # NVIDIA_DRIVER_ROOT or /), and how long a daemon may take to come up.

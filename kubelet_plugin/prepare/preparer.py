@@ -36,8 +36,9 @@ from typing import Any
 
 from dra_driver.logs import get_logger
 from kubelet_plugin.cdi.cdi_spec import CdiDevice, claim_spec, claim_spec_path
-from kubelet_plugin.checkpoint.schema import ClaimRecord, ClaimState, MigRecord, MpsRecord
+from kubelet_plugin.checkpoint.schema import ClaimRecord, ClaimState, MpsRecord
 from kubelet_plugin.checkpoint.store import CheckpointStore, atomic_write
+from kubelet_plugin.inventory import NodeInventory
 from kubelet_plugin.kubelet.driver import ClaimOutcome, ClaimRef, PreparedDevice, PrepareError
 from kubelet_plugin.mps.control_daemon import (
     MpsControl,
@@ -51,7 +52,6 @@ from kubelet_plugin.node_prerequisites import NodeDirectory, describe_os_error
 from kubelet_plugin.prepare.claim_plan import ClaimPlan, answer_for, plan_claim
 from kubelet_plugin.prepare.mig_instances import MigInstances, planned_mig
 from kubelet_plugin.prepare.mps_claims import check_claim, revive_claim, start_for_claim
-from kubelet_plugin.prepare.node_devices import NodeDevice
 from kubelet_plugin.prepare.prepare_types import ClaimStatus, MigOps, PrepareSettings
 from kubelet_plugin.prepare.spec_recovery import claim_ref, mismatch_problem, read_spec
 from kubelet_plugin.prepare.unpreparer import Unpreparer
@@ -59,28 +59,17 @@ from kubelet_plugin.prepare.unpreparer import Unpreparer
 log = get_logger(__name__)
 
 
-def _occupancy(device: NodeDevice) -> set[str]:
-    """What a device occupies: two claims conflict when these sets intersect."""
-    gpu = device.gpu
-    if device.kind == "gpu":
-        return {gpu.name, *(f"{gpu.name}/mem{i}" for i in range(gpu.memory_slice_count))}
-    if device.placement is not None:
-        return {device.name, *(f"{gpu.name}/mem{i}" for i in device.placement.placement.memory_slices)}
-    return {device.name}
-
-
 class Preparer:
     """Prepares and unprepares claims for the kubelet side; safe to call from many threads."""
 
     def __init__(self, settings: PrepareSettings, checkpoint: CheckpointStore, claim_status: ClaimStatus,
-                 device_index: Mapping[str, NodeDevice], mig: MigOps | None = None,
+                 inventory: NodeInventory, mig: MigOps | None = None,
                  on_change: Callable[[], None] | None = None, mps: MpsOps | None = None) -> None:
         self.settings = settings
         self.checkpoint = checkpoint
-        # The node's view, replaced whole by the daemon when it changes (readers need no lock): the
-        # devices this node can prepare, and the devices withheld now (device name -> why).
-        self.device_index: Mapping[str, NodeDevice] = device_index
-        self.unhealthy: Mapping[str, str] = {}
+        # The node's view (its owner: what this node can prepare, and what it withholds now), read
+        # once per claim: the view is immutable, so one claim sees one node throughout.
+        self.inventory = inventory
         self.on_change = on_change or (lambda: None)
         self._data_dir = os.path.dirname(checkpoint.path) or "."
         self.locks = ClaimLocks(os.path.join(self._data_dir, "locks"))
@@ -132,7 +121,7 @@ class Preparer:
     def recorded(self, ref: ClaimRef) -> ClaimOutcome | None:
         """The answer of a completed prepare, without the claim (lock-free; its spec must be on disk)."""
         try:
-            return self._recorded_answer(ref.uid, ref.namespace, ref.name, locked=False)
+            return self._recorded_answer(self.checkpoint.get(ref.uid), ref.namespace, ref.name, locked=False)
         except PrepareError as exc:
             return self._failed(ref, exc)
 
@@ -142,10 +131,10 @@ class Preparer:
         try:
             plan = self._plan(claim, ref)
             with self.claim_lock(uid):
-                recorded = self._recorded_answer(uid, namespace, name, locked=True)
+                stale = self.checkpoint.get(uid)  # the one read of the checkpoint under the claim's lock
+                recorded = self._recorded_answer(stale, namespace, name, locked=True)
                 if recorded is not None:
                     return recorded
-                stale = self.checkpoint.get(uid)
                 if stale is not None and stale.recovered:  # rebuilt from its CDI spec: complete it
                     return self._complete_recovered(stale, plan)
                 if stale is not None:  # a half-done prepare whose rollback failed earlier
@@ -165,11 +154,12 @@ class Preparer:
 
     def _plan(self, claim: dict[str, Any], ref: ClaimRef) -> ClaimPlan:
         """Resolve the fetched claim against this node (devices, health, config, MPS)."""
-        unhealthy = self.unhealthy
+        view = self.inventory.view
+        assert view is not None  # read before the plugin serves
         plan = plan_claim(claim, ref.uid, ref.namespace, ref.name, self.settings.driver_name, self.settings.pool,
-                          self.device_index, {} if self.settings.taint_mode else unhealthy)
-        if self.settings.taint_mode:
-            self._warn_tainted(plan, unhealthy)
+                          view.index, view.withheld if view.refuse_withheld else {})
+        if not view.refuse_withheld:
+            self._warn_tainted(plan, view.withheld)
         if plan.mps_devices:
             check_claim(self.mps, plan)
         return plan
@@ -236,13 +226,13 @@ class Preparer:
                             claim=f"{plan.namespace}/{plan.name}", device=d.device.name, node=self.settings.pool,
                             reason=why, note="the allocation tolerates the device's unhealthy taint")
 
-    def _recorded_answer(self, uid: str, namespace: str, name: str, locked: bool) -> ClaimOutcome | None:
+    def _recorded_answer(self, record: ClaimRecord | None, namespace: str, name: str,
+                         locked: bool) -> ClaimOutcome | None:
         """The recorded answer of a completed prepare (the lock-free fast path needs its spec on disk).
 
         A record made for another namespace/name is an error naming the field: a UID names one claim,
         and answering another claim's devices would hand them to the wrong pod.
         """
-        record = self.checkpoint.get(uid)
         if record is None or record.recovered:
             return None
         mismatch = mismatch_problem(record, namespace, name)
@@ -250,7 +240,7 @@ class Preparer:
             raise PrepareError("claim_mismatch", mismatch)
         if record.state is not ClaimState.PREPARE_COMPLETED:
             return None
-        spec_file = self.spec_path(uid)  # derived, never the recorded path
+        spec_file = self.spec_path(record.uid)  # derived, never the recorded path
         if record.cdi_spec is not None and not os.path.exists(spec_file):
             if not locked:
                 return None  # an unprepare may be removing it: decide under the claim lock
@@ -260,16 +250,19 @@ class Preparer:
     def record_intent(self, plan: ClaimPlan) -> ClaimRecord:
         """Critical section: check no other claim holds the devices, then record phase 1 (step
         ``record_intent``)."""
-        index = self.device_index
-        mine = [(d, _occupancy(d.device)) for d in plan.devices]
-        mig = self._planned_mig(plan) if plan.needs_mig else []
+        view = self.inventory.view
+        assert view is not None
+        index = view.index
+        mine = [(d, d.device.occupancy) for d in plan.devices]
+        mig = planned_mig((d.device for d in plan.devices), f"ResourceClaim {plan.namespace}/{plan.name}") \
+            if plan.needs_mig else []
         with self.checkpoint.update() as records:
             for other in records.values():
                 if other.uid == plan.uid:
                     continue
                 for name in other.devices:
                     other_dev = index.get(name)
-                    taken = _occupancy(other_dev) if other_dev else {name}
+                    taken = other_dev.occupancy if other_dev else {name}
                     for planned, occ in mine:
                         both_shared = planned.shared and name in other.shared_devices
                         if occ & taken and not both_shared:
@@ -287,11 +280,6 @@ class Preparer:
             records[plan.uid] = record
         return record
 
-    def _planned_mig(self, plan: ClaimPlan) -> list[MigRecord]:
-        """The MIG instances the plan's devices need: placements, and whole MIG-enabled GPUs' full-size ones."""
-        return [m for m in (planned_mig(d.device) for d in plan.devices) if m is not None] + \
-            self.mig.full_instances(plan)
-
     def _prepare_locked(self, plan: ClaimPlan) -> ClaimOutcome:
         record = self.record_intent(plan)
         try:
@@ -300,14 +288,15 @@ class Preparer:
             for d in plan.devices:
                 if d.device.name in cdi_devices:  # two shares of one device in one claim: one CDI device
                     continue
-                gpu, mig = d.device.gpu, d.device.mig or created.get(d.device.name)
-                nodes = (gpu.device_node, *(mig.device_nodes if mig else ()))
+                instance = created.get(d.device.name)  # made at prepare: it adds its capability nodes
+                mig = d.device.mig or instance  # the MIG device it runs on, if any
                 cdi_devices[d.device.name] = CdiDevice(
-                    name=d.device.name, request=d.request.split("/", 1)[0], uuid=mig.uuid if mig else gpu.uuid,
-                    device_nodes=nodes, config=d.config, memory_bytes=d.device.memory_bytes)
-            recorded = self.checkpoint.get(plan.uid) or record
-            if recorded.mps is not None:
-                cdi_devices = self.start_mps(plan, recorded, cdi_devices)
+                    name=d.device.name, request=d.request.split("/", 1)[0],
+                    uuid=mig.uuid if mig else d.device.gpu.uuid,
+                    device_nodes=d.device.device_nodes + (instance.device_nodes if instance else ()),
+                    config=d.config, memory_bytes=d.device.memory_bytes)
+            if record.mps is not None:  # the MIG step changes only the record's instances
+                cdi_devices = self.start_mps(plan, record, cdi_devices)
             spec = claim_spec(self.settings.driver_name, plan.uid, list(cdi_devices.values()),
                               self.settings.control_device_nodes, self.settings.driver_mounts,
                               self.settings.driver_hooks)

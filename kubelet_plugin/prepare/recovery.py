@@ -117,7 +117,7 @@ def rebuild_from_specs(preparer: Preparer, report: RecoveryReport) -> list[str]:
                 if store.get(uid) is not None:  # another instance prepared it meanwhile
                     continue
                 path = preparer.spec_path(uid)
-                record = record_from_spec(read_spec(path), path, uid, settings.driver_name, preparer.device_index,
+                record = record_from_spec(read_spec(path), path, uid, settings.driver_name, preparer.inventory.current().index,
                                           preparer.mps_base, preparer.mig.ops is not None, settings.pool)
                 with store.update() as records:
                     records.setdefault(uid, record)

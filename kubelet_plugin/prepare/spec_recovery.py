@@ -26,15 +26,10 @@ from typing import Any
 from dra_driver.logs import get_logger
 from kubelet_plugin.cdi.cdi_spec import CDI_CLASS, cdi_kind, cdi_vendor
 from kubelet_plugin.checkpoint.schema import RECOVERED_FROM_SPEC, ClaimRecord, ClaimState, MigRecord
+from kubelet_plugin.kinds.device_kind import NodeDevice
 from kubelet_plugin.kubelet.driver import uid_problem
 from kubelet_plugin.mps.mps_dirs import MpsBase, orphan_record
 from kubelet_plugin.prepare.mig_instances import planned_mig
-from kubelet_plugin.prepare.node_devices import NodeDevice
-from kubelet_plugin.prepare.whole_gpu_instance import (
-    full_instance_record,
-    full_placement,
-    needs_full_instance,
-)
 
 log = get_logger(__name__)
 
@@ -73,18 +68,9 @@ def record_from_spec(spec: Any, spec_file: str, uid: str, driver: str, index: Ma
     """The record of a prepared claim rebuilt from its CDI spec (see the module docstring)."""
     devices = spec_devices(spec, driver, uid)
     mig: list[MigRecord] = []
-    if dynamic_mig:
-        for name in dict.fromkeys(devices):
-            node = index.get(name)
-            if node is None:
-                continue
-            planned = planned_mig(node)
-            if planned is not None:
-                mig.append(planned)
-            elif node.kind == "gpu" and needs_full_instance(node.gpu):
-                placement = full_placement(node.gpu)
-                if placement is not None:
-                    mig.append(full_instance_record(node.gpu, placement))
+    if dynamic_mig:  # what prepare created for these devices (a GPU without a full-size profile: nothing)
+        known = [index[name] for name in dict.fromkeys(devices) if name in index]
+        mig = planned_mig([d for d in known if d.instance is not None], f"the ResourceClaim with UID {uid}")
     return ClaimRecord(uid=uid, namespace="", name="", state=ClaimState.PREPARE_COMPLETED, devices=devices,
                        cdi_spec_file=spec_file, cdi_spec=spec, mig=mig, mps=orphan_record(mps_base, uid, node_name),
                        recovered=RECOVERED_FROM_SPEC)

@@ -19,18 +19,7 @@ import fcntl
 import os
 from collections.abc import Iterable, Iterator, Mapping
 
-from dra_driver.devices import Gpu, MigPlacement
 from kubelet_plugin.checkpoint.schema import ClaimRecord, MigRecord
-from kubelet_plugin.nvml.mig_lifecycle import full_placement, needs_full_instance
-
-__all__ = ["full_instance_record", "full_placement", "gpu_locks", "needs_full_instance", "other_users"]
-
-
-def full_instance_record(gpu: Gpu, placement: MigPlacement) -> MigRecord:
-    """The checkpoint record of a whole GPU's full-size instance (named after the whole GPU)."""
-    return MigRecord(device=gpu.name, parent_uuid=gpu.uuid, parent_minor=gpu.minor,
-                     profile=placement.profile.name, gi_profile_id=placement.profile.gi_profile_id,
-                     placement_start=placement.placement.start, whole_gpu=True)
 
 
 def other_users(records: Mapping[str, ClaimRecord], uid: str, mig: MigRecord) -> list[str]:

@@ -153,8 +153,7 @@ class DemoNode:
 
     def gpu_index(self, device: str) -> int:
         """The NVML index of the GPU a published device lives on (``gpu-3``, ``gpu-3-mig-...``)."""
-        assert self.plugin.devices is not None
-        for gpu in self.plugin.devices.gpus:
+        for gpu in self.plugin.inventory.current().devices.gpus:
             if device == gpu.name or device.startswith(gpu.name + "-mig-"):
                 return int(gpu.index)
         raise DemoFailure(f"device {device} is not on node {self.name}")

@@ -84,7 +84,7 @@ def test_real_gpu_shaped_allocated_and_prepared() -> None:
             claim = api.get(claim_path("default", claim_name))
             assert claim is not None
             [result] = claim["status"]["allocation"]["devices"]["results"]
-            assert result["device"] in plugin.device_index
+            assert result["device"] in plugin.inventory.current().index
             uid = claim["metadata"]["uid"]
             kubelet = h.kubelet(NODE)
             prepared = kubelet.prepare([("default", claim_name, uid)])[uid]

@@ -302,8 +302,8 @@ def plugin_run() -> Iterator[set[Attrs]]:
         h.plugins[PNODE] = plugin
         assert plugin.health_monitor is not None and plugin.health_monitor.wait_validated(60)
         kubelet = h.kubelet(PNODE)
-        device = sorted(n for n, dev in plugin.device_index.items()
-                        if dev.kind == "placement" and dev.gpu.name == "gpu-0"
+        device = sorted(n for n, dev in plugin.inventory.current().index.items()
+                        if dev.kind.name == "placement" and dev.gpu.name == "gpu-0"
                         and dev.placement.profile.name == "1g.18gb")[0]
         uid = h.create_claim("mig1", [("small", PNODE, device)])
         result = kubelet.prepare([("default", "mig1", uid)])[uid]

@@ -60,7 +60,7 @@ def test_taint_mode_with_the_gate_on_keeps_tainting() -> None:
         assert plugin.health_monitor.wait_validated(60)
         plugin.nvml.faults.inject_xid(0, 79)
         wait_for("gpu-0 tainted", lambda: bool(h.published_taints(node).get("gpu-0")))
-        assert plugin.kubelet.publisher.gates_off() == frozenset() and plugin.fallback.health_mode == "taint"
+        assert plugin.kubelet.publisher.gates_off() == frozenset() and plugin.pool.fallback.health_mode == "taint"
 
 
 def test_shared_gpus_without_consumable_capacity_publish_whole_gpus_and_say_so(
@@ -69,7 +69,7 @@ def test_shared_gpus_without_consumable_capacity_publish_whole_gpus_and_say_so(
     with PluginHarness(feature_gates={"DRAConsumableCapacity": False}) as h, \
             caplog.at_level(logging.INFO, logger="kubelet_plugin"):
         plugin = h.start_plugin(node, "sim:8xh100", shared_gpus=True)
-        wait_for("fallback to whole GPUs", lambda: plugin.fallback.shared_gpus is False)
+        wait_for("fallback to whole GPUs", lambda: plugin.pool.fallback.shared_gpus is False)
         assert plugin.kubelet.publisher.wait_until_synced(20)
         writes = plugin.kubelet.publisher.stats().updates + plugin.kubelet.publisher.stats().creates
         plugin.kubelet.publisher.resync()

@@ -20,8 +20,8 @@ pytestmark = pytest.mark.gpu
 def test_real_gpu_registers_prepares_and_cdi_spec_names_device_node_and_uuid() -> None:
     with PluginHarness() as h:
         plugin = h.start_plugin("gpu-node", open_nvml("real"), health_mode="off")
-        whole = [g for g in plugin.devices.gpus if g.name in plugin.device_index]
-        assert whole, f"no whole GPU to prepare (MIG mode on everywhere?): {plugin.devices.gpus}"
+        whole = [g for g in plugin.inventory.current().devices.gpus if g.name in plugin.inventory.current().index]
+        assert whole, f"no whole GPU to prepare (MIG mode on everywhere?): {plugin.inventory.current().devices.gpus}"
         gpu = min(whole, key=lambda g: g.minor)
         kubelet = h.kubelet("gpu-node")
         uid = h.create_claim("real", [("gpu", "gpu-node", gpu.name)])
@@ -55,7 +55,7 @@ def test_real_gpu_is_validated_then_reported_healthy_on_the_health_stream() -> N
         stream = h.kubelet("gpu-node").watch_health(timeout=60)
         for reports in stream:
             healthy = {r.device for r in reports if r.health == "HEALTHY"}
-            if any(g.name in healthy for g in plugin.devices.gpus):
+            if any(g.name in healthy for g in plugin.inventory.current().devices.gpus):
                 break
         else:
             pytest.fail(f"no GPU reported HEALTHY within 60 s: {plugin.health_monitor.snapshot()}")
@@ -74,7 +74,7 @@ def test_real_gpu_metrics_count_validation_and_a_process_vram() -> None:
         plugin = h.start_plugin("gpu-node", open_nvml("real"), health_mode="withdraw", metrics_port=port,
                                 metrics_host="127.0.0.1")
         assert plugin.health_monitor.wait_validated(120)
-        whole = [g for g in plugin.devices.gpus if g.name in plugin.device_index]
+        whole = [g for g in plugin.inventory.current().devices.gpus if g.name in plugin.inventory.current().index]
         assert whole
         gpu = min(whole, key=lambda g: g.index)
         with process_holding_vram(gpu.uuid):

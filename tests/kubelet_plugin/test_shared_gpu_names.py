@@ -15,9 +15,12 @@ import pytest
 
 from dra_driver.slices import SliceOptions, build_pool, check_shared_gpu_names
 from kubelet_plugin import plugin_command as command
-from kubelet_plugin.nvml import discover, open_nvml
+from kubelet_plugin.nvml import discover
+from testbed.nvml_sim import SimulatedNvml
 
-H100S = discover(open_nvml("sim:8xh100"))  # gpu-0..5 MIG off, gpu-6 and gpu-7 MIG on
+# The simulated NVML itself, not the "sim:" backend: that seam is an installed entry point, and the
+# GPU machine's bundle runs the suite from a checkout that is not pip-installed (this runs there too).
+H100S = discover(SimulatedNvml("8xh100"))  # gpu-0..5 MIG off, gpu-6 and gpu-7 MIG on
 UUID_3 = next(g.uuid for g in H100S.gpus if g.name == "gpu-3")
 VALID = tuple(f"gpu-{i}" for i in range(8))
 

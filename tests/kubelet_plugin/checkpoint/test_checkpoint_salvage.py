@@ -180,8 +180,8 @@ def test_dynamic_mig_instance_of_a_lost_record_is_destroyed_at_unprepare() -> No
     with PluginHarness() as h:
         plugin = h.start_plugin(NODE, nvml, mig_mode="dynamic")
         kubelet = h.kubelet(NODE)
-        small = sorted(n for n, d in plugin.device_index.items()
-                       if d.kind == "placement" and d.gpu.name == "gpu-0" and d.placement.profile.name == "1g.18gb"
+        small = sorted(n for n, d in plugin.inventory.current().index.items()
+                       if d.kind.name == "placement" and d.gpu.name == "gpu-0" and d.placement.profile.name == "1g.18gb"
                        and d.placement.placement.start == 0)[0]
         uid = h.create_claim("mig", [("small", NODE, small)])
         before = _mig_uuids(nvml)

@@ -14,6 +14,7 @@ import pytest
 
 from kubelet_plugin.health import HealthMonitor, HealthPolicy
 from kubelet_plugin.health.state import HealthState
+from kubelet_plugin.inventory import NodeInventory, NodeView
 from kubelet_plugin.nvml import discover, open_nvml
 from testbed.nvml_sim import SimulatedNvml
 from tests.kubelet_plugin.health.test_health_inventory import FAST, InProcessProber, Snaps
@@ -42,12 +43,16 @@ def test_a_reload_restarts_nvml_revalidates_every_device_and_reports_the_version
     reloads: list[tuple[str, str, dict[str, HealthState], str | None]] = []
     holder: list[HealthMonitor] = []
 
-    def on_reload(old: str, new: str) -> None:
+    def on_node(previous: NodeView, view: NodeView) -> None:  # the plugin's spec rewrite subscribes so
+        old, new = previous.devices.driver_version, view.devices.driver_version
+        if old == new:
+            return
         snap = holder[0].snapshot()  # what the node looks like while the plugin rewrites specs
         reloads.append((old, new, {n: d.state for n, d in snap.devices.items()}, snap.node_problem))
 
-    monitor = HealthMonitor(sim, discover(sim), HealthPolicy(**FAST), InProcessProber(sim), snaps,
-                            on_driver_reload=on_reload)
+    inventory = NodeInventory(sim, dynamic_mig=False, devices=discover(sim))
+    monitor = HealthMonitor(sim, None, HealthPolicy(**FAST), InProcessProber(sim), snaps, inventory=inventory)
+    inventory.subscribe("reload recorder", on_node)
     holder.append(monitor)
     monitor.start()
     monitors.append(monitor)

@@ -294,7 +294,7 @@ def _restart_while_off_the_bus(h: PluginHarness, node: str) -> tuple[Any, Simula
     assert plugin.health_monitor.wait_validated(60)
     # Discovery no longer sees gpu-2; every other GPU is published under its old name, and its
     # index attribute now says the shifted NVML index.
-    assert [g.name for g in plugin.devices.gpus][:5] == ["gpu-0", "gpu-1", "gpu-3", "gpu-4", "gpu-5"]
+    assert [g.name for g in plugin.inventory.current().devices.gpus][:5] == ["gpu-0", "gpu-1", "gpu-3", "gpu-4", "gpu-5"]
     _wait(lambda: set(_published(h, node)) == everything - {"gpu-2"}, "the rest published after restart")
     attrs = _published(h, node)["gpu-3"]
     assert (attrs["minor"], attrs["index"]) == ({"int": 3}, {"int": 2})
@@ -332,8 +332,8 @@ def test_dynamic_mig_change_while_a_gpu_is_off_the_bus_keeps_it_reported_unhealt
         sim.faults.fall_off_bus(1)
         _wait(lambda: "gpu-1" in plugin.health_monitor.snapshot().unhealthy(), "gpu-1 unhealthy")
         # A claim on a placement of gpu-2 creates a MIG instance: the plugin re-reads the node.
-        placement = sorted(n for n, d in plugin.device_index.items()
-                           if d.kind == "placement" and d.gpu.name == "gpu-2")[0]
+        placement = sorted(n for n, d in plugin.inventory.current().index.items()
+                           if d.kind.name == "placement" and d.gpu.name == "gpu-2")[0]
         uid = h.create_claim("mig-during-loss", [("gpu", node, placement)])
         result = h.kubelet(node).prepare([("default", "mig-during-loss", uid)])[uid]
         assert result.ok, result.error

@@ -11,14 +11,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
+from dra_driver.devices import NodeDevices
 from kubelet_plugin.health import HealthMonitor, HealthPolicy, HealthSnapshot
-from kubelet_plugin.health.gpu_set import keep_lost_gpus, listed_uuids
+from kubelet_plugin.health.gpu_set import listed_uuids
 from kubelet_plugin.health.nvml_checks import check_gpu
 from kubelet_plugin.health.probe_runner import ProbeResult
 from kubelet_plugin.health.topology import ProbeTarget
+from kubelet_plugin.inventory import NodeInventory, keep_lost_gpus
 from kubelet_plugin.nvml import discover, open_nvml
 from testbed.nvml_sim import SimulatedNvml
 
@@ -78,9 +81,11 @@ def monitors() -> Iterator[list[HealthMonitor]]:
         m.stop()
 
 
-def _start(sim: SimulatedNvml, started: list[HealthMonitor], **kw: object) -> tuple[HealthMonitor, Snaps]:
+def _start(sim: SimulatedNvml, started: list[HealthMonitor],
+           read_node: Callable[[Any], NodeDevices] | None = None) -> tuple[HealthMonitor, Snaps]:
     snaps = Snaps()
-    monitor = HealthMonitor(sim, discover(sim), HealthPolicy(**FAST), InProcessProber(sim), snaps, **kw)  # type: ignore[arg-type]
+    inventory = NodeInventory(sim, dynamic_mig=False, devices=discover(sim), discover=read_node)
+    monitor = HealthMonitor(sim, None, HealthPolicy(**FAST), InProcessProber(sim), snaps, inventory=inventory)
     monitor.start()
     started.append(monitor)
     assert monitor.wait_validated(20)
@@ -126,7 +131,7 @@ def test_re_read_without_a_lost_gpu_keeps_it_unhealthy(sim: SimulatedNvml, monit
     snaps.wait_for(lambda s: s.all_healthy)
     sim.faults.fall_off_bus(2)
     snaps.wait_for(lambda s: "gpu-2" in s.unhealthy())
-    monitor.set_devices(discover(sim))  # what a dynamic MIG change re-reads: no gpu-2
+    monitor.inventory.refresh()  # what a dynamic MIG change re-reads: no gpu-2
     time.sleep(0.5)  # several polls
     snap = monitor.snapshot()
     # Out for the first reason found: the XID 79 event, or the poll no longer finding it listed.
@@ -188,13 +193,14 @@ def test_gpu_absent_at_start_is_validated_then_tracked_and_watched_when_it_appea
 def test_a_failing_re_read_is_retried_at_the_next_poll(sim: SimulatedNvml, monitors: list[HealthMonitor]) -> None:
     calls: list[float] = []
 
-    def flaky() -> None:
+    def flaky(nvml: Any) -> NodeDevices:
         calls.append(time.monotonic())
         if len(calls) == 1:
             raise RuntimeError("discovery failed once")
+        return discover(nvml)
 
     sim.faults.fall_off_bus(1)
-    _monitor, _snaps = _start(sim, monitors, on_inventory_change=flaky)
+    _monitor, _snaps = _start(sim, monitors, read_node=flaky)
     sim.faults.return_to_bus(1)
     deadline = time.monotonic() + 10
     while len(calls) < 2:

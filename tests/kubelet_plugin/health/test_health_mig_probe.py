@@ -23,8 +23,8 @@ from kubelet_plugin.health.mig_probe import probe_temporary
 from kubelet_plugin.health.node_status import gpu_ready_condition
 from kubelet_plugin.health.probe_runner import ProbeResult, SimulatedProber
 from kubelet_plugin.health.topology import ProbeMode, ProbeTarget, gpu_topology
+from kubelet_plugin.kinds.full_instance import full_placement
 from kubelet_plugin.nvml import discover, open_nvml
-from kubelet_plugin.nvml.mig_lifecycle import full_placement
 from kubelet_plugin.prepare.mig_ops import NvmlMigOps
 from testbed.nvml_sim import SimulatedNvml
 from testbed.plugin_harness import PluginHarness
@@ -219,7 +219,7 @@ def test_plugin_prepares_while_gpus_are_reprobed_and_reports_a_claimed_gpu_not_p
     sim: SimulatedNvml = open_nvml(f"sim:4xh200@{NODE}")
     # Re-probe every free GPU all the time: temporary instances come and go while claims prepare.
     plugin = _start(h, sim, revalidate_interval=0.1)
-    gpu2 = plugin.devices.gpu_by_name("gpu-2")
+    gpu2 = plugin.inventory.current().devices.gpu_by_name("gpu-2")
     slice_name = _placement(gpu2, "1g.18gb", 0).name
     h.wait_published(NODE, {"gpu-0", "gpu-1", "gpu-2", "gpu-3", slice_name})
     kubelet = h.kubelet(NODE)

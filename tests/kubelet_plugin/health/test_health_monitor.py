@@ -343,7 +343,7 @@ def test_dynamic_mig_attribution_follows_created_instances(rig_factory: Callable
     assert len(snap.devices) == 4 * (1 + 25)
     placement = next(p for p in gpu0.placements() if p.profile.name == "1g.18gb" and p.placement.start == 3)
     mig = create_mig_device(rig.sim, gpu0, placement)
-    rig.monitor.set_devices(discover(rig.sim))
+    rig.monitor.inventory.refresh()
     assert rig.monitor.snapshot().devices[placement.name].healthy  # same name: health carried over
     m = rig.rec.mark()
     rig.sim.faults.inject_xid(0, 94, gpu_instance_id=mig.gpu_instance_id,

@@ -20,11 +20,11 @@ def test_stream_sends_full_list_on_connect_on_change_and_periodically() -> None:
         stream = kubelet.watch_health(timeout=30)
         first = next(stream)
         assert kubelet.health_service == "v1"
-        assert sorted(r.device for r in first) == sorted(plugin.device_index)
+        assert sorted(r.device for r in first) == sorted(plugin.inventory.current().index)
         assert {r.health for r in first} == {"HEALTHY"} and {r.pool for r in first} == {NODE}
         assert all(r.health_check_timeout >= 30 for r in first)
 
-        plugin.set_unhealthy({"gpu-3": "XID 79: GPU has fallen off the bus"})
+        plugin.fixed_health.set_unhealthy({"gpu-3": "XID 79: GPU has fallen off the bus"})
         changed = next(stream)
         by_name = {r.device: r for r in changed}
         assert by_name["gpu-3"].health == "UNHEALTHY" and "XID 79" in by_name["gpu-3"].message

@@ -17,14 +17,14 @@ def test_slices_follow_health_and_metrics_count_prepares() -> None:
     with PluginHarness() as h:
         plugin = h.start_plugin(NODE, "sim:8xh100")
         assert plugin.kubelet.publisher.wait_until_synced(20)
-        assert _published(h) == set(plugin.device_index)  # 6 whole GPUs + 11 static MIG devices
+        assert _published(h) == set(plugin.inventory.current().index)  # 6 whole GPUs + 11 static MIG devices
 
         start = time.monotonic()
-        plugin.set_unhealthy({"gpu-3": "XID 79"})
+        plugin.fixed_health.set_unhealthy({"gpu-3": "XID 79"})
         assert plugin.kubelet.publisher.wait_until_synced(20)
         assert time.monotonic() - start < 5
-        assert _published(h) == set(plugin.device_index) - {"gpu-3"}
-        plugin.set_unhealthy({})
+        assert _published(h) == set(plugin.inventory.current().index) - {"gpu-3"}
+        plugin.fixed_health.set_unhealthy({})
         assert plugin.kubelet.publisher.wait_until_synced(20)
         assert "gpu-3" in _published(h)
 
@@ -48,6 +48,6 @@ def test_a_fresh_node_is_published_in_one_write_of_the_pool() -> None:
         plugin = h.start_plugin("onewrite", "sim:8xh100", health_mode="withdraw")
         assert plugin.health_monitor.wait_validated(60)
         assert plugin.kubelet.publisher.wait_until_synced(20)
-        assert set(h.published_devices("onewrite")) == set(plugin.device_index)
+        assert set(h.published_devices("onewrite")) == set(plugin.inventory.current().index)
         stats = plugin.kubelet.publisher.stats()
         assert stats.generation == 1, f"the pool was written {stats.generation} times"

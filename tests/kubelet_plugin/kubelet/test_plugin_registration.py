@@ -128,6 +128,6 @@ def test_no_slice_is_published_before_the_kubelet_registers_the_plugin() -> None
             assert h.published_devices("late") == {}
             h.kubelet("late")  # the kubelet comes and registers the plugin
             assert plugin.kubelet.publisher.wait_until_synced(20)
-            assert set(h.published_devices("late")) == set(plugin.device_index)
+            assert set(h.published_devices("late")) == set(plugin.inventory.current().index)
         finally:
             plugin.stop()

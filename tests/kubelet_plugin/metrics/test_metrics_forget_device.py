@@ -25,14 +25,14 @@ def test_a_destroyed_mig_devices_series_disappear_from_metrics() -> None:
     with PluginHarness() as h:
         # 8 x H100 with static MIG on some GPUs: MIG devices exist from the start.
         plugin = h.start_plugin(NODE, "sim:8xh100", health_mode="withdraw")
-        gpu = next(g for g in plugin.devices.gpus if g.mig_devices)
+        gpu = next(g for g in plugin.inventory.current().devices.gpus if g.mig_devices)
         mig = gpu.mig_devices[0]
         _wait(f"{mig.name} validated", lambda: plugin.health_monitor.snapshot().devices[mig.name].healthy)
         _wait(f"{mig.name}'s validation recorded", lambda: any(
             f'device="{mig.name}"' in line for line in _scrape(plugin) if "validation" in line))
 
         destroy_mig_device(plugin.nvml, gpu, mig)
-        plugin.refresh_devices()  # the node re-read, as after a MIG change
+        plugin.inventory.refresh()  # the node re-read, as after a MIG change
 
         _wait(f"{mig.name} untracked", lambda: mig.name not in plugin.health_monitor.snapshot().devices)
         _wait(f"{mig.name}'s series gone", lambda: not any(f'device="{mig.name}"' in line for line in _scrape(plugin)))

@@ -83,7 +83,7 @@ def test_vram_per_claim_and_pod_labels_on_dcgm_series_with_an_event_over_request
         (proc_root / "4242" / "cgroup").write_text(
             "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
             f"{pod_uid.replace('-', '_')}.slice/cri-containerd-{CID}.scope\n")
-        gpu0 = plugin.devices.gpu_by_name("gpu-0")
+        gpu0 = plugin.inventory.current().devices.gpu_by_name("gpu-0")
         plugin.nvml.add_process(gpu0.index, 4242, 25 * GIB)
 
         m = _scrape(port)

@@ -96,7 +96,7 @@ def test_vram_process_is_named_by_pod_resources_without_reading_the_pod() -> Non
         assert h.kubelet(node).prepare([(NAMESPACE, "share", uid)])[uid].ok
         h.set_pod(node, "notebook-0", {"jupyter": ["share"]})
         _in_pod(proc_root, 4242)
-        plugin.nvml.add_process(plugin.devices.gpu_by_name("gpu-0").index, 4242, 25 * GIB)
+        plugin.nvml.add_process(plugin.inventory.current().devices.gpu_by_name("gpu-0").index, 4242, 25 * GIB)
 
         def named() -> list[str] | None:
             names = [p.container for c in plugin.vram.report().claims for p in c.processes]
@@ -141,8 +141,8 @@ def test_real_gpu_readings_and_a_real_cuda_process_carry_the_container_from_pod_
     with PluginHarness() as h:
         plugin = h.start_plugin(node, open_nvml("real"), health_mode="off", metrics_port=port,
                                 metrics_host="127.0.0.1", proc_root=str(proc_root), vram_interval=0)
-        whole = [g for g in plugin.devices.gpus if g.name in plugin.device_index]
-        assert whole, f"no whole GPU to prepare (MIG mode on everywhere?): {plugin.devices.gpus}"
+        whole = [g for g in plugin.inventory.current().devices.gpus if g.name in plugin.inventory.current().index]
+        assert whole, f"no whole GPU to prepare (MIG mode on everywhere?): {plugin.inventory.current().devices.gpus}"
         gpu = min(whole, key=lambda g: g.index)
         uid = _reserved_claim(h, "real-gpu", node, gpu.name, "trainer")
         assert h.kubelet(node).prepare([(NAMESPACE, "real-gpu", uid)])[uid].ok

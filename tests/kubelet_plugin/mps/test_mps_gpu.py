@@ -92,8 +92,8 @@ def test_mps_claim_serves_a_real_cuda_client_and_unprepare_stops_it(mps_env: boo
     with PluginHarness() as h:
         plugin = h.start_plugin(NODE, nvml, health_mode="off")
         plugin.preparer.mps = MpsControl(MpsControlSettings(start_timeout=60.0, stop_timeout=30.0))
-        whole = [g for g in plugin.devices.gpus if g.name in plugin.device_index]
-        assert whole, f"no whole GPU to prepare (MIG mode on everywhere?): {plugin.devices.gpus}"
+        whole = [g for g in plugin.inventory.current().devices.gpus if g.name in plugin.inventory.current().index]
+        assert whole, f"no whole GPU to prepare (MIG mode on everywhere?): {plugin.inventory.current().devices.gpus}"
         gpu = min(whole, key=lambda g: g.minor)
         uid = h.create_claim("mps", [("gpu", NODE, gpu.name)], config=[opaque(
             {"apiVersion": API_VERSION, "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mps": {

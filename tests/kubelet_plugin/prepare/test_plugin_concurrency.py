@@ -84,7 +84,7 @@ def _hammer(kubelet_for: Callable[[int], Any], name: str, uid: str, calls: int, 
 
 def test_many_claims_prepare_in_parallel_and_the_checkpoint_stays_whole(h: PluginHarness) -> None:
     plugin = h.plugins[NODE]
-    names = sorted(plugin.device_index)[:16]
+    names = sorted(plugin.inventory.current().index)[:16]
     claims = [(f"p{i}", h.create_claim(f"p{i}", [("gpu", NODE, dev)])) for i, dev in enumerate(names)]
     kubelet = h.kubelet(NODE)
     reader = plugin.kubelet.claim_reader()

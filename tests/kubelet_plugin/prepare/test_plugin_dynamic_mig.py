@@ -20,8 +20,8 @@ def _mig_uuids(nvml: object) -> set[str]:
 
 
 def _placement(plugin: object, profile: str, gpu: str = "gpu-0", start: int | None = None) -> str:
-    names = sorted(n for n, d in plugin.device_index.items()  # type: ignore[attr-defined]
-                   if d.kind == "placement" and d.gpu.name == gpu and d.placement.profile.name == profile
+    names = sorted(n for n, d in plugin.inventory.current().index.items()  # type: ignore[attr-defined]
+                   if d.kind.name == "placement" and d.gpu.name == gpu and d.placement.profile.name == profile
                    and (start is None or d.placement.placement.start == start))
     return names[0]
 
@@ -54,7 +54,7 @@ def test_prepare_creates_the_instance_and_unprepare_destroys_it(h: PluginHarness
     assert record is not None and record.mig[0].uuid == mig_uuid
     status = h.get_claim("mig1")["status"]["devices"]
     assert status == [{"driver": "gpu.nvidia.com", "pool": NODE, "device": device,
-                       "data": {"uuid": mig_uuid, "parentUUID": plugin.devices.gpu_by_name("gpu-0").uuid,
+                       "data": {"uuid": mig_uuid, "parentUUID": plugin.inventory.current().devices.gpu_by_name("gpu-0").uuid,
                                 "gpuInstanceId": record.mig[0].gpu_instance_id,
                                 "computeInstanceId": record.mig[0].compute_instance_id}}]
     # Repeated prepare: same answer, no second instance.
@@ -109,9 +109,9 @@ def test_restart_destroys_an_instance_a_crashed_prepare_left_behind() -> None:
 def test_mig_creation_failure_fails_the_claim_with_nvmls_reason(h: PluginHarness) -> None:
     plugin = h.plugins[NODE]
     device = _placement(plugin, "1g.18gb", gpu="gpu-3", start=0)
-    gpu = plugin.devices.gpu_by_name("gpu-3")
+    gpu = plugin.inventory.current().devices.gpu_by_name("gpu-3")
     # Someone else (outside gpuready) took that placement: NVML refuses the overlap.
-    squatter = create_mig_device(plugin.nvml, gpu, plugin.device_index[device].placement)
+    squatter = create_mig_device(plugin.nvml, gpu, plugin.inventory.current().index[device].placement)
     try:
         uid = h.create_claim("taken", [("gpu", NODE, device)])
         err = h.kubelet(NODE).prepare([("default", "taken", uid)])[uid].error
@@ -170,7 +170,7 @@ def test_an_xid_on_a_created_instance_withdraws_that_instance_only() -> None:
         dcgm = [s for m in plugin.metrics.registry.collect() if m.name == "DCGM_FI_DEV_FB_USED" for s in m.samples]
         assert any(s.labels.get("GPU_I_ID") == str(mig.gpu_instance_id) for s in dcgm)
 
-        gpu0 = plugin.devices.gpu_by_name("gpu-0")
+        gpu0 = plugin.inventory.current().devices.gpu_by_name("gpu-0")
         plugin.nvml.faults.inject_xid(gpu0.index, 79, gpu_instance_id=mig.gpu_instance_id,
                                       compute_instance_id=mig.compute_instance_id)
         deadline = time.monotonic() + 30

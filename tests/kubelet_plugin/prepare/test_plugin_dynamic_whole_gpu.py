@@ -50,7 +50,7 @@ def h() -> Iterator[PluginHarness]:
 
 def test_whole_gpu_gets_the_full_size_instance_and_loses_it_on_unprepare(h: PluginHarness) -> None:
     plugin = h.plugins[NODE]
-    gpu = plugin.devices.gpu_by_name("gpu-0")
+    gpu = plugin.inventory.current().devices.gpu_by_name("gpu-0")
     assert _instances(plugin.nvml, "gpu-0") == []
     uid = h.create_claim("whole0", [("gpu", NODE, "gpu-0")])
     kubelet = h.kubelet(NODE)
@@ -84,8 +84,8 @@ def test_whole_gpu_gets_the_full_size_instance_and_loses_it_on_unprepare(h: Plug
 
 def test_a_placement_on_the_same_gpu_is_refused_per_claim(h: PluginHarness) -> None:
     plugin = h.plugins[NODE]
-    small = next(n for n, d in plugin.device_index.items()
-                 if d.kind == "placement" and d.gpu.name == "gpu-2" and d.placement.profile.name == "1g.18gb")
+    small = next(n for n, d in plugin.inventory.current().index.items()
+                 if d.kind.name == "placement" and d.gpu.name == "gpu-2" and d.placement.profile.name == "1g.18gb")
     whole = h.create_claim("whole2", [("gpu", NODE, "gpu-2")])
     part = h.create_claim("part2", [("gpu", NODE, small)])
     kubelet = h.kubelet(NODE)
@@ -99,7 +99,7 @@ def test_a_placement_on_the_same_gpu_is_refused_per_claim(h: PluginHarness) -> N
 
 def test_an_instance_created_outside_gpuready_fails_the_claim_with_nvmls_reason(h: PluginHarness) -> None:
     plugin = h.plugins[NODE]
-    gpu = plugin.devices.gpu_by_name("gpu-3")
+    gpu = plugin.inventory.current().devices.gpu_by_name("gpu-3")
     placement = next(p for p in gpu.placements() if p.profile.name == "1g.18gb" and p.placement.start == 3)
     squatter = create_mig_device(plugin.nvml, gpu, placement)
     try:

@@ -34,7 +34,7 @@ def test_whole_gpu_prepare_writes_valid_cdi_spec_and_unprepare_removes_it(h: Plu
                                "cdi_device_ids": [f"k8s.gpu.nvidia.com/claim={uid}-gpu-0"], "share_id": None}]
     spec = h.read_spec(NODE, uid)
     assert validate_spec(spec) == []
-    gpu0 = h.plugins[NODE].devices.gpu_by_name("gpu-0")
+    gpu0 = h.plugins[NODE].inventory.current().devices.gpu_by_name("gpu-0")
     edits = spec["devices"][0]["containerEdits"]
     assert [n["path"] for n in edits["deviceNodes"]] == ["/dev/nvidia0"]
     assert f"NVIDIA_VISIBLE_DEVICES={gpu0.uuid}" in edits["env"]
@@ -48,7 +48,7 @@ def test_whole_gpu_prepare_writes_valid_cdi_spec_and_unprepare_removes_it(h: Plu
 
 
 def test_static_mig_device_gets_parent_and_caps_nodes(h: PluginHarness) -> None:
-    mig = h.plugins[NODE].devices.gpu_by_name("gpu-7").mig_devices[0]
+    mig = h.plugins[NODE].inventory.current().devices.gpu_by_name("gpu-7").mig_devices[0]
     uid = h.create_claim("mig", [("small", NODE, mig.name)])
     result = h.kubelet(NODE).prepare([_ref("mig", uid)])[uid]
     assert result.ok, result.error
@@ -98,7 +98,7 @@ def test_claim_config_overrides_class_config_and_reaches_the_spec(h: PluginHarne
     assert result.ok, result.error
     assert result.devices[0]["request_names"] == ["gpu"]  # "/big" subrequest stripped
     env = h.read_spec(NODE, uid)["devices"][0]["containerEdits"]["env"]
-    uuid = h.plugins[NODE].devices.gpu_by_name("gpu-4").uuid
+    uuid = h.plugins[NODE].inventory.current().devices.gpu_by_name("gpu-4").uuid
     assert {"LEVEL=claim", "KEEP=yes", f"CUDA_VISIBLE_DEVICES={uuid}"} <= set(env)
     h.kubelet(NODE).unprepare([_ref("cfg", uid)])
 
@@ -140,12 +140,12 @@ def test_unprepare_works_after_the_claim_is_deleted_and_for_unknown_claims(h: Pl
 def test_unhealthy_device_is_refused_with_the_reason(h: PluginHarness) -> None:
     plugin = h.plugins[NODE]
     uid = h.create_claim("sick", [("gpu", NODE, "gpu-2")])
-    plugin.set_unhealthy({"gpu-2": "XID 79 (GPU fell off the bus)"})
+    plugin.fixed_health.set_unhealthy({"gpu-2": "XID 79 (GPU fell off the bus)"})
     try:
         err = h.kubelet(NODE).prepare([_ref("sick", uid)])[uid].error
         assert "gpu-2 is unhealthy (XID 79" in err
     finally:
-        plugin.set_unhealthy({})
+        plugin.fixed_health.set_unhealthy({})
     assert h.kubelet(NODE).prepare([_ref("sick", uid)])[uid].ok
     h.kubelet(NODE).unprepare([_ref("sick", uid)])
 
