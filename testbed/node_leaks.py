@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from kubelet_plugin.checkpoint.schema import ClaimState, decode
+from kubelet_plugin.checkpoint.records import ClaimState
+from kubelet_plugin.checkpoint.store import decode
 from kubelet_plugin.mps.mps_dirs import daemon_alive
 from kubelet_plugin.prepare.spec_recovery import spec_uids
 from testbed.fake_mps_control import events

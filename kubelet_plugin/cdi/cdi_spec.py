@@ -97,6 +97,11 @@ def claim_spec_path(cdi_root: str, driver_name: str, claim_uid: str) -> str:
     return f"{cdi_root.rstrip('/')}/{spec_file_name(driver_name, claim_uid)}"
 
 
+def device_ids(driver_name: str, claim_uid: str, device_names: Sequence[str]) -> dict[str, str]:
+    """Each device's qualified CDI ID (:func:`qualified_device_id`), by device name."""
+    return {name: qualified_device_id(driver_name, claim_uid, name) for name in device_names}
+
+
 def _device_node(path: str) -> dict[str, Any]:
     node: dict[str, Any] = {"path": path, "hostPath": path, "permissions": "rwm"}
     match = re.fullmatch(r"/dev/nvidia(\d+)", path)
@@ -229,6 +234,25 @@ def claim_spec(driver_name: str, claim_uid: str, devices: Sequence[CdiDevice],
                             "devices": cdi_devices, "containerEdits": node_edits(control_device_nodes, mounts, hooks)}
     spec["cdiVersion"] = minimum_version(spec)
     return spec
+
+
+@dataclass(frozen=True)
+class ClaimFiles:
+    """What prepare writes and answers for one claim: the spec file, its content, and each device's
+    qualified CDI ID (what the kubelet hands the runtime)."""
+
+    path: str
+    spec: dict[str, Any]
+    device_ids: dict[str, str]
+
+
+def claim_files(driver_name: str, cdi_root: str, claim_uid: str, devices: Sequence[CdiDevice],
+                control_device_nodes: Sequence[str], mounts: Sequence[Mapping[str, Any]] = (),
+                hooks: Sequence[Mapping[str, Any]] = ()) -> ClaimFiles:
+    """:func:`claim_spec`, with where it goes and the CDI IDs of its devices (the prepare path's one call)."""
+    return ClaimFiles(claim_spec_path(cdi_root, driver_name, claim_uid),
+                      claim_spec(driver_name, claim_uid, devices, control_device_nodes, mounts, hooks),
+                      device_ids(driver_name, claim_uid, [d.name for d in devices]))
 
 
 def node_edits(control_device_nodes: Sequence[str], mounts: Sequence[Mapping[str, Any]] = (),

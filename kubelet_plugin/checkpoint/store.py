@@ -6,7 +6,7 @@ or carries too much padding. Nothing here fsyncs: the records last one boot (the
 :func:`atomic_write` below.
 
 The file is ``<plugin data dir>/checkpoint.json``; its bytes (layout, version, checksum) are
-and its records are :mod:`kubelet_plugin.checkpoint.schema`. The boot
+and its records are :mod:`kubelet_plugin.checkpoint.records`. The boot
 ID (``/proc/sys/kernel/random/boot_id``) tells records of an earlier boot apart (their CDI files in
 ``/var/run/cdi`` and their MIG instances are gone or stale after a reboot). A claim shared with ``sharing.strategy: MPS`` records its MPS control
 daemon (:class:`MpsRecord`: directories before the daemon starts, its PID after), so an unprepare,
@@ -16,7 +16,7 @@ even by a restarted plugin, stops exactly that daemon and a repeated prepare nev
 others are logged with why; start-up recovery then rebuilds records of claims whose CDI spec exists
 but whose record was lost, so no device a running pod holds is handed to another claim.
 
-Records are read strictly (every field type-checked, :mod:`kubelet_plugin.checkpoint.schema`) but
+Records are read strictly (every field type-checked, :mod:`kubelet_plugin.checkpoint.records`) but
 forward-compatibly: unknown keys, a newer plugin's fields, are kept and written back unchanged.
 Paths in a record are never trusted: the CDI spec and MPS directories are derived from the UID.
 
@@ -28,97 +28,177 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
+import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from dra_driver.logs import get_logger
+from kubelet_plugin.cdi.spec_files import atomic_write
 from kubelet_plugin.checkpoint.boot_id import BOOT_ID_PATH, read_boot_id
-from kubelet_plugin.checkpoint.salvage import Salvage
-from kubelet_plugin.checkpoint.schema import CheckpointCorrupt, ClaimRecord, decode_full, encode
+from kubelet_plugin.checkpoint.records import ClaimRecord, RecordError
+from kubelet_plugin.checkpoint.salvage import Salvage, salvage
 
 log = get_logger(__name__)
 
 
-# --- atomic file replacement (the checkpoint when new, and every CDI spec) ----------------------
-# Atomic file replacement: write a temp file in the same directory, then rename it over the target.
+# --- the file: layout, version, checksum (bytes in, records out; pure) -------------------------
+# The checkpoint file's bytes: layout, version, checksum (pure: bytes in, records out).
 #
-# A reader (a container runtime scanning the CDI directory, the plugin restarting after a crash) sees
-# either the old file or the new one, never a partial write: the rename is atomic, and a file the
-# process wrote is in the kernel's page cache the moment ``write`` returns, so a plugin killed at any
-# point (SIGKILL, OOM) leaves whole files behind.
+# Layout, version 1 (the current one)::
 #
-# Durability across a power loss (``fsync``) is not asked for by default, on purpose: everything these
-# files describe lasts one boot. The checkpoint's records carry the boot ID and a new boot drops them
-# (the kubelet prepares its claims again), CDI specs live on tmpfs (``/var/run/cdi``), MIG instances
-# vanish with a GPU reset. Three ``fsync`` pairs per prepare cost 1 ms each on a quiet disk and
-# 10-15 ms at the 90th percentile on a busy one, for nothing a node could use after it reboots.
-# ``durable=True`` is there for a file that must outlive a reboot.
+#     {"version": 1, "bootId": "<boot id>", "checksum": "sha256:<hex>", "claims": {"<uid>": {...}}}
+#
+# ``checksum`` covers the canonical JSON (sorted keys, no spaces) of everything else, so a torn or
+# hand-edited file is detected; ``bootId`` tells records of an earlier boot apart. Top-level keys this
+# version does not know are kept and written back (a newer plugin's, during a rolling update).
+#
+# Versions. :data:`DECODERS` maps every version this plugin reads to its decoder; :func:`encode`
+# writes :data:`CURRENT_VERSION`. A file of a version with no decoder (a newer plugin's, after a
+# downgrade) is refused as :class:`CheckpointCorrupt` with ``newer=True``: the store moves it aside
+# untouched, never overwrites it. The path to a version 2 (tests/kubelet_plugin/checkpoint/
+# test_checkpoint_versions.py walks it with the fixtures in tests/fixtures/checkpoint/):
+#
+# 1. Release N+1 adds ``decode_v2`` to :data:`DECODERS` and keeps ``decode_v1``, but still *writes*
+#    version 1. During a rolling update the old and new plugin share the file, so nobody may write a
+#    version the other cannot read.
+# 2. Release N+2 (once N is no longer supported) sets :data:`CURRENT_VERSION` to 2. A version 1 file
+#    is decoded by ``decode_v1`` into the same records and written back as version 2 at the next
+#    update; nothing is migrated in place.
+# 3. Removing ``decode_v1`` comes last, once no supported release writes version 1.
 
-def atomic_write(path: str, data: bytes, mode: int = 0o644, durable: bool = False) -> None:
-    """Replace ``path`` with ``data`` atomically; ``durable`` also survives a power loss (fsync)."""
-    directory = os.path.dirname(path) or "."
-    # A dot-prefixed name without the final suffix: CDI scanners only read *.json / *.yaml.
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}-{threading.get_ident()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+CURRENT_VERSION = 1
+CHECKPOINT_VERSION = CURRENT_VERSION  # the version this plugin writes
+
+Decoded = tuple[str, dict[str, ClaimRecord], dict[str, Any]]  # boot ID, records, unknown top-level keys
+Decoder = Callable[[dict[str, Any], bytes], Decoded]
+
+
+class CheckpointCorrupt(Exception):
+    """The checkpoint file cannot be trusted (unreadable, bad checksum, unknown version, a bad record).
+
+    ``salvage`` holds what could still be read from it, record by record.
+    """
+
+    def __init__(self, message: str, salvaged: Salvage[ClaimRecord] | None = None, newer: bool = False) -> None:
+        super().__init__(message)
+        self.salvage: Salvage[ClaimRecord] = salvaged if salvaged is not None else Salvage()
+        self.newer = newer  # written by a newer plugin in a version this one cannot read
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _checksum(canonical_body: str) -> str:
+    return "sha256:" + hashlib.sha256(canonical_body.encode()).hexdigest()
+
+
+def encode(boot_id: str, claims: dict[str, ClaimRecord],
+           cache: dict[str, tuple[ClaimRecord, str]] | None = None,
+           extra: dict[str, Any] | None = None) -> bytes:
+    """Serialise a checkpoint with its checksum.
+
+    The checksum covers the canonical JSON (sorted keys, no spaces) of everything but itself.
+    ``cache`` (uid -> (record, its canonical JSON)) lets a writer re-encode only records that
+    changed: records are replaced, never mutated, so identity tells whether one changed. ``extra``:
+    top-level keys a newer plugin wrote, carried through.
+    """
+    parts = []
+    for uid in sorted(claims):
+        record = claims[uid]
+        cached = cache.get(uid) if cache is not None else None
+        if cached is not None and cached[0] is record:
+            text = cached[1]
+        else:
+            text = _canonical(record.to_json())
+            if cache is not None:
+                cache[uid] = (record, text)
+        parts.append(f"{json.dumps(uid)}:{text}")
+    if cache is not None:
+        for stale in set(cache) - set(claims):
+            del cache[stale]
+    if extra:
+        known = {"bootId": boot_id, "claims": {uid: claims[uid].to_json() for uid in claims},
+                 "version": CHECKPOINT_VERSION}
+        body = _canonical({**{k: v for k, v in extra.items() if k != "checksum"}, **known})
+    else:
+        # Byte-identical to _canonical({"bootId", "claims", "version"}): keys in sorted order.
+        body = f'{{"bootId":{json.dumps(boot_id)},"claims":{{{",".join(parts)}}},"version":{CHECKPOINT_VERSION}}}'
+    return f'{{"checksum":"{_checksum(body)}",{body[1:]}'.encode()
+
+
+def _parse_record(raw: Any, uid: str) -> ClaimRecord:
+    return ClaimRecord.from_json(raw, uid)
+
+
+def decode_v1(raw: dict[str, Any], data: bytes) -> Decoded:
+    """Version 1: checksum over the rest, ``bootId`` string, ``claims`` object of records by UID."""
+    def corrupt(why: str) -> CheckpointCorrupt:
+        return CheckpointCorrupt(why, salvage(data, _parse_record))
+
+    body = {k: v for k, v in raw.items() if k != "checksum"}
+    if raw.get("checksum") != _checksum(_canonical(body)):
+        raise corrupt("checksum mismatch (torn write or edited file)")
+    if not isinstance(raw.get("bootId"), str) or not isinstance(raw.get("claims"), dict):
+        raise corrupt("bootId must be a string and claims an object")
+    found: Salvage[ClaimRecord] = Salvage(boot_id=raw["bootId"])  # parsed once, record by record
+    for uid, rec in raw["claims"].items():
+        try:
+            found.records[uid] = _parse_record(rec, uid)
+        except RecordError as exc:
+            found.dropped.append((uid, str(exc)))
+    if found.dropped:
+        shown = "; ".join(f"{uid}: {why}" for uid, why in found.dropped[:3])
+        raise CheckpointCorrupt(f"{len(found.dropped)} malformed record(s): {shown}", found)
+    extra = {k: v for k, v in body.items() if k not in ("bootId", "claims", "version")}
+    return raw["bootId"], found.records, extra
+
+
+# Every version this plugin reads. See the module docstring for how a version 2 is added.
+DECODERS: Mapping[int, Decoder] = {1: decode_v1}
+
+
+def decode_full(data: bytes, decoders: Mapping[int, Decoder] = DECODERS) -> Decoded:
+    """Parse and verify a checkpoint of any version in ``decoders``; (boot ID, records, unknown keys).
+
+    Raises :class:`CheckpointCorrupt` with what could be salvaged when anything is wrong, with
+    ``newer=True`` for a version newer than every decoder (a newer plugin's file).
+    """
     try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        if durable:
-            os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        _unlink_quietly(tmp)
-        raise
-    os.close(fd)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        _unlink_quietly(tmp)
-        raise
-    if durable:
-        fsync_dir(directory)
+        raw = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointCorrupt(f"not valid JSON: {exc}", salvage(data, _parse_record)) from exc
+    if not isinstance(raw, dict):
+        raise CheckpointCorrupt("not a JSON object", salvage(data, _parse_record))
+    version = raw.get("version")
+    decoder = decoders.get(version) if isinstance(version, int) and not isinstance(version, bool) else None
+    if decoder is None:
+        known = ", ".join(str(v) for v in sorted(decoders))
+        newer = isinstance(version, int) and not isinstance(version, bool) and version > max(decoders)
+        why = (f"version {version} was written by a newer gpuready; this plugin reads version(s) {known}: "
+               "upgrade the plugin again, or remove the file once no claim is prepared on this node"
+               if newer else f"version {version!r} is not a checkpoint version (this plugin reads {known})")
+        raise CheckpointCorrupt(why, salvage(data, _parse_record), newer=newer)
+    return decoder(raw, data)
 
 
-def fsync_dir(directory: str) -> None:
-    """Make a rename or unlink in ``directory`` durable."""
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems (tmpfs on old kernels) refuse directory fsync: nothing to make durable
-    finally:
-        os.close(fd)
+def decode(data: bytes) -> tuple[str, dict[str, ClaimRecord]]:
+    """Parse and verify a checkpoint; return (boot ID, records). Raises :class:`CheckpointCorrupt`."""
+    boot_id, records, _ = decode_full(data)
+    return boot_id, records
 
-
-def remove_file(path: str, durable: bool = False) -> bool:
-    """Delete ``path``; return whether it existed (``durable``: the unlink survives a power loss)."""
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return False
-    if durable:
-        fsync_dir(os.path.dirname(path) or ".")
-    return True
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 __all__ = ["BOOT_ID_PATH", "CheckpointStore", "read_boot_id"]
 
 READ_RETRIES = 3  # a file another instance left unreadable is read again this many times before salvage
 COMPACT_SLACK = 64 * 1024  # trailing padding tolerated before the file is rewritten at its real size
+# Spaces a file written by rename is given past its content, so the next few prepares (each adds a
+# record of about 1 KB) still fit in place: a rename costs an ext4 data flush, a pwrite does not.
+GROWTH_ROOM = 4096
 
 
 def overwrite_in_place(path: str, data: bytes) -> bool:
@@ -307,7 +387,7 @@ class CheckpointStore:
         try:
             data = encode(self.boot_id, self._claims, self._encoded, self._extra)
             if not overwrite_in_place(self.path, data):
-                atomic_write(self.path, data, mode=0o600)
+                atomic_write(self.path, data + b" " * GROWTH_ROOM, mode=0o600)
         except BaseException:
             self.writes["error"] += 1
             raise

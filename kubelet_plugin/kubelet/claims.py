@@ -31,7 +31,7 @@ from typing import Any
 from dra_driver.informer import Backoff, Informer
 from dra_driver.kube_api import ApiError, JsonApi, describe_error, is_unreachable
 from dra_driver.logs import get_logger
-from kubelet_plugin.kubelet.driver import PrepareError
+from kubelet_plugin.kubelet.driver import ClaimRef, PrepareError
 
 log = get_logger(__name__)
 
@@ -43,14 +43,32 @@ class KubeClaims:
     """Claim reads and this driver's ``status.devices`` writes over the API server (the preparer's
     :class:`~kubelet_plugin.prepare.prepare_types.ClaimStatus`)."""
 
-    def __init__(self, api_client: Any, driver_name: str) -> None:
+    def __init__(self, api_client: Any, driver_name: str, node: str = "") -> None:
         self.api = JsonApi(api_client)
         self.driver_name = driver_name
+        self._node = node  # in log lines
         self.prefetch: ClaimPrefetch | None = None  # claims read when their pod reached the node
 
     def read_ahead(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The claim from the API server's watch cache (what :class:`ClaimPrefetch` keeps)."""
         return self._read(CLAIMS.format(ns=namespace, name=name), [("resourceVersion", "0")])
+
+    def read(self, ref: ClaimRef) -> dict[str, Any]:
+        """The claim for a prepare (:class:`~kubelet_plugin.kubelet.driver.ClaimSource`): an API failure
+        is a :class:`PrepareError` with its own reason (``api_failure``), a missing claim ``claim_not_found``."""
+        try:
+            claim = self.get(ref.namespace, ref.name, ref.uid)
+        except Exception as exc:
+            failure = api_failure(exc, ref.namespace, ref.name)
+            if failure is not None:
+                raise failure from exc
+            log.error("claim_read_error", exc_info=True, claim_uid=ref.uid, claim=f"{ref.namespace}/{ref.name}",
+                      node=self._node)
+            raise PrepareError("internal", f"internal error reading ResourceClaim {ref.namespace}/{ref.name}: "
+                               f"{exc}") from exc
+        if claim is None:
+            raise PrepareError("claim_not_found", f"ResourceClaim {ref.namespace}/{ref.name} not found")
+        return claim
 
     def get(self, namespace: str, name: str, uid: str = "") -> dict[str, Any] | None:
         """The claim as JSON, or None when it does not exist (other API errors raise).

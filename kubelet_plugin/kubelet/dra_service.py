@@ -28,8 +28,8 @@ from typing import Any
 import grpc
 
 from dra_driver.logs import get_logger
-from kubelet_plugin.kubelet.claims import KubeClaims, api_failure
-from kubelet_plugin.kubelet.driver import UID_MAX, ClaimOutcome, ClaimRef, DraDriver, uid_problem
+from kubelet_plugin.kubelet.claims import KubeClaims
+from kubelet_plugin.kubelet.driver import UID_MAX, UID_RE, ClaimOutcome, ClaimRef, DraDriver, uid_problem
 from kubelet_plugin.kubelet.grpc_loop import GrpcLoop
 from kubelet_plugin.kubelet.health_stream import HealthBroadcaster, HealthServicer
 from kubelet_plugin.kubelet.sockets import remove_stale_socket
@@ -68,7 +68,8 @@ def claim_problem(index: int, uid: str, namespace: str, name: str) -> str | None
         if not value:
             return (f"claims[{index}].{field} is empty: the kubelet must send {_FIELD_MEANING[field]}; "
                     "nothing was prepared or unprepared for this entry")
-    problem = uid_problem(uid)
+    # The common case in one regular expression; the reason is worked out only for a UID that fails it.
+    problem = None if len(uid) <= UID_MAX and UID_RE.match(uid) else uid_problem(uid)
     if problem:
         return (f"claims[{index}].uid {problem}; the kubelet must send {_FIELD_MEANING['uid']} (letters, digits "
                 f"and '-', at most {UID_MAX} characters); nothing was prepared or unprepared for this entry")
@@ -128,29 +129,6 @@ class DraServicer:
                     claim=f"{entry.namespace}/{entry.name}", node=self.driver.pool, error=entry.error)
         return ClaimOutcome(error=entry.error, reason="invalid_request")
 
-    def prepare(self, ref: ClaimRef) -> ClaimOutcome:
-        """One claim: the driver's recorded answer, else read the claim and let the driver prepare it."""
-        recorded = self.driver.recorded(ref)
-        if recorded is not None:
-            return recorded
-        try:
-            claim = self.claims.get(ref.namespace, ref.name, ref.uid)
-        except Exception as exc:
-            failure = api_failure(exc, ref.namespace, ref.name)
-            if failure is None:
-                log.error("claim_read_error", exc_info=True, claim_uid=ref.uid, node=self.driver.pool)
-                return ClaimOutcome(error=f"internal error reading ResourceClaim {ref.namespace}/{ref.name}: "
-                                    f"{exc}", reason="internal")
-            log.warning("claim_prepare_failed", claim_uid=ref.uid, claim=f"{ref.namespace}/{ref.name}",
-                        node=self.driver.pool, reason=failure.reason, error=str(failure))
-            return ClaimOutcome(error=str(failure), reason=failure.reason)
-        if claim is None:
-            message = f"ResourceClaim {ref.namespace}/{ref.name} not found"
-            log.warning("claim_prepare_failed", claim_uid=ref.uid, claim=f"{ref.namespace}/{ref.name}",
-                        node=self.driver.pool, reason="claim_not_found", error=message)
-            return ClaimOutcome(error=message, reason="claim_not_found")
-        return self.driver.prepare(ref, claim)
-
     def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
         """Prepare every claim of the request; per-claim errors."""
         response = self.pb2.NodePrepareResourcesResponse()
@@ -159,7 +137,8 @@ class DraServicer:
             if claim.error:
                 outcome = self._refused("NodePrepareResources", claim)
             else:
-                outcome = self.prepare(ClaimRef(claim.uid, claim.namespace, claim.name))
+                # The driver reads the claim (self.claims) only when it has no recorded answer.
+                outcome = self.driver.prepare(ClaimRef(claim.uid, claim.namespace, claim.name), self.claims)
             entry = response.claims[claim.uid]
             if outcome.error:
                 entry.error = outcome.error

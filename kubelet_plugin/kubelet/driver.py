@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 UID_MAX = 128
-_UID = re.compile(r"^[0-9A-Za-z-]+$")
+UID_RE = re.compile(r"^[0-9A-Za-z-]+$")
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,15 @@ class PrepareError(Exception):
         self.reason = reason
 
 
+class ClaimSource(Protocol):
+    """The kubelet side's claim reads, handed to the driver: it reads a claim only when it has no
+    recorded answer for it (a repeated prepare reads nothing)."""
+
+    def read(self, ref: ClaimRef) -> dict[str, Any]:
+        """The claim as the API server has it; raises :class:`PrepareError` (its own reason) when it
+        cannot be read or is gone."""
+
+
 class DraDriver(Protocol):
     """What the GPU driver does for the kubelet side; each call never raises (errors are outcomes)."""
 
@@ -71,11 +80,9 @@ class DraDriver(Protocol):
     def pool(self) -> str:
         """This node's pool (the node name), for the kubelet side's log lines."""
 
-    def recorded(self, ref: ClaimRef) -> ClaimOutcome | None:
-        """The answer of a prepare already completed for ``ref``, or None (then :meth:`prepare`)."""
-
-    def prepare(self, ref: ClaimRef, claim: dict[str, Any]) -> ClaimOutcome:
-        """Prepare the devices the fetched ``claim`` (API JSON) allocates on this node."""
+    def prepare(self, ref: ClaimRef, claims: ClaimSource) -> ClaimOutcome:
+        """Prepare the devices ``ref``'s claim allocates on this node: the recorded answer of a prepare
+        already completed, else the claim read from ``claims`` and prepared."""
 
     def unprepare(self, ref: ClaimRef) -> ClaimOutcome:
         """Undo what preparing ``ref`` did; succeeds for a claim never prepared."""
@@ -93,7 +100,7 @@ def uid_problem(uid: object) -> str | None:
     if len(uid) > UID_MAX:
         return (f"is {len(uid)} characters long; a ResourceClaim UID (an RFC 4122 UUID, 36 characters) "
                 f"has at most {UID_MAX}")
-    if not _UID.match(uid):
+    if not UID_RE.match(uid):
         shown = uid if len(uid) <= 64 else uid[:64] + "..."
         return (f"{shown!r} has characters other than letters, digits and '-'; a ResourceClaim UID is an "
                 "RFC 4122 UUID such as 627b3f5b-3aba-492f-8a3c-8f1c5e0b2d11")

@@ -114,7 +114,7 @@ class KubeletHelper:
         if self.claims is None:
             from kubelet_plugin.kubelet.claims import KubeClaims
 
-            self.claims = KubeClaims(self.api_client, self.settings.driver_name)
+            self.claims = KubeClaims(self.api_client, self.settings.driver_name, self.settings.node_name)
         return self.claims
 
     def stop(self) -> None:

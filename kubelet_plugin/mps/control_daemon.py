@@ -43,7 +43,7 @@ from typing import Any
 
 from dra_driver.logs import get_logger
 from kubelet_plugin.cdi.driver_files import find_driver_binary
-from kubelet_plugin.checkpoint.schema import MpsRecord
+from kubelet_plugin.checkpoint.records import MpsRecord
 from kubelet_plugin.mps.mps_dirs import daemon_alive, names_pipe_dir
 from kubelet_plugin.mps.mps_plan import MpsError, control_commands
 from kubelet_plugin.nvml.driver_libraries import driver_library_dirs

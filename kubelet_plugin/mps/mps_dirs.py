@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, replace
 
 from dra_driver.logs import get_logger
-from kubelet_plugin.checkpoint.schema import MpsRecord
+from kubelet_plugin.checkpoint.records import MpsRecord
 
 log = get_logger(__name__)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from dra_driver.opaque_config import MpsSettings
-from kubelet_plugin.checkpoint.schema import MpsRecord
+from kubelet_plugin.checkpoint.records import MpsRecord
 
 MPS_FIELD = "sharing.strategy: MPS"
 

@@ -12,7 +12,7 @@ No I/O: the claim is a plain JSON dict as the API server returns it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dra_driver.opaque_config import (
@@ -24,7 +24,6 @@ from dra_driver.opaque_config import (
     parse_config,
 )
 from dra_driver.quantity import parse_whole_quantity
-from kubelet_plugin.cdi.cdi_spec import qualified_device_id
 from kubelet_plugin.kinds.device_kind import NodeDevice
 from kubelet_plugin.kubelet.driver import PreparedDevice, PrepareError
 from kubelet_plugin.mps.mps_plan import MpsDevice
@@ -42,11 +41,11 @@ class PlannedDevice:
     config: DeviceConfig
     # A share of a device (consumable capacity): the memory the allocation consumed, in bytes.
     consumed_memory_bytes: int | None = None
+    # Whether the allocation lets other claims use the device at the same time (a share, or admin access).
+    shared: bool = field(init=False)
 
-    @property
-    def shared(self) -> bool:
-        """Whether the allocation lets other claims use the device at the same time."""
-        return self.share_id is not None or self.admin_access
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shared", self.share_id is not None or self.admin_access)
 
 
 @dataclass(frozen=True)
@@ -164,12 +163,9 @@ def mps_devices(planned: list[PlannedDevice]) -> list[MpsDevice]:
     return list(result.values())
 
 
-def answer_for(plan: ClaimPlan, driver: str) -> list[PreparedDevice]:
-    """The devices of the NodePrepareResources answer (request names without ``/<subrequest>``)."""
-    return [
-        PreparedDevice(request_names=[d.request.split("/", 1)[0]], pool_name=d.pool,
-                             device_name=d.device.name,
-                             cdi_device_ids=[qualified_device_id(driver, plan.uid, d.device.name)],
-                             share_id=d.share_id)
-        for d in plan.devices
-    ]
+def answer_for(plan: ClaimPlan, cdi_ids: Mapping[str, str]) -> list[PreparedDevice]:
+    """The devices of the NodePrepareResources answer (request names without ``/<subrequest>``), with
+    each device's qualified CDI ID (``cdi_ids``, by device name)."""
+    return [PreparedDevice(request_names=[d.request.split("/", 1)[0]], pool_name=d.pool, device_name=d.device.name,
+                           cdi_device_ids=[cdi_ids[d.device.name]], share_id=d.share_id)
+            for d in plan.devices]

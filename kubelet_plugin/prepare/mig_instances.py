@@ -14,7 +14,7 @@ from dataclasses import replace
 from dra_driver.devices import MigDevice
 from dra_driver.kube_api import describe_error
 from dra_driver.logs import get_logger
-from kubelet_plugin.checkpoint.schema import ClaimRecord, MigRecord
+from kubelet_plugin.checkpoint.records import ClaimRecord, MigRecord
 from kubelet_plugin.checkpoint.store import CheckpointStore
 from kubelet_plugin.kinds.device_kind import NodeDevice
 from kubelet_plugin.kubelet.driver import PrepareError

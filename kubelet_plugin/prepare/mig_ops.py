@@ -16,7 +16,7 @@ from typing import Any
 
 from dra_driver.devices import Gpu, MigDevice, MigPlacement
 from dra_driver.logs import get_logger
-from kubelet_plugin.checkpoint.schema import MigRecord
+from kubelet_plugin.checkpoint.records import MigRecord
 from kubelet_plugin.health.mig_probe import mig_gate
 
 log = get_logger(__name__)

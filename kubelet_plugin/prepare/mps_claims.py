@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager
 from dataclasses import replace
 
 from dra_driver.logs import get_logger
-from kubelet_plugin.checkpoint.schema import ClaimState, MpsRecord
+from kubelet_plugin.checkpoint.records import ClaimState, MpsRecord
 from kubelet_plugin.checkpoint.store import CheckpointStore
 from kubelet_plugin.kubelet.driver import PrepareError
 from kubelet_plugin.mps.mps_dirs import MpsBase, trusted_record, write_owner

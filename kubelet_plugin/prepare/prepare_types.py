@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from dra_driver.devices import Gpu, MigDevice, MigPlacement
-from kubelet_plugin.checkpoint.schema import MigRecord
+from kubelet_plugin.checkpoint.records import MigRecord
 
 
 class ClaimStatus(Protocol):

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import threading
 import time
@@ -35,11 +34,12 @@ from dataclasses import replace
 from typing import Any
 
 from dra_driver.logs import get_logger
-from kubelet_plugin.cdi.cdi_spec import CdiDevice, claim_spec, claim_spec_path
-from kubelet_plugin.checkpoint.schema import ClaimRecord, ClaimState, MpsRecord
-from kubelet_plugin.checkpoint.store import CheckpointStore, atomic_write
+from kubelet_plugin.cdi.cdi_spec import CdiDevice, ClaimFiles, claim_files, claim_spec_path, device_ids
+from kubelet_plugin.cdi.spec_files import read_spec, write_spec
+from kubelet_plugin.checkpoint.records import ClaimRecord, ClaimState, MpsRecord
+from kubelet_plugin.checkpoint.store import CheckpointStore
 from kubelet_plugin.inventory import NodeInventory
-from kubelet_plugin.kubelet.driver import ClaimOutcome, ClaimRef, PreparedDevice, PrepareError
+from kubelet_plugin.kubelet.driver import ClaimOutcome, ClaimRef, ClaimSource, PreparedDevice, PrepareError
 from kubelet_plugin.mps.control_daemon import (
     MpsControl,
     MpsControlSettings,
@@ -48,12 +48,11 @@ from kubelet_plugin.mps.control_daemon import (
 )
 from kubelet_plugin.mps.mps_dirs import MpsBase, plan_record
 from kubelet_plugin.mps.mps_plan import MpsOps
-from kubelet_plugin.node_prerequisites import NodeDirectory, describe_os_error
 from kubelet_plugin.prepare.claim_plan import ClaimPlan, answer_for, plan_claim
 from kubelet_plugin.prepare.mig_instances import MigInstances, planned_mig
 from kubelet_plugin.prepare.mps_claims import check_claim, revive_claim, start_for_claim
 from kubelet_plugin.prepare.prepare_types import ClaimStatus, MigOps, PrepareSettings
-from kubelet_plugin.prepare.spec_recovery import claim_ref, mismatch_problem, read_spec
+from kubelet_plugin.prepare.spec_recovery import claim_ref, mismatch_problem
 from kubelet_plugin.prepare.unpreparer import Unpreparer
 
 log = get_logger(__name__)
@@ -118,23 +117,20 @@ class Preparer:
         self.unpreparer.undo(record)
 
     # --- prepare ----------------------------------------------------------------------------------
-    def recorded(self, ref: ClaimRef) -> ClaimOutcome | None:
-        """The answer of a completed prepare, without the claim (lock-free; its spec must be on disk)."""
-        try:
-            return self._recorded_answer(self.checkpoint.get(ref.uid), ref.namespace, ref.name, locked=False)
-        except PrepareError as exc:
-            return self._failed(ref, exc)
+    def prepare(self, ref: ClaimRef, claims: ClaimSource) -> ClaimOutcome:
+        """Prepare one claim; never raises (errors are returned per claim).
 
-    def prepare(self, ref: ClaimRef, claim: dict[str, Any]) -> ClaimOutcome:
-        """Prepare one claim read by the kubelet side; never raises (errors are returned per claim)."""
+        Under the claim's lock, the checkpoint is read once: a completed prepare is answered from its
+        record (the claim is not read); otherwise the claim is read from ``claims`` and prepared.
+        """
         uid, namespace, name = ref.uid, ref.namespace, ref.name
         try:
-            plan = self._plan(claim, ref)
             with self.claim_lock(uid):
-                stale = self.checkpoint.get(uid)  # the one read of the checkpoint under the claim's lock
-                recorded = self._recorded_answer(stale, namespace, name, locked=True)
+                stale = self.checkpoint.get(uid)
+                recorded = self._recorded_answer(stale, namespace, name)
                 if recorded is not None:
                     return recorded
+                plan = self._plan(claims.read(ref), ref)
                 if stale is not None and stale.recovered:  # rebuilt from its CDI spec: complete it
                     return self._complete_recovered(stale, plan)
                 if stale is not None:  # a half-done prepare whose rollback failed earlier
@@ -172,7 +168,7 @@ class Preparer:
                                f"from before its checkpoint record was lost names devices {sorted(set(record.devices))}, "
                                f"its allocation {sorted({d.device.name for d in plan.devices})}; unprepare the "
                                "claim (delete its pod) so it is prepared afresh")
-        answer = answer_for(plan, self.settings.driver_name)
+        answer = answer_for(plan, device_ids(self.settings.driver_name, plan.uid, [d.device.name for d in plan.devices]))
         path = self.spec_path(plan.uid)
         try:
             spec = read_spec(path)
@@ -226,9 +222,8 @@ class Preparer:
                             claim=f"{plan.namespace}/{plan.name}", device=d.device.name, node=self.settings.pool,
                             reason=why, note="the allocation tolerates the device's unhealthy taint")
 
-    def _recorded_answer(self, record: ClaimRecord | None, namespace: str, name: str,
-                         locked: bool) -> ClaimOutcome | None:
-        """The recorded answer of a completed prepare (the lock-free fast path needs its spec on disk).
+    def _recorded_answer(self, record: ClaimRecord | None, namespace: str, name: str) -> ClaimOutcome | None:
+        """The recorded answer of a completed prepare (under the claim's lock; a lost spec is rebuilt).
 
         A record made for another namespace/name is an error naming the field: a UID names one claim,
         and answering another claim's devices would hand them to the wrong pod.
@@ -242,8 +237,6 @@ class Preparer:
             return None
         spec_file = self.spec_path(record.uid)  # derived, never the recorded path
         if record.cdi_spec is not None and not os.path.exists(spec_file):
-            if not locked:
-                return None  # an unprepare may be removing it: decide under the claim lock
             self.write_spec(spec_file, record.cdi_spec)  # lost (e.g. /var/run cleaned): rebuild
         return ClaimOutcome(devices=tuple(record.answer))
 
@@ -256,6 +249,7 @@ class Preparer:
         mine = [(d, d.device.occupancy) for d in plan.devices]
         mig = planned_mig((d.device for d in plan.devices), f"ResourceClaim {plan.namespace}/{plan.name}") \
             if plan.needs_mig else []
+        shared = [d.device.name for d in plan.devices if d.shared]
         with self.checkpoint.update() as records:
             for other in records.values():
                 if other.uid == plan.uid:
@@ -273,9 +267,7 @@ class Preparer:
             record = ClaimRecord(
                 uid=plan.uid, namespace=plan.namespace, name=plan.name, state=ClaimState.PREPARE_STARTED,
                 devices=[d.device.name for d in plan.devices],
-                shared_devices=[d.device.name for d in plan.devices if d.shared],
-                cdi_spec_file=self.spec_path(plan.uid),
-                mig=mig,
+                shared_devices=shared, mig=mig,  # the spec file is recorded with it, in phase 2
                 mps=plan_record(self.mps_base, plan.uid, self._mps_private_shm) if plan.mps_devices else None)
             records[plan.uid] = record
         return record
@@ -297,12 +289,12 @@ class Preparer:
                     config=d.config, memory_bytes=d.device.memory_bytes)
             if record.mps is not None:  # the MIG step changes only the record's instances
                 cdi_devices = self.start_mps(plan, record, cdi_devices)
-            spec = claim_spec(self.settings.driver_name, plan.uid, list(cdi_devices.values()),
-                              self.settings.control_device_nodes, self.settings.driver_mounts,
-                              self.settings.driver_hooks)
-            self.write_spec(record.cdi_spec_file, spec)
-            answer = answer_for(plan, self.settings.driver_name)
-            self.record_completion(plan.uid, answer, spec)
+            settings = self.settings
+            files = claim_files(settings.driver_name, settings.cdi_root, plan.uid, list(cdi_devices.values()),
+                                settings.control_device_nodes, settings.driver_mounts, settings.driver_hooks)
+            self.write_spec(files.path, files.spec)
+            answer = answer_for(plan, files.device_ids)
+            self.record_completion(plan.uid, answer, files)
         except BaseException:
             current = self.checkpoint.get(plan.uid)
             try:
@@ -318,24 +310,15 @@ class Preparer:
         self.on_change()
         return ClaimOutcome(devices=tuple(answer))
 
-    def record_completion(self, uid: str, answer: list[PreparedDevice], spec: dict[str, Any]) -> None:
+    def record_completion(self, uid: str, answer: list[PreparedDevice], files: ClaimFiles) -> None:
         """Checkpoint phase 2: the claim is prepared, with its answer and spec (step ``record_completion``)."""
         with self.checkpoint.update() as records:
-            records[uid] = replace(records[uid], state=ClaimState.PREPARE_COMPLETED,
-                                   answer=answer, cdi_spec=spec, updated_at=time.time())
+            records[uid] = replace(records[uid], state=ClaimState.PREPARE_COMPLETED, answer=answer,
+                                   cdi_spec=files.spec, cdi_spec_file=files.path, updated_at=time.time())
 
     def write_spec(self, path: str, spec: Mapping[str, Any]) -> None:
-        """Write a CDI spec atomically (the runtime never sees a partial file).
-
-        An OS error is a :class:`PrepareError` that names ``--cdi-root`` and the fix, not a bare errno.
-        """
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            atomic_write(path, json.dumps(spec, indent=1).encode())
-        except OSError as exc:
-            where = NodeDirectory("--cdi-root", "CDI_ROOT", self.settings.cdi_root, "one CDI spec per prepared claim",
-                                  "CDIRootUnusable")
-            raise PrepareError("cdi_root_unusable", describe_os_error(where, exc)) from exc
+        """Write a CDI spec atomically (step ``write_cdi_spec``; :func:`kubelet_plugin.cdi.spec_files.write_spec`)."""
+        write_spec(self.settings.cdi_root, path, spec)
 
 
 # --- one claim at a time ----------------------------------------------------------------------------

@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 
 from dra_driver.logs import get_logger
 from kubelet_plugin.cdi.cdi_spec import CDI_CLASS, cdi_vendor
-from kubelet_plugin.checkpoint.schema import ClaimRecord, ClaimState
+from kubelet_plugin.cdi.spec_files import read_spec
+from kubelet_plugin.checkpoint.records import ClaimRecord, ClaimState
 from kubelet_plugin.prepare.driver_reload import rewrite_specs
 from kubelet_plugin.prepare.preparer import Preparer
-from kubelet_plugin.prepare.spec_recovery import read_spec, record_from_spec, spec_uids
+from kubelet_plugin.prepare.spec_recovery import record_from_spec, spec_uids
 
 log = get_logger(__name__)
 

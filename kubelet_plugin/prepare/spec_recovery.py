@@ -18,14 +18,13 @@ rebuilt record (``recovered: cdi-spec``) keeps what the spec tells:
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from typing import Any
 
 from dra_driver.logs import get_logger
 from kubelet_plugin.cdi.cdi_spec import CDI_CLASS, cdi_kind, cdi_vendor
-from kubelet_plugin.checkpoint.schema import RECOVERED_FROM_SPEC, ClaimRecord, ClaimState, MigRecord
+from kubelet_plugin.checkpoint.records import RECOVERED_FROM_SPEC, ClaimRecord, ClaimState, MigRecord
 from kubelet_plugin.kinds.device_kind import NodeDevice
 from kubelet_plugin.kubelet.driver import uid_problem
 from kubelet_plugin.mps.mps_dirs import MpsBase, orphan_record
@@ -74,12 +73,6 @@ def record_from_spec(spec: Any, spec_file: str, uid: str, driver: str, index: Ma
     return ClaimRecord(uid=uid, namespace="", name="", state=ClaimState.PREPARE_COMPLETED, devices=devices,
                        cdi_spec_file=spec_file, cdi_spec=spec, mig=mig, mps=orphan_record(mps_base, uid, node_name),
                        recovered=RECOVERED_FROM_SPEC)
-
-
-def read_spec(path: str) -> Any:
-    """A spec file's JSON; raises OSError/ValueError."""
-    with open(path, "rb") as f:
-        return json.load(f)
 
 
 def claim_ref(record: ClaimRecord) -> str:

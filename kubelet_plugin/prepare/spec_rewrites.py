@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubelet_plugin.cdi.cdi_spec import with_node_edits
-from kubelet_plugin.checkpoint.schema import ClaimRecord, ClaimState
+from kubelet_plugin.checkpoint.records import ClaimRecord, ClaimState
 
 UNCHANGED = "spec already names the node's driver files"
 

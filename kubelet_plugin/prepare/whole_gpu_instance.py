@@ -19,7 +19,7 @@ import fcntl
 import os
 from collections.abc import Iterable, Iterator, Mapping
 
-from kubelet_plugin.checkpoint.schema import ClaimRecord, MigRecord
+from kubelet_plugin.checkpoint.records import ClaimRecord, MigRecord
 
 
 def other_users(records: Mapping[str, ClaimRecord], uid: str, mig: MigRecord) -> list[str]:

@@ -81,12 +81,12 @@ def test_healthz_turns_503_naming_the_dra_socket_when_its_workers_are_wedged_and
         # prepare nothing more, and only a restart helps.
         release, entered = threading.Event(), threading.Semaphore(0)
 
-        def stuck_prepare(ref: ClaimRef) -> ClaimOutcome:
+        def stuck_prepare(ref: ClaimRef, claims: object) -> ClaimOutcome:
             entered.release()
             release.wait(60)
             return ClaimOutcome(error="released by the test")
 
-        plugin.preparer.recorded = stuck_prepare  # type: ignore[method-assign]
+        plugin.preparer.prepare = stuck_prepare  # type: ignore[method-assign]
 
         def call_prepare(i: int) -> None:
             with grpc.insecure_channel(f"unix://{plugin.paths.dra}") as ch:

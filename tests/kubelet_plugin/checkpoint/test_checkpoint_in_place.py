@@ -12,8 +12,8 @@ import itertools
 from pathlib import Path
 
 from kubelet_plugin.checkpoint import store as store_module
-from kubelet_plugin.checkpoint.schema import ClaimRecord, ClaimState, decode
-from kubelet_plugin.checkpoint.store import CheckpointStore, overwrite_in_place
+from kubelet_plugin.checkpoint.records import ClaimRecord, ClaimState
+from kubelet_plugin.checkpoint.store import CheckpointStore, decode, overwrite_in_place
 
 UID = "0d9c8b7a-0000-4000-8000-0000000000"
 
@@ -27,9 +27,10 @@ def test_writes_go_in_place_and_change_the_size_every_time(tmp_path: Path) -> No
     path = tmp_path / "checkpoint.json"
     store = CheckpointStore(str(path), "boot")
     store.open()
-    with store.update() as records:  # first write: the file is created by rename
+    with store.update() as records:  # first write: the file is created by rename, with room to grow
         for i in (1, 97, 98):  # bigger than what follows, whatever width the timestamps take
             records[_record(i).uid] = _record(i)
+    assert path.stat().st_size >= len(path.read_bytes().rstrip()) + store_module.GROWTH_ROOM
     inode, sizes = path.stat().st_ino, [path.stat().st_size]
     for i in range(2, 6):
         with store.update() as records:
@@ -67,5 +68,6 @@ def test_a_file_grown_too_far_is_compacted_by_rename(tmp_path: Path) -> None:
     assert not overwrite_in_place(str(path), path.read_bytes().rstrip())  # too padded: not in place
     with store.update() as records:
         records[_record(2).uid] = _record(2)
-    assert path.stat().st_ino != inode and path.stat().st_size < 2 * real + 100  # replaced, compact
+    # Replaced, compact: the content (one record more) and the room left for growth, nothing else.
+    assert path.stat().st_ino != inode and path.stat().st_size < 2 * real + 100 + store_module.GROWTH_ROOM
     assert not overwrite_in_place(str(tmp_path / "missing.json"), b"{}")

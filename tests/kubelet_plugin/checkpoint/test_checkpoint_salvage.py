@@ -18,7 +18,8 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from kubelet_plugin.checkpoint import schema, store
+from kubelet_plugin.checkpoint import records as rec
+from kubelet_plugin.checkpoint import store
 from kubelet_plugin.checkpoint.salvage import salvage
 from kubelet_plugin.nvml import discover, open_nvml
 from testbed.plugin_harness import PluginHarness
@@ -36,12 +37,12 @@ def _rewrite(path: str, mutate: Callable[[dict[str, Any]], None]) -> None:
 def _with_checksum(raw: dict[str, Any]) -> dict[str, Any]:
     """``raw`` with the checksum of its other fields (what the plugin writes)."""
     body = {k: v for k, v in raw.items() if k != "checksum"}
-    raw["checksum"] = schema._checksum(schema._canonical(body))
+    raw["checksum"] = store._checksum(store._canonical(body))
     return raw
 
 
 def _truncated(path: str, uid: str) -> None:
-    data = Path(path).read_text()
+    data = Path(path).read_text().rstrip()  # the content, not the room left after it for growth
     Path(path).write_text(data[: len(data) // 2])
 
 
@@ -156,7 +157,7 @@ def test_unknown_fields_of_a_newer_plugin_are_kept_and_do_not_quarantine() -> No
         raw = json.loads(Path(path).read_text())
         assert raw["futureTop"] == {"k": 1} and raw["claims"][uid]["future_field"] == [1, 2]
         assert raw["claims"][uid]["answer"][0]["future_answer"] == "x"
-        assert set(schema.decode(Path(path).read_bytes())[1]) == {uid, second}  # checksum still valid
+        assert set(store.decode(Path(path).read_bytes())[1]) == {uid, second}  # checksum still valid
 
 
 def test_a_record_pointing_outside_the_cdi_dir_never_deletes_that_file(tmp_path: Path) -> None:
@@ -196,7 +197,7 @@ def test_dynamic_mig_instance_of_a_lost_record_is_destroyed_at_unprepare() -> No
         plugin = h.start_plugin(NODE, nvml, mig_mode="dynamic")
         kubelet = h.kubelet(NODE, previous=kubelet)
         record = plugin.checkpoint.get(uid)
-        assert record is not None and record.recovered == schema.RECOVERED_FROM_SPEC and record.devices == [small]
+        assert record is not None and record.recovered == rec.RECOVERED_FROM_SPEC and record.devices == [small]
         assert plugin.recovery.records_rebuilt == [uid]
         whole = h.create_claim("whole", [("gpu", NODE, "gpu-0")])
         refused = kubelet.prepare([("default", "whole", whole)])[whole]
@@ -208,12 +209,12 @@ def test_dynamic_mig_instance_of_a_lost_record_is_destroyed_at_unprepare() -> No
 
 
 def test_a_torn_file_keeps_every_record_before_the_damage() -> None:
-    records = {f"00000000-0000-4000-8000-00000000000{i}": schema.ClaimRecord(
+    records = {f"00000000-0000-4000-8000-00000000000{i}": rec.ClaimRecord(
         uid=f"00000000-0000-4000-8000-00000000000{i}", namespace="ns", name=f"c{i}",
-        state=schema.ClaimState.PREPARE_COMPLETED, devices=[f"gpu-{i}"]) for i in range(3)}
-    data = schema.encode("boot-x", records)
+        state=rec.ClaimState.PREPARE_COMPLETED, devices=[f"gpu-{i}"]) for i in range(3)}
+    data = store.encode("boot-x", records)
     cut = data.index(b'"00000000-0000-4000-8000-000000000002"') + 30  # inside the third record
-    found = salvage(data[:cut], lambda raw, uid: schema.ClaimRecord.from_json(raw, uid))
+    found = salvage(data[:cut], lambda raw, uid: rec.ClaimRecord.from_json(raw, uid))
     assert sorted(found.records) == sorted(records)[:2] and found.truncated and found.boot_id == "boot-x"
     assert found.records[sorted(records)[1]].name == "c1"  # whole records, namespace/name included
     assert "salvaged 2 records" in found.summary and "later records are lost" in found.summary
@@ -226,14 +227,14 @@ def test_a_torn_file_keeps_every_record_before_the_damage() -> None:
     ("mps", {"root": 1}, "record.mps.root"),
 ])
 def test_each_bad_record_is_dropped_alone_with_the_field_named(field: str, value: Any, named: str) -> None:
-    good = schema.ClaimRecord(uid="aaaa-1", namespace="ns", name="good", state=schema.ClaimState.PREPARE_COMPLETED,
+    good = rec.ClaimRecord(uid="aaaa-1", namespace="ns", name="good", state=rec.ClaimState.PREPARE_COMPLETED,
                           devices=["gpu-0"])
-    bad = schema.ClaimRecord(uid="bbbb-2", namespace="ns", name="bad", state=schema.ClaimState.PREPARE_COMPLETED,
+    bad = rec.ClaimRecord(uid="bbbb-2", namespace="ns", name="bad", state=rec.ClaimState.PREPARE_COMPLETED,
                          devices=["gpu-1"])
-    raw = json.loads(schema.encode("b", {"aaaa-1": good, "bbbb-2": bad}))
+    raw = json.loads(store.encode("b", {"aaaa-1": good, "bbbb-2": bad}))
     raw["claims"]["bbbb-2"][field] = value
-    with pytest.raises(schema.CheckpointCorrupt) as caught:
-        schema.decode(json.dumps(_with_checksum(raw)).encode())
+    with pytest.raises(store.CheckpointCorrupt) as caught:
+        store.decode(json.dumps(_with_checksum(raw)).encode())
     assert list(caught.value.salvage.records) == ["aaaa-1"]
     assert [uid for uid, _ in caught.value.salvage.dropped] == ["bbbb-2"]
     assert named in caught.value.salvage.dropped[0][1]
@@ -244,18 +245,18 @@ def test_an_unreadable_file_left_by_another_instance_is_never_overwritten(tmp_pa
     mine = store.CheckpointStore(path, "b")
     mine.open()
     with mine.update() as claims:
-        claims["aaaa-1"] = schema.ClaimRecord(uid="aaaa-1", namespace="ns", name="a",
-                                          state=schema.ClaimState.PREPARE_COMPLETED, devices=["gpu-0"])
+        claims["aaaa-1"] = rec.ClaimRecord(uid="aaaa-1", namespace="ns", name="a",
+                                          state=rec.ClaimState.PREPARE_COMPLETED, devices=["gpu-0"])
     # Another instance wrote a record, then its file went bad (here: a newer format version).
-    theirs = schema.ClaimRecord(uid="cccc-3", namespace="ns", name="c", state=schema.ClaimState.PREPARE_COMPLETED,
+    theirs = rec.ClaimRecord(uid="cccc-3", namespace="ns", name="c", state=rec.ClaimState.PREPARE_COMPLETED,
                             devices=["gpu-2"])
-    raw = json.loads(schema.encode("b", {"aaaa-1": mine.records()["aaaa-1"], "cccc-3": theirs}))
+    raw = json.loads(store.encode("b", {"aaaa-1": mine.records()["aaaa-1"], "cccc-3": theirs}))
     raw["version"] = 2
     Path(path).write_text(json.dumps(raw))
     assert "cccc-3" not in mine.records()  # cannot read it: serves its memory meanwhile
     with mine.update() as claims:
-        claims["bbbb-2"] = schema.ClaimRecord(uid="bbbb-2", namespace="ns", name="b",
-                                          state=schema.ClaimState.PREPARE_COMPLETED, devices=["gpu-1"])
+        claims["bbbb-2"] = rec.ClaimRecord(uid="bbbb-2", namespace="ns", name="b",
+                                          state=rec.ClaimState.PREPARE_COMPLETED, devices=["gpu-1"])
     assert set(store.CheckpointStore(path, "b").records()) == {"aaaa-1", "bbbb-2", "cccc-3"}
     assert mine.quarantined is not None and json.loads(Path(mine.quarantined).read_text())["version"] == 2
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kubelet_plugin.checkpoint.schema import ClaimRecord, ClaimState, MigRecord, PreparedDevice
+from kubelet_plugin.checkpoint.records import ClaimRecord, ClaimState, MigRecord, PreparedDevice
 from kubelet_plugin.checkpoint.store import CheckpointStore, read_boot_id
 
 
@@ -106,7 +106,7 @@ def test_boot_id_override(monkeypatch) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_incremental_encoding_matches_a_full_encoding() -> None:
-    from kubelet_plugin.checkpoint.schema import decode, encode
+    from kubelet_plugin.checkpoint.store import decode, encode
 
     claims = {f"u{i}": _record(f"u{i}") for i in range(5)}
     cache: dict[str, tuple[ClaimRecord, str]] = {}

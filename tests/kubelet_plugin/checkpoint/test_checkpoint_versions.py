@@ -1,7 +1,7 @@
 """The checkpoint's schema has versions: old files keep working, newer ones are refused and kept.
 
 The fixtures in tests/fixtures/checkpoint/ stand for files already on nodes (see the README there);
-kubelet_plugin/checkpoint/schema.py (its last part, the file's bytes) writes down the path to a version 2, walked here.
+kubelet_plugin/checkpoint/records.py (its last part, the file's bytes) writes down the path to a version 2, walked here.
 """
 
 from __future__ import annotations
@@ -13,18 +13,17 @@ from typing import Any
 
 import pytest
 
-from kubelet_plugin.checkpoint.schema import (
+from kubelet_plugin.checkpoint.records import ClaimRecord, ClaimState
+from kubelet_plugin.checkpoint.store import (
     CURRENT_VERSION,
     DECODERS,
     CheckpointCorrupt,
-    ClaimRecord,
-    ClaimState,
+    CheckpointStore,
     Decoded,
     decode_full,
     decode_v1,
     encode,
 )
-from kubelet_plugin.checkpoint.store import CheckpointStore
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "checkpoint"
 V1 = (FIXTURES / "version-1.json").read_bytes()

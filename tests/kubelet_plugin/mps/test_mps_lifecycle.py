@@ -24,7 +24,7 @@ import pytest
 from dra_driver.opaque_config import API_VERSION
 from kubelet_plugin.cdi.cdi_spec import validate_spec
 from kubelet_plugin.cdi.driver_files import find_driver_binary
-from kubelet_plugin.checkpoint.schema import ClaimState
+from kubelet_plugin.checkpoint.records import ClaimState
 from kubelet_plugin.mps.control_daemon import MpsControl, MpsControlSettings, read_pid
 from kubelet_plugin.mps.mps_dirs import claim_dir_name, daemon_alive
 from testbed.fake_mps_control import events, write_fake
@@ -314,7 +314,7 @@ def test_uids_alike_in_their_first_16_characters_get_different_dirs_and_never_st
 
 
 def test_a_recorded_pid_that_is_not_this_claims_daemon_is_never_signalled(tmp_path: Any) -> None:
-    from kubelet_plugin.checkpoint.schema import MpsRecord
+    from kubelet_plugin.checkpoint.records import MpsRecord
 
     # A process that merely mentions the name, and one named like the daemon serving another pipe dir.
     mentions = subprocess.Popen(["sh", "-c", "sleep 30", "nvidia-cuda-mps-control"])

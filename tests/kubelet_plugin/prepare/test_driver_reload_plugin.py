@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from kubelet_plugin.checkpoint.schema import decode
+from kubelet_plugin.checkpoint.store import decode
 from testbed.fake_driver_root import install_driver, library_files
 from testbed.nvml_sim.sim_control import CONTROL_DIR_ENV, send_fault
 from testbed.plugin_harness import PluginHarness

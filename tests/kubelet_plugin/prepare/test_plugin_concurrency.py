@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from kubelet_plugin.checkpoint.schema import ClaimState
+from kubelet_plugin.checkpoint.records import ClaimState
 from kubelet_plugin.checkpoint.store import CheckpointStore
 from testbed.plugin_harness import PluginHarness
 

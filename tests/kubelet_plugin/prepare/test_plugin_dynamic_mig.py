@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from kubelet_plugin.cdi.cdi_spec import validate_spec
-from kubelet_plugin.checkpoint.schema import ClaimRecord, ClaimState, MigRecord
+from kubelet_plugin.checkpoint.records import ClaimRecord, ClaimState, MigRecord
 from kubelet_plugin.checkpoint.store import CheckpointStore
 from kubelet_plugin.nvml import create_mig_device, discover, open_nvml
 from testbed.plugin_harness import PluginHarness

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from kubelet_plugin.cdi.cdi_spec import CdiDevice, claim_spec, driver_mounts, ldcache_hook, validate_spec
 from kubelet_plugin.cdi.driver_files import CONTAINER_LIB_DIR, DriverFile
-from kubelet_plugin.checkpoint.schema import ClaimRecord, ClaimState
+from kubelet_plugin.checkpoint.records import ClaimRecord, ClaimState
 from kubelet_plugin.prepare.spec_rewrites import UNCHANGED, NodeEdits, plan_spec_rewrite, plan_spec_rewrites
 
 DRIVER = "gpu.nvidia.com"
