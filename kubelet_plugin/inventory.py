@@ -53,10 +53,6 @@ class NodeView:
     prerequisite: tuple[str, str] | None = None  # (reason, message) while the node cannot prepare
     lost: tuple[Gpu, ...] = ()  # GPUs NVML no longer lists, kept (unhealthy) until they return
 
-    def withheld_reason(self, device: NodeDevice) -> str | None:
-        """Why ``device`` (or its GPU) is withheld, or None."""
-        return self.withheld.get(device.name) or self.withheld.get(device.gpu.name)
-
 
 Subscriber = Callable[[NodeView, NodeView], None]  # (previous, current)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -149,11 +149,3 @@ class HealthServicer:
         finally:
             self.on_stream(-1)
             log.info("health_stream_closed", api=self.api, node=self.node)
-
-
-def entries_from_map(pool: str, device_names: Iterable[str],
-                     unhealthy: Mapping[str, str]) -> tuple[HealthStreamEntry, ...]:
-    """Entries without a health monitor (``--health-mode off``): healthy unless listed in ``unhealthy``."""
-    now = int(time.time())
-    return tuple(HealthStreamEntry(pool, name, "UNHEALTHY" if name in unhealthy else "HEALTHY",
-                                   unhealthy.get(name, ""), now) for name in sorted(device_names))
