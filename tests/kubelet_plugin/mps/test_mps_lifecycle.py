@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 
 from dra_driver.opaque_config import API_VERSION
-from kubelet_plugin.cdi.cdi_spec import validate_spec
 from kubelet_plugin.cdi.driver_files import find_driver_binary
 from kubelet_plugin.checkpoint.schema import ClaimState
 from kubelet_plugin.mps.control_daemon import MpsControl, MpsControlSettings, read_pid
 from kubelet_plugin.mps.mps_dirs import claim_dir_name, daemon_alive
+from testbed.cdi_loader import loader_problems
 from testbed.fake_mps_control import events, write_fake
 from testbed.plugin_harness import PluginHarness, opaque
 
@@ -103,7 +103,7 @@ def test_prepare_starts_one_daemon_the_spec_points_at_it_and_unprepare_stops_it(
     assert not os.path.exists(os.path.join("/dev/shm", daemon["shm_marker"]))
 
     spec = h.read_spec(NODE, uid)
-    assert validate_spec(spec) == []
+    assert loader_problems(spec) == []
     edits = spec["devices"][0]["containerEdits"]
     assert f"CUDA_MPS_PIPE_DIRECTORY={dirs['pipe']}" in edits["env"]
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in edits["env"]

@@ -6,10 +6,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from kubelet_plugin.cdi.cdi_spec import validate_spec
 from kubelet_plugin.checkpoint.schema import ClaimRecord, ClaimState, MigRecord
 from kubelet_plugin.checkpoint.store import CheckpointStore
 from kubelet_plugin.nvml import create_mig_device, discover, open_nvml
+from testbed.cdi_loader import loader_problems
 from testbed.plugin_harness import PluginHarness
 
 NODE = "mig-node"
@@ -44,7 +44,7 @@ def test_prepare_creates_the_instance_and_unprepare_destroys_it(h: PluginHarness
     assert len(created) == 1
     mig_uuid = created.pop()
     spec = h.read_spec(NODE, uid)
-    assert validate_spec(spec) == []
+    assert loader_problems(spec) == []
     edits = spec["devices"][0]["containerEdits"]
     assert f"NVIDIA_VISIBLE_DEVICES={mig_uuid}" in edits["env"]
     nodes = [n["path"] for n in edits["deviceNodes"]]

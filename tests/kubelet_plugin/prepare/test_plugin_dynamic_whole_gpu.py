@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from dra_driver.devices import MigDevice
-from kubelet_plugin.cdi.cdi_spec import validate_spec
 from kubelet_plugin.nvml import create_mig_device, destroy_mig_device, discover, open_nvml
+from testbed.cdi_loader import loader_problems
 from testbed.plugin_harness import PluginHarness
 
 NODE = "whole-mig-node"
@@ -59,7 +59,7 @@ def test_whole_gpu_gets_the_full_size_instance_and_loses_it_on_unprepare(h: Plug
     [mig] = _instances(plugin.nvml, "gpu-0")
     assert (mig.profile.name, mig.placement.start, mig.placement.size) == ("7g.141gb", 0, 8)
     spec = h.read_spec(NODE, uid)
-    assert validate_spec(spec) == []
+    assert loader_problems(spec) == []
     # The container gets the instance, not the bare parent CUDA cannot use.
     assert f"NVIDIA_VISIBLE_DEVICES={mig.uuid}" in _env(spec)
     assert not any(gpu.uuid in e for e in _env(spec))

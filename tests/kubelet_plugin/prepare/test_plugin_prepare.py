@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from dra_driver.opaque_config import API_VERSION
-from kubelet_plugin.cdi.cdi_spec import validate_spec
+from testbed.cdi_loader import loader_problems
 from testbed.plugin_harness import PluginHarness, opaque
 
 NODE = "node-a"
@@ -33,7 +33,7 @@ def test_whole_gpu_prepare_writes_valid_cdi_spec_and_unprepare_removes_it(h: Plu
     assert result.devices == [{"request_names": ["gpu"], "pool_name": NODE, "device_name": "gpu-0",
                                "cdi_device_ids": [f"k8s.gpu.nvidia.com/claim={uid}-gpu-0"], "share_id": None}]
     spec = h.read_spec(NODE, uid)
-    assert validate_spec(spec) == []
+    assert loader_problems(spec) == []
     gpu0 = h.plugins[NODE].devices.gpu_by_name("gpu-0")
     edits = spec["devices"][0]["containerEdits"]
     assert [n["path"] for n in edits["deviceNodes"]] == ["/dev/nvidia0"]
@@ -53,7 +53,7 @@ def test_static_mig_device_gets_parent_and_caps_nodes(h: PluginHarness) -> None:
     result = h.kubelet(NODE).prepare([_ref("mig", uid)])[uid]
     assert result.ok, result.error
     spec = h.read_spec(NODE, uid)
-    assert validate_spec(spec) == []
+    assert loader_problems(spec) == []
     edits = spec["devices"][0]["containerEdits"]
     assert [n["path"] for n in edits["deviceNodes"]] == ["/dev/nvidia7", *mig.device_nodes]
     assert f"NVIDIA_VISIBLE_DEVICES={mig.uuid}" in edits["env"]
