@@ -120,7 +120,7 @@ def allocations_from_claims(claims: Sequence[PreparedClaim],
                 namespace, name, names = single_pod_users(containers, key) or ("", "", ())
             out.setdefault(device, []).append(DeviceAllocation(
                 device, c.claim_uid, c.claim_name, c.claim_namespace, pod=name, pod_namespace=namespace,
-                pod_uid=uid, containers=names, requested_memory_bytes=c.requested_for(device)))
+                pod_uid=uid, containers=names))
     return out
 
 
