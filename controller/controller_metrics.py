@@ -1,18 +1,17 @@
 """The controller's metrics: planning, webhooks, placements, unfit claims, reconciler, leadership.
 
-Like :mod:`kubelet_plugin.metrics.plugin_metrics`, nothing uses the global default registry.
+Like :mod:`kubelet_plugin.metrics.plugin_metrics`, every family is declared once in the class body
+(:mod:`dra_driver.metric_families` registers them) and nothing uses the global default registry.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client import CollectorRegistry
 
 from dra_driver import __version__
-
-# The ``*_created`` companion series double the exposition size and no dashboard reads them.
-disable_created_metrics()
+from dra_driver.metric_families import CounterFamily, GaugeFamily, HistogramFamily, MetricSet
 
 # Planning over a cluster inventory is pure CPU work: tens of microseconds for one node, tens of
 # milliseconds for thousands of devices. A webhook call must answer well inside the API server's
@@ -25,58 +24,51 @@ WEBHOOK_BUCKETS: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0
 WEBHOOK_OUTCOMES: tuple[str, ...] = ("mutated", "unchanged", "allowed", "denied", "warned", "error")
 
 
-class ControllerMetrics:
+class ControllerMetrics(MetricSet):
     """The metric families of one controller replica."""
 
+    build_info = GaugeFamily(
+        "gpuready_controller_build_info", "gpuready version of this controller (value 1).", ("version", "driver_name"))
+    is_leader = GaugeFamily(
+        "gpuready_controller_is_leader", "1 while this replica holds the leader Lease (runs reconcilers and placement).")
+    planning_duration = HistogramFamily(
+        "gpuready_controller_planning_duration_seconds",
+        "Time to plan one claim (best-fit search over the inventory), by policy and result.",
+        ("policy", "result"), PLANNING_BUCKETS)
+    webhook_duration = HistogramFamily(
+        "gpuready_controller_webhook_duration_seconds",
+        "Time to answer one admission review, by webhook (mutate, validate) and object kind.",
+        ("webhook", "kind"), WEBHOOK_BUCKETS)
+    webhook_requests = CounterFamily(
+        "gpuready_controller_webhook_requests",
+        "Admission reviews answered, by webhook, kind and outcome (mutated, unchanged, allowed, denied, warned, error).",
+        ("webhook", "kind", "outcome"))
+    placements = CounterFamily(
+        "gpuready_controller_placements", "Claims the controller placed itself (placement mode), by policy and result.",
+        ("policy", "result"))
+    unfit_verdicts = CounterFamily(
+        "gpuready_controller_unfit_verdicts",
+        "Times a claim was found to fit no device, by reason (memory, selector, counters, taints, ...).", ("reason",))
+    unfit_claims = GaugeFamily(
+        "gpuready_controller_unfit_claims", "Pending claims that currently fit no device in the cluster, by reason.",
+        ("reason",))
+    reconciler_actions = CounterFamily(
+        "gpuready_controller_reconciler_actions",
+        "Actions of the claim health reconciler (condition_set, event, evict, ...), by result.", ("action", "result"))
+    inventory_devices = GaugeFamily(
+        "gpuready_controller_inventory_devices",
+        "Devices in the controller's inventory of published ResourceSlices, by state.", ("state",))
+    readiness_taint_changes = CounterFamily(
+        "gpuready_controller_readiness_taint_changes",
+        "Readiness taints the leader removed from or added to Nodes (GPUReady gates the node), by result.",
+        ("action", "result"))
+    readiness_tainted_nodes = GaugeFamily(
+        "gpuready_controller_readiness_tainted_nodes",
+        "Nodes carrying the readiness taint now (they take no pods that do not tolerate it).")
+
     def __init__(self, registry: CollectorRegistry | None = None, driver_name: str = "gpu.nvidia.com") -> None:
-        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
-        r = self.registry
-        info = Gauge("gpuready_controller_build_info", "gpuready version of this controller (value 1).",
-                     ["version", "driver_name"], registry=r)
-        info.labels(__version__, driver_name).set(1)
-        self.is_leader = Gauge(
-            "gpuready_controller_is_leader",
-            "1 while this replica holds the leader Lease (runs reconcilers and placement).", registry=r)
-        self.planning_duration = Histogram(
-            "gpuready_controller_planning_duration_seconds",
-            "Time to plan one claim (best-fit search over the inventory), by policy and result.",
-            ["policy", "result"], buckets=PLANNING_BUCKETS, registry=r)
-        self.webhook_duration = Histogram(
-            "gpuready_controller_webhook_duration_seconds",
-            "Time to answer one admission review, by webhook (mutate, validate) and object kind.",
-            ["webhook", "kind"], buckets=WEBHOOK_BUCKETS, registry=r)
-        self.webhook_requests = Counter(
-            "gpuready_controller_webhook_requests",
-            "Admission reviews answered, by webhook, kind and outcome "
-            "(mutated, unchanged, allowed, denied, warned, error).",
-            ["webhook", "kind", "outcome"], registry=r)
-        self.placements = Counter(
-            "gpuready_controller_placements",
-            "Claims the controller placed itself (placement mode), by policy and result.",
-            ["policy", "result"], registry=r)
-        self.unfit_verdicts = Counter(
-            "gpuready_controller_unfit_verdicts",
-            "Times a claim was found to fit no device, by reason (memory, selector, counters, taints, ...).",
-            ["reason"], registry=r)
-        self.unfit_claims = Gauge(
-            "gpuready_controller_unfit_claims",
-            "Pending claims that currently fit no device in the cluster, by reason.",
-            ["reason"], registry=r)
-        self.reconciler_actions = Counter(
-            "gpuready_controller_reconciler_actions",
-            "Actions of the claim health reconciler (condition_set, event, evict, ...), by result.",
-            ["action", "result"], registry=r)
-        self.inventory_devices = Gauge(
-            "gpuready_controller_inventory_devices",
-            "Devices in the controller's inventory of published ResourceSlices, by state.",
-            ["state"], registry=r)
-        self.readiness_taint_changes = Counter(
-            "gpuready_controller_readiness_taint_changes",
-            "Readiness taints the leader removed from or added to Nodes (GPUReady gates the node), by result.",
-            ["action", "result"], registry=r)
-        self.readiness_tainted_nodes = Gauge(
-            "gpuready_controller_readiness_tainted_nodes",
-            "Nodes carrying the readiness taint now (they take no pods that do not tolerate it).", registry=r)
+        super().__init__(registry)
+        self.build_info.labels(__version__, driver_name).set(1)
         self.is_leader.set(0)
 
     def set_leader(self, leader: bool) -> None:

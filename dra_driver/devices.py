@@ -186,6 +186,3 @@ class NodeDevices:
         """Find a GPU by UUID."""
         return next((g for g in self.gpus if g.uuid == uuid), None)
 
-    def gpu_by_name(self, name: str) -> Gpu | None:
-        """Find a GPU by its published name (``gpu-<minor>``)."""
-        return next((g for g in self.gpus if g.name == name), None)

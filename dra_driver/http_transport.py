@@ -222,11 +222,6 @@ class HttpTransport:
                 return
         conn.close()
 
-    def idle_connections(self) -> int:
-        """How many kept-alive connections wait for the next request."""
-        with self._idle_lock:
-            return len(self._idle)
-
     def request(self, method: str, target: str, body: bytes | None, headers: Mapping[str, str],
                 timeout: tuple[float, float]) -> tuple[int, bytes]:
         """One request on a kept-alive connection; one the server dropped under us is replaced once

@@ -195,11 +195,6 @@ class Informer:
         return self._rv
 
     @property
-    def watching(self) -> bool:
-        """Whether a watch stream is open now (changes are reported as they happen)."""
-        return self._watching
-
-    @property
     def running(self) -> bool:
         """Whether the thread :meth:`start` began is still running."""
         return self._thread is not None and self._thread.is_alive()

@@ -123,11 +123,6 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         pass
 
 
-def is_gpuready_handler(handler: logging.Handler) -> bool:
-    """Whether :func:`configure` installed ``handler`` (tests remove these between tests)."""
-    return isinstance(handler.formatter, _KeyValueFormatter)
-
-
 def configure(level: str = "info", stream: Any = None) -> None:
     """Configure root logging once per process (daemons and the CLI call this)."""
     handler: logging.Handler = logging.StreamHandler(stream) if stream is not None else _StderrHandler()

@@ -37,6 +37,7 @@ from dra_driver.binding_conditions import (
     condition,
     with_condition,
 )
+from dra_driver.conflict_retry import Written, update_with_retry
 from dra_driver.informer import Informer
 from dra_driver.kube_api import ApiError, JsonApi, describe_error
 from dra_driver.logs import get_logger
@@ -48,7 +49,6 @@ log = get_logger(__name__)
 ALL_CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
 CLAIM = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}"
 WORKERS = 4
-CONFLICT_RETRIES = 3
 
 
 def _now() -> str:
@@ -159,25 +159,28 @@ class BindTimeValidator:
         """Set the condition on the claim's entry for the device; False when the claim no longer awaits it."""
         path = CLAIM.format(ns=device.namespace, name=device.claim)
         kind = self.conditions.validated if result.ok else self.conditions.failed
-        for _attempt in range(CONFLICT_RETRIES):
+
+        def read() -> dict[str, Any] | None:
             try:
                 claim: dict[str, Any] = self._api.request("GET", path)
             except ApiError as exc:
                 if exc.status == 404:
-                    return False
+                    return None
                 raise
             if (claim.get("metadata") or {}).get("uid") != device.claim_uid or device not in awaited_devices(
                     claim, self._driver, self._node, self.conditions):
-                return False  # deleted, re-created, re-allocated or answered meanwhile
+                return None  # deleted, re-created, re-allocated or answered meanwhile
+            return claim
+
+        def modify(claim: dict[str, Any]) -> dict[str, Any]:
             new = condition(kind, result.reason, result.message, _now(), claim["metadata"].get("generation"))
             status = claim.setdefault("status", {})
             status["devices"] = with_condition(status.get("devices") or [], self._driver, device.pool,
                                                device.device, new)
-            try:
-                self._api.request("PUT", path + "/status", body=claim)
-                return True
-            except ApiError as exc:
-                if exc.status != 409:
-                    raise
-        raise RuntimeError(f"status of ResourceClaim {device.namespace}/{device.claim} kept changing "
-                           f"({CONFLICT_RETRIES} conflicts)")
+            return claim
+
+        def write(claim: dict[str, Any]) -> Any:
+            return self._api.request("PUT", path + "/status", body=claim)
+
+        outcome = update_with_retry(f"status of ResourceClaim {device.namespace}/{device.claim}", read, modify, write)
+        return isinstance(outcome, Written)

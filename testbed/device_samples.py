@@ -26,6 +26,14 @@ _H200_TABLE = (
 )
 
 
+
+def gpu_named(devices: NodeDevices, name: str) -> Gpu:
+    """The GPU published as ``name`` (``gpu-<minor>``); a test naming a GPU the node lacks fails here."""
+    found = next((g for g in devices.gpus if g.name == name), None)
+    if found is None:
+        raise LookupError(f"no GPU {name} on this node: {', '.join(g.name for g in devices.gpus)}")
+    return found
+
 def h200_profiles() -> tuple[MigProfile, ...]:
     """The H200's GPU instance profiles as NVML lists them."""
     return tuple(

@@ -67,11 +67,10 @@ def _no_log_handlers_outlive_a_test() -> Iterator[None]:
     handlers it manages itself) and restores the root level."""
     import logging
 
-    from dra_driver.logs import is_gpuready_handler
-
     root = logging.getLogger()
     level = root.level
     yield
-    for handler in [h for h in root.handlers if is_gpuready_handler(h)]:
+    # configure's handlers are the ones formatted by dra_driver.logs (key=value or JSON lines).
+    for handler in [h for h in root.handlers if type(h.formatter).__module__ == "dra_driver.logs"]:
         root.removeHandler(handler)
     root.setLevel(level)

@@ -33,6 +33,7 @@ from controller.claim_health.device_conditions import (
 from controller.controller_metrics import ControllerMetrics
 from controller.informers import ClusterCache
 from controller.planning.explain import unhealthy_from_node_conditions
+from dra_driver.conflict_retry import ConflictsExhausted, Gone, Unchanged, update_with_retry
 from dra_driver.kube_api import describe_error
 from dra_driver.logs import get_logger
 
@@ -102,36 +103,43 @@ class HealthReconciler:
         meta = claim.get("metadata") or {}
         ns, name, uid = str(meta.get("namespace", "")), str(meta.get("name", "")), meta.get("uid")
         action = "condition_set" if reason is not None else "condition_cleared"
-        for _attempt in range(4):
-            status = with_device_condition(claim.get("status") or {}, ref, reason, meta.get("generation"))
-            if status is None:
-                return claim
-            body = {**claim, "status": status}
-            try:
-                updated: dict[str, Any] = self.api.request("PUT", claim_path(ns, name, "status"), body=body)
-            except ApiError as exc:
-                if exc.status == 409:  # someone wrote in between (the plugin, the scheduler): read again
-                    fresh = self.api.get(claim_path(ns, name))
-                    if fresh is None or (fresh.get("metadata") or {}).get("uid") != uid:
-                        return None
-                    claim = fresh
-                    continue
-                if exc.status == 404:
-                    return None
-                log.warning("claim_condition_failed", claim=f"{ns}/{name}", claim_uid=uid, device=ref.id,
-                            node=ref.pool, error=describe_error(exc))
-                self._count(action, False)
-                return None
-            self.cache.claims.apply_local(updated)
-            self._count(action)
-            if reason is not None:
-                log.warning("claim_device_unhealthy", claim=f"{ns}/{name}", claim_uid=uid, device=ref.id,
-                            node=ref.pool, reason=reason)
-            else:
-                log.info("claim_device_healthy", claim=f"{ns}/{name}", claim_uid=uid, device=ref.id, node=ref.pool)
+
+        def read() -> dict[str, Any] | None:  # after a conflict: someone (the plugin, the scheduler) wrote
+            fresh = self.api.get(claim_path(ns, name))
+            return fresh if fresh is not None and (fresh.get("metadata") or {}).get("uid") == uid else None
+
+        def modify(current: dict[str, Any]) -> dict[str, Any] | None:
+            status = with_device_condition(current.get("status") or {}, ref, reason,
+                                           (current.get("metadata") or {}).get("generation"))
+            return None if status is None else {**current, "status": status}
+
+        def write(body: dict[str, Any]) -> dict[str, Any]:
+            updated: dict[str, Any] = self.api.request("PUT", claim_path(ns, name, "status"), body=body)
             return updated
-        self._count(action, False)
-        return None
+
+        try:
+            outcome = update_with_retry(f"status of ResourceClaim {ns}/{name}", read, modify, write,
+                                        attempts=4, current=claim)
+        except ConflictsExhausted:
+            self._count(action, False)
+            return None
+        except ApiError as exc:
+            log.warning("claim_condition_failed", claim=f"{ns}/{name}", claim_uid=uid, device=ref.id,
+                        node=ref.pool, error=describe_error(exc))
+            self._count(action, False)
+            return None
+        if isinstance(outcome, Gone):
+            return None
+        if isinstance(outcome, Unchanged):
+            return outcome.current
+        self.cache.claims.apply_local(outcome.answer)
+        self._count(action)
+        if reason is not None:
+            log.warning("claim_device_unhealthy", claim=f"{ns}/{name}", claim_uid=uid, device=ref.id,
+                        node=ref.pool, reason=reason)
+        else:
+            log.info("claim_device_healthy", claim=f"{ns}/{name}", claim_uid=uid, device=ref.id, node=ref.pool)
+        return outcome.answer
 
     def _pods(self, claim: dict[str, Any]) -> list[dict[str, Any]]:
         pods = []

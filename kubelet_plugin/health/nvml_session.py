@@ -20,7 +20,7 @@ state table, events and polls live there), run on its poll thread.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -63,12 +63,10 @@ class NvmlSession:
     _last_probe: dict[tuple[str, str], float]
     _driver_version: str | None  # the driver the session began with (None: never up yet)
 
-    def _update(self, change: Callable[[], Iterable[tuple[str, DeviceRecord]]],
-                node_problem: str | bool | None = False) -> None:
-        raise NotImplementedError
-
-    def _event_loop(self, reg: Registration) -> None:
-        raise NotImplementedError
+    # The monitor's methods this session calls, declared for the type checker only (HealthMonitor
+    # defines them; a class attribute annotation creates no attribute, so nothing here shadows them).
+    _update: Callable[..., None]  # (change, node_problem=False): apply record changes, notify
+    _event_loop: Callable[[Registration], None]
 
     def _try_bring_up(self) -> bool:
         """Init NVML, check the driver answers, register events. On failure mark every device Unknown."""

@@ -58,9 +58,3 @@ class HealthSnapshot:
         """Names of the devices that may be published."""
         return sorted(n for n in self.devices if not self.withheld(n))
 
-    @property
-    def all_healthy(self) -> bool:
-        """True when NVML answers, reads every GPU, the node can prepare, and every tracked device is
-        Healthy (GPUReady)."""
-        return (self.node_problem is None and not self.unreadable and self.prerequisite is None
-                and all(d.healthy for d in self.devices.values()))

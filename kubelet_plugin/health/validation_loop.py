@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
@@ -49,7 +49,7 @@ class BindCheck:
 
 
 class ValidationLoop:
-    """Validation for the health monitor. The attributes and the four methods below are the monitor's."""
+    """Validation for the health monitor. The attributes and methods declared below are the monitor's."""
 
     _nvml: Any
     _policy: HealthPolicy
@@ -71,22 +71,13 @@ class ValidationLoop:
     _inventory: NodeInventory
     _gpu_of: dict[str, str]
 
-    def _update(self, change: Callable[[], Iterable[tuple[str, DeviceRecord]]],
-                node_problem: str | bool | None = False) -> None:
-        raise NotImplementedError
-
-    def _apply_conditions(self, topo: GpuTopology, faults: list[Fault],
-                          owned: frozenset[str] = POLLED_KEYS) -> None:
-        raise NotImplementedError
-
-    def _mark_nvml_down(self, problem: str) -> None:
-        raise NotImplementedError
-
-    def _snapshot_locked(self, transitions: tuple[Transition, ...]) -> HealthSnapshot:
-        raise NotImplementedError
-
-    def _notify(self, snap: HealthSnapshot) -> None:
-        raise NotImplementedError
+    # The monitor's methods this loop calls, declared for the type checker only (HealthMonitor defines
+    # them; a class attribute annotation creates no attribute, so nothing here can shadow them).
+    _update: Callable[..., None]  # (change, node_problem=False): apply record changes, notify
+    _apply_conditions: Callable[[GpuTopology, list[Fault], frozenset[str]], None]
+    _mark_nvml_down: Callable[[str], None]
+    _snapshot_locked: Callable[[tuple[Transition, ...]], HealthSnapshot]
+    _notify: Callable[[HealthSnapshot], None]
 
     def _due(self, target: ProbeTarget, now: float) -> bool:
         with self._lock:  # .get: _track may have dropped a name since the target was listed

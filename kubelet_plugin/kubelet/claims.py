@@ -28,6 +28,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from dra_driver.conflict_retry import Gone, Unchanged, Written, update_with_retry
 from dra_driver.informer import Backoff, Informer
 from dra_driver.kube_api import ApiError, JsonApi, describe_error, is_unreachable
 from dra_driver.logs import get_logger
@@ -100,12 +101,11 @@ class KubeClaims:
             raise
 
     def write_device_status(self, namespace: str, name: str, uid: str, entries: list[dict[str, Any]]) -> None:
-        """Replace this driver's entries in ``status.devices`` (other drivers' entries kept)."""
+        """Replace this driver's entries in ``status.devices`` (other drivers' entries kept); nothing
+        when the claim is gone."""
         ours = {_entry_key(e) for e in entries}
-        for _attempt in range(3):
-            claim = self.get(namespace, name)
-            if claim is None or claim["metadata"].get("uid") != uid:
-                return
+
+        def modify(claim: dict[str, Any]) -> dict[str, Any]:
             status = claim.setdefault("status", {})
             current = status.get("devices") or []
             kept = [e for e in current if _entry_key(e) not in ours]
@@ -115,14 +115,9 @@ class KubeClaims:
             merged = [e if e.get("conditions") or _entry_key(e) not in conditions
                       else {**e, "conditions": conditions[_entry_key(e)]} for e in entries]
             status["devices"] = kept + merged
-            try:
-                # PUT with the resourceVersion read: a concurrent writer makes it fail with 409.
-                self.api.request("PUT", CLAIMS.format(ns=namespace, name=name) + "/status", body=claim)
-                return
-            except ApiError as exc:
-                if exc.status != 409:
-                    raise
-        raise RuntimeError(f"status of ResourceClaim {namespace}/{name} kept changing (3 conflicts)")
+            return claim
+
+        self._update_status(namespace, name, uid, modify)
 
     def remove_device_status(self, namespace: str, name: str, uid: str, pool: str, devices: list[str]) -> bool:
         """Drop this driver's ``status.devices`` entries for ``devices`` of ``pool``.
@@ -131,27 +126,32 @@ class KubeClaims:
         deleted claim has nothing to clean. False when it held none. Other API errors raise.
         """
         names = set(devices)
-        path = CLAIMS.format(ns=namespace, name=name) + "/status"
-        for _attempt in range(3):
-            claim = self.get(namespace, name)
-            if claim is None or claim["metadata"].get("uid") != uid:
-                return True
+
+        def modify(claim: dict[str, Any]) -> dict[str, Any] | None:
             status = claim.get("status") or {}
             entries = status.get("devices") or []
             kept = [e for e in entries if not (e.get("driver") == self.driver_name and e.get("pool") == pool
                                                and e.get("device") in names)]
             if len(kept) == len(entries):
-                return False
+                return None
             status["devices"] = kept
-            try:
-                self.api.request("PUT", path, body=claim)
-                return True
-            except ApiError as exc:
-                if exc.status == 404:  # deleted between the read and the write
-                    return True
-                if exc.status != 409:
-                    raise
-        raise RuntimeError(f"status of ResourceClaim {namespace}/{name} kept changing (3 conflicts)")
+            return claim
+
+        return not isinstance(self._update_status(namespace, name, uid, modify), Unchanged)
+
+    def _update_status(self, namespace: str, name: str, uid: str,
+                       modify: Callable[[dict[str, Any]], dict[str, Any] | None],
+                       ) -> Written[Any] | Unchanged[dict[str, Any]] | Gone:
+        """Read the claim (this UID only), ``modify`` it and PUT its status with the resourceVersion
+        read: a concurrent writer makes the PUT fail with 409, and the claim is read again."""
+        def read() -> dict[str, Any] | None:
+            claim = self.get(namespace, name)
+            return claim if claim is not None and claim["metadata"].get("uid") == uid else None
+
+        def write(claim: dict[str, Any]) -> Any:
+            return self.api.request("PUT", CLAIMS.format(ns=namespace, name=name) + "/status", body=claim)
+
+        return update_with_retry(f"status of ResourceClaim {namespace}/{name}", read, modify, write)
 
 
 def _entry_key(entry: dict[str, Any]) -> tuple[Any, ...]:

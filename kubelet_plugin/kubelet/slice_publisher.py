@@ -193,11 +193,6 @@ class SlicePublisher:
         with self._lock:
             return self._stats
 
-    def gates_off(self) -> frozenset[str]:
-        """The feature gates this cluster has off, judged by the fields the server dropped so far."""
-        with self._lock:
-            return frozenset(self._gates_off)
-
     def dead_threads(self) -> list[str]:
         """Names of the reconcile and watch threads that died while the publisher runs (/healthz)."""
         if self._stop.is_set():

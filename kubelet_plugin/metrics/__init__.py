@@ -27,11 +27,6 @@ then report as things happen: ``set_device_health``, ``record_xid``, ``observe_v
 from importlib import import_module
 from typing import Any
 
-from prometheus_client import disable_created_metrics
-
-# The ``*_created`` companion series double the exposition size and no dashboard reads them.
-disable_created_metrics()
-
 # name -> the module that defines it. Resolved on first use (PEP 562): importing one metrics module
 # must not load the others (the PodResources client pulls in gRPC, which the plugin loads only once
 # its first ResourceSlice is out).

@@ -35,16 +35,6 @@ log = get_logger(__name__)
 
 MIB = 1024**2
 
-LABELS: tuple[str, ...] = (
-    "gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION",
-    "GPU_I_PROFILE", "GPU_I_ID",
-    "namespace", "pod", "container",
-    "dra_claim_name", "dra_claim_namespace", "dra_driver_name", "dra_pool_name", "dra_device_name",
-    "dra_mig_profile", "dra_mig_device_uuid",
-)
-"""The labels a DCGM-named sample may carry; those that do not apply (no MIG, no pod) are left out."""
-
-
 @dataclass(frozen=True)
 class DeviceAllocation:
     """A claim's use of one published device, as the plugin's prepared-claims map knows it."""
@@ -57,7 +47,6 @@ class DeviceAllocation:
     pod_namespace: str = ""
     pod_uid: str = ""
     containers: tuple[str, ...] = ()
-    requested_memory_bytes: int | None = None  # consumable capacity request on a shared GPU
 
 
 DevicesProvider = Callable[[], NodeDevices]

@@ -16,10 +16,12 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
+from prometheus_client.metrics import MetricWrapperBase
 
 from dra_driver import __version__
+from dra_driver.metric_families import CounterFamily, GaugeFamily, HistogramFamily, MetricSet, families_of
 
 if TYPE_CHECKING:
     from kubelet_plugin.health.snapshot import HealthSnapshot
@@ -40,101 +42,108 @@ VALIDATION_BUCKETS: tuple[float, ...] = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5
 PUBLISH_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
-class PluginMetrics:
+# Filled at scrape time by collectors (the checkpoint store's counts, VRAM accounting), declared here
+# with the others so the node daemon's gpuready_* families are all in this file.
+CHECKPOINT_WRITES = CounterFamily(
+    "gpuready_checkpoint_writes", "Checkpoint writes, by result (success, error).", ("node", "result"))
+CLAIM_VRAM_LABELS = ("node", "namespace", "claim", "pod", "device")
+CLAIM_VRAM_USED = GaugeFamily(
+    "gpuready_claim_vram_used_bytes", "GPU memory used by the processes of a claim's pods on one device.",
+    CLAIM_VRAM_LABELS)
+CLAIM_VRAM_REQUESTED = GaugeFamily(
+    "gpuready_claim_vram_requested_bytes",
+    "GPU memory a claim requested on a shared device (consumable capacity).", CLAIM_VRAM_LABELS)
+UNATTRIBUTED_VRAM_USED = GaugeFamily(
+    "gpuready_unattributed_vram_used_bytes",
+    "GPU memory used by processes no claim on the device accounts for "
+    "(outside Kubernetes, or a pod using a GPU it was not allocated).", ("node", "device"))
+
+
+class PluginMetrics(MetricSet):
     """The metric families of one kubelet plugin (one node).
 
     ``registry``: where to register; a fresh private ``CollectorRegistry`` when None (never the global
     default). ``node``: the node name put in every series. ``driver_name``: reported in the build info.
     """
 
+    build_info = GaugeFamily(
+        "gpuready_build_info", "gpuready version and driver name of this plugin (value 1).",
+        ("node", "version", "driver_name"))
+    device_health_state = GaugeFamily(
+        "gpuready_device_health_state", "1 for the device's current health state, 0 for the others.",
+        ("node", "device", "state"))
+    device_unhealthy_reason = GaugeFamily(
+        "gpuready_device_unhealthy_reason",
+        "1 while the device is not Healthy, with the reason (e.g. 'XID 79', 'GPU lost').",
+        ("node", "device", "reason"))
+    device_health_transitions = CounterFamily(
+        "gpuready_device_health_transitions",
+        "Health state changes of a device, by the state entered (flapping shows here).",
+        ("node", "device", "state"))
+    validation_result = GaugeFamily(
+        "gpuready_validation_result", "Result of the device's last validation probe: 1 passed, 0 failed.",
+        ("node", "device"))
+    validation_last_run = GaugeFamily(
+        "gpuready_validation_last_run_timestamp_seconds", "Unix time of the device's last validation probe.",
+        ("node", "device"))
+    validation_duration = HistogramFamily(
+        "gpuready_validation_duration_seconds",
+        "Time a validation probe took (NVML, device node, CUDA compute), by result.",
+        ("node", "device", "result"), VALIDATION_BUCKETS)
+    validation_failures = CounterFamily(
+        "gpuready_validation_failures",
+        "Validation probes that failed, by the step that failed (nvml, device_node, cuda, timeout).",
+        ("node", "device", "step"))
+    bind_validations = HistogramFamily(
+        "gpuready_bind_validation_duration_seconds",
+        "Bind-time checks of allocated devices (the scheduler waits on them), by result and reason.",
+        ("node", "result", "reason"), VALIDATION_BUCKETS)
+    published_devices = GaugeFamily(
+        "gpuready_published_devices", "Devices this node currently publishes in its ResourceSlices.", ("node",))
+    withdrawn_devices = GaugeFamily(
+        "gpuready_withdrawn_devices",
+        "Devices discovered on this node but withdrawn (or tainted) because they are not healthy.", ("node",))
+    slice_publish_duration = HistogramFamily(
+        "gpuready_slice_publish_duration_seconds", "Time to bring the node's ResourceSlices up to date, by result.",
+        ("node", "result"), PUBLISH_BUCKETS)
+    prepare_duration = HistogramFamily(
+        "gpuready_prepare_duration_seconds", "NodePrepareResources latency per claim, by result (success, error).",
+        ("node", "result"), PREPARE_BUCKETS)
+    unprepare_duration = HistogramFamily(
+        "gpuready_unprepare_duration_seconds",
+        "NodeUnprepareResources latency per claim, by result (success, error).", ("node", "result"), PREPARE_BUCKETS)
+    prepare_errors = CounterFamily(
+        "gpuready_prepare_errors",
+        "Claims whose prepare failed, by reason (claim_not_found, uid_mismatch, device_unhealthy, "
+        "invalid_request, claim_mismatch, forbidden, unauthorized, api_unavailable, api_error, internal, ...).",
+        ("node", "reason"))
+    unprepare_errors = CounterFamily(
+        "gpuready_unprepare_errors",
+        "Claims whose unprepare failed, by reason (invalid_request, claim_mismatch, internal).", ("node", "reason"))
+    prepared_claims = GaugeFamily(
+        "gpuready_prepared_claims", "Claims currently prepared on this node (from the checkpoint).", ("node",))
+    checkpoint_quarantined = CounterFamily(
+        "gpuready_checkpoint_quarantined", "Corrupt checkpoints moved aside at startup (each also raises an Event).",
+        ("node",))
+    health_stream_clients_gauge = GaugeFamily(
+        "gpuready_health_stream_clients", "Open kubelet health streams (NodeWatchResources) on this plugin.",
+        ("node",))
+    xid_errors = CounterFamily(
+        "gpuready_xid_errors", "XID errors seen per device, by XID and the action taken (withdraw or ignore).",
+        ("node", "device", "xid", "action"))
+
     def __init__(self, registry: CollectorRegistry | None = None, node: str = "",
                  driver_name: str = "gpu.nvidia.com") -> None:
-        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        super().__init__(registry)
         self.node = node
         self.driver_name = driver_name
         self._lock = threading.Lock()
         self._health: dict[str, tuple[str, str]] = {}  # device -> (state, reason)
         self._last_xid: dict[str, tuple[int, float]] = {}  # GPU UUID -> (xid, unix time)
-        r = self.registry
-        self.build_info = Gauge(
-            "gpuready_build_info", "gpuready version and driver name of this plugin (value 1).",
-            ["node", "version", "driver_name"], registry=r)
         self.build_info.labels(node, __version__, driver_name).set(1)
-        self.device_health_state = Gauge(
-            "gpuready_device_health_state",
-            "1 for the device's current health state, 0 for the others.",
-            ["node", "device", "state"], registry=r)
-        self.device_unhealthy_reason = Gauge(
-            "gpuready_device_unhealthy_reason",
-            "1 while the device is not Healthy, with the reason (e.g. 'XID 79', 'GPU lost').",
-            ["node", "device", "reason"], registry=r)
-        self.device_health_transitions = Counter(
-            "gpuready_device_health_transitions",
-            "Health state changes of a device, by the state entered (flapping shows here).",
-            ["node", "device", "state"], registry=r)
-        self.validation_result = Gauge(
-            "gpuready_validation_result",
-            "Result of the device's last validation probe: 1 passed, 0 failed.",
-            ["node", "device"], registry=r)
-        self.validation_last_run = Gauge(
-            "gpuready_validation_last_run_timestamp_seconds",
-            "Unix time of the device's last validation probe.", ["node", "device"], registry=r)
-        self.validation_duration = Histogram(
-            "gpuready_validation_duration_seconds",
-            "Time a validation probe took (NVML, device node, CUDA compute), by result.",
-            ["node", "device", "result"], buckets=VALIDATION_BUCKETS, registry=r)
-        self.validation_failures = Counter(
-            "gpuready_validation_failures",
-            "Validation probes that failed, by the step that failed (nvml, device_node, cuda, timeout).",
-            ["node", "device", "step"], registry=r)
-        self.bind_validations = Histogram(
-            "gpuready_bind_validation_duration_seconds",
-            "Bind-time checks of allocated devices (the scheduler waits on them), by result and reason.",
-            ["node", "result", "reason"], buckets=VALIDATION_BUCKETS, registry=r)
-        self.published_devices = Gauge(
-            "gpuready_published_devices",
-            "Devices this node currently publishes in its ResourceSlices.", ["node"], registry=r)
-        self.withdrawn_devices = Gauge(
-            "gpuready_withdrawn_devices",
-            "Devices discovered on this node but withdrawn (or tainted) because they are not healthy.",
-            ["node"], registry=r)
-        self.slice_publish_duration = Histogram(
-            "gpuready_slice_publish_duration_seconds",
-            "Time to bring the node's ResourceSlices up to date, by result.",
-            ["node", "result"], buckets=PUBLISH_BUCKETS, registry=r)
-        self.prepare_duration = Histogram(
-            "gpuready_prepare_duration_seconds",
-            "NodePrepareResources latency per claim, by result (success, error).",
-            ["node", "result"], buckets=PREPARE_BUCKETS, registry=r)
-        self.unprepare_duration = Histogram(
-            "gpuready_unprepare_duration_seconds",
-            "NodeUnprepareResources latency per claim, by result (success, error).",
-            ["node", "result"], buckets=PREPARE_BUCKETS, registry=r)
-        self.prepare_errors = Counter(
-            "gpuready_prepare_errors",
-            "Claims whose prepare failed, by reason (claim_not_found, uid_mismatch, device_unhealthy, "
-            "invalid_request, claim_mismatch, forbidden, unauthorized, api_unavailable, api_error, internal, ...).",
-            ["node", "reason"], registry=r)
-        self.unprepare_errors = Counter(
-            "gpuready_unprepare_errors", "Claims whose unprepare failed, by reason (invalid_request, claim_mismatch, "
-            "internal).",
-            ["node", "reason"], registry=r)
-        self.prepared_claims = Gauge(
-            "gpuready_prepared_claims", "Claims currently prepared on this node (from the checkpoint).",
-            ["node"], registry=r)
         # Counted by the checkpoint store itself and read at scrape time (count_checkpoint_writes).
         self._checkpoint_writes: Mapping[str, int] = {"success": 0, "error": 0}
-        r.register(_CheckpointWrites(self))
-        self.checkpoint_quarantined = Counter(
-            "gpuready_checkpoint_quarantined",
-            "Corrupt checkpoints moved aside at startup (each also raises an Event).", ["node"], registry=r)
-        self.health_stream_clients_gauge = Gauge(
-            "gpuready_health_stream_clients",
-            "Open kubelet health streams (NodeWatchResources) on this plugin.", ["node"], registry=r)
-        self.xid_errors = Counter(
-            "gpuready_xid_errors",
-            "XID errors seen per device, by XID and the action taken (withdraw or ignore).",
-            ["node", "device", "xid", "action"], registry=r)
+        self.registry.register(_CheckpointWrites(self))
         # Pre-create the label-free series so they read 0 (not absent) before the first event.
         for family in (self.published_devices, self.withdrawn_devices, self.prepared_claims,
                        self.health_stream_clients_gauge, self.checkpoint_quarantined):
@@ -175,18 +184,11 @@ class PluginMetrics:
         health, validation and XID counts alike, whatever their other labels."""
         with self._lock:
             self._health.pop(device, None)
-        families: list[tuple[Gauge | Counter | Histogram, tuple[str, ...]]] = [
-            (self.device_health_state, ("node", "device", "state")),
-            (self.device_unhealthy_reason, ("node", "device", "reason")),
-            (self.device_health_transitions, ("node", "device", "state")),
-            (self.validation_result, ("node", "device")),
-            (self.validation_last_run, ("node", "device")),
-            (self.validation_duration, ("node", "device", "result")),
-            (self.validation_failures, ("node", "device", "step")),
-            (self.xid_errors, ("node", "device", "xid", "action")),
-        ]
-        for family, names in families:
-            children = {tuple(sample.labels[n] for n in names)
+        for declared in families_of(PluginMetrics):
+            if "device" not in declared.labels:
+                continue
+            family = self.live_families[declared.attribute]
+            children = {tuple(sample.labels[n] for n in declared.labels)
                         for metric in family.collect() for sample in metric.samples
                         if sample.labels.get("device") == device and sample.labels.get("node") == self.node}
             for labels in children:
@@ -258,7 +260,7 @@ class PluginMetrics:
 
     # --- helpers ------------------------------------------------------------------------------
     @staticmethod
-    def _remove(family: Gauge | Counter | Histogram, *labels: str) -> None:
+    def _remove(family: MetricWrapperBase, *labels: str) -> None:
         try:
             family.remove(*labels)
         except KeyError:
@@ -272,11 +274,10 @@ class _CheckpointWrites:
         self._metrics = metrics
 
     def describe(self) -> list[CounterMetricFamily]:
-        return [CounterMetricFamily("gpuready_checkpoint_writes", "Checkpoint writes, by result (success, error).",
-                                    labels=["node", "result"])]
+        return [CHECKPOINT_WRITES.fresh()]
 
     def collect(self) -> list[CounterMetricFamily]:
-        family = self.describe()[0]
+        family = CHECKPOINT_WRITES.fresh()
         writes = self._metrics._checkpoint_writes
         for result in ("success", "error"):
             family.add_metric([self._metrics.node, result], writes.get(result, 0))

@@ -249,12 +249,6 @@ class PodResourcesCache:
             self._value, self._expires = value, self._clock() + self._ttl
             return value
 
-    @property
-    def unavailable_reason(self) -> str:
-        """Why the last call found the API not available ("" when it answered)."""
-        with self._lock:
-            return self._failed_reason
-
     def close(self) -> None:
         """Close the reader's channel."""
         self.reader.close()

@@ -29,6 +29,11 @@ from dra_driver.logs import get_logger
 from dra_driver.quantity import parse_quantity
 from kubelet_plugin.metrics.cgroup_paths import CgroupIdentity, read_process_identity
 from kubelet_plugin.metrics.gpu_collector import DeviceAllocation
+from kubelet_plugin.metrics.plugin_metrics import (
+    CLAIM_VRAM_REQUESTED,
+    CLAIM_VRAM_USED,
+    UNATTRIBUTED_VRAM_USED,
+)
 from kubelet_plugin.metrics.pod_resources_client import ContainerMap, containers_of_pod, single_pod_users
 
 log = get_logger(__name__)
@@ -115,7 +120,7 @@ def allocations_from_claims(claims: Sequence[PreparedClaim],
                 namespace, name, names = single_pod_users(containers, key) or ("", "", ())
             out.setdefault(device, []).append(DeviceAllocation(
                 device, c.claim_uid, c.claim_name, c.claim_namespace, pod=name, pod_namespace=namespace,
-                pod_uid=uid, containers=names, requested_memory_bytes=c.requested_for(device)))
+                pod_uid=uid, containers=names))
     return out
 
 
@@ -376,18 +381,7 @@ class ClaimVramCollector(Collector):
         return list(self._families())
 
     def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
-        labels = ["node", "namespace", "claim", "pod", "device"]
-        return (
-            GaugeMetricFamily("gpuready_claim_vram_used_bytes",
-                              "GPU memory used by the processes of a claim's pods on one device.", labels=labels),
-            GaugeMetricFamily("gpuready_claim_vram_requested_bytes",
-                              "GPU memory a claim requested on a shared device (consumable capacity).",
-                              labels=labels),
-            GaugeMetricFamily("gpuready_unattributed_vram_used_bytes",
-                              "GPU memory used by processes no claim on the device accounts for "
-                              "(outside Kubernetes, or a pod using a GPU it was not allocated).",
-                              labels=["node", "device"]),
-        )
+        return CLAIM_VRAM_USED.fresh(), CLAIM_VRAM_REQUESTED.fresh(), UNATTRIBUTED_VRAM_USED.fresh()
 
     def collect(self) -> Iterator[Metric]:
         """Read once, export per claim."""

@@ -14,7 +14,7 @@ No I/O: :mod:`kubelet_plugin.prepare.driver_reload` writes the files and the che
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,12 +61,6 @@ def plan_spec_rewrite(record: ClaimRecord, present: Collection[str], edits: Node
     if fresh == spec:
         return SpecRewrite(record.uid, None, UNCHANGED)
     return SpecRewrite(record.uid, fresh, _what_changed(spec, fresh))
-
-
-def plan_spec_rewrites(records: Iterable[ClaimRecord], present: Collection[str],
-                       edits: NodeEdits) -> list[SpecRewrite]:
-    """:func:`plan_spec_rewrite` for each record, in UID order."""
-    return [plan_spec_rewrite(r, present, edits) for r in sorted(records, key=lambda r: r.uid)]
 
 
 def _mount_sources(spec: Mapping[str, Any]) -> set[str]:

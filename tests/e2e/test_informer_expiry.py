@@ -84,10 +84,12 @@ def test_a_watch_the_real_server_expired_relists_and_goes_on(
         with lock:
             return list(seen)
 
-    inf = Informer(api, path, on_event=on_event, backoff=Backoff(0.05, 1.0), log_fields={"kind": "events"})
+    watching: list[bool] = []  # the informer's on_watching reports: a watch stream opened (True) or ended
+    inf = Informer(api, path, on_event=on_event, on_watching=watching.append, backoff=Backoff(0.05, 1.0),
+                   log_fields={"kind": "events"})
     inf.start()
     try:
-        wait_for("the informer's list and watch", lambda: inf.lists == 1 and inf.watching, 30)
+        wait_for("the informer's list and watch", lambda: inf.lists == 1 and watching[-1:] == [True], 30)
         assert sorted(changes()) == [("ADDED", "before"), ("ADDED", "unchanged")]
         away_from = int(inf.resource_version)
 
@@ -102,7 +104,7 @@ def test_a_watch_the_real_server_expired_relists_and_goes_on(
         before_relist = len(changes())
         api.gate.set()
 
-        wait_for("the relist after the 410", lambda: inf.lists == 2 and inf.watching, 30)
+        wait_for("the relist after the 410", lambda: inf.lists == 2 and watching[-1:] == [True], 30)
         print(f"\nthe real kube-apiserver answered a watch from resourceVersion {away_from} "
               f"(etcd compacted to {compacted_to}) with {api.answers}", file=sys.stderr)
         relists = [r for r in caplog.records if r.getMessage() == "informer_relist"]

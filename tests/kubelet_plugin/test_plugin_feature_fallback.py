@@ -43,7 +43,6 @@ def test_taint_mode_without_the_taint_gate_withdraws_unhealthy_gpus_and_says_so_
         uid = h.create_claim("stale", [("gpu", node, "gpu-0")])
         error = h.kubelet(node).prepare([("default", "stale", uid)])[uid].error
         assert "device gpu-0 is unhealthy" in error
-        assert plugin.kubelet.publisher.gates_off() == {"DRADeviceTaints"}
         events = _node_events(h, node, "HealthModeFallback")
         assert len(events) == 1 and "DRADeviceTaints" in events[0] and "withdraw" in events[0]
 
@@ -60,7 +59,7 @@ def test_taint_mode_with_the_gate_on_keeps_tainting() -> None:
         assert plugin.health_monitor.wait_validated(60)
         plugin.nvml.faults.inject_xid(0, 79)
         wait_for("gpu-0 tainted", lambda: bool(h.published_taints(node).get("gpu-0")))
-        assert plugin.kubelet.publisher.gates_off() == frozenset() and plugin.pool.fallback.health_mode == "taint"
+        assert plugin.pool.fallback.health_mode == "taint" and _node_events(h, node, "HealthModeFallback") == []
 
 
 def test_shared_gpus_without_consumable_capacity_publish_whole_gpus_and_say_so(

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from kubelet_plugin.cdi.cdi_spec import validate_spec
 from kubelet_plugin.cdi.driver_files import CONTAINER_LIB_DIR, find_driver_files
 from kubelet_plugin.nvml import open_nvml
+from testbed.cdi_loader import loader_problems
 from testbed.gpu_load import process_holding_vram
 from testbed.plugin_harness import PluginHarness
 from testbed.ports import free_port
@@ -28,7 +28,7 @@ def test_real_gpu_registers_prepares_and_cdi_spec_names_device_node_and_uuid() -
         result = kubelet.prepare([("default", "real", uid)])[uid]
         assert result.ok, result.error
         spec = h.read_spec("gpu-node", uid)
-        assert validate_spec(spec) == []
+        assert loader_problems(spec) == []
         edits = spec["devices"][0]["containerEdits"]
         assert f"/dev/nvidia{gpu.minor}" in [n["path"] for n in edits["deviceNodes"]]
         assert f"NVIDIA_VISIBLE_DEVICES={gpu.uuid}" in edits["env"]

@@ -19,11 +19,11 @@ from kubelet_plugin.cdi.cdi_spec import (
     claim_spec,
     driver_mounts,
     ldcache_hook,
-    validate_spec,
 )
 from kubelet_plugin.cdi.driver_files import CONTAINER_LIB_DIR, find_driver_files, resolve_in_root
 from kubelet_plugin.cdi.elf_files import elf_soname
 from kubelet_plugin.cdi.ld_cache import NEW_MAGIC, OLD_MAGIC, native_entries, parse_ld_cache
+from testbed.cdi_loader import loader_problems
 
 LDCONFIG = shutil.which("ldconfig", path="/sbin:/usr/sbin") or "/sbin/ldconfig"
 
@@ -129,7 +129,7 @@ def test_the_spec_carries_the_mounts_and_the_loader_cache_hook(tmp_path: Path) -
     found = find_driver_files(str(tmp_path))
     spec = claim_spec("gpu.nvidia.com", "u1", [CdiDevice("gpu-0", "gpu", "GPU-a", ("/dev/nvidia0",))],
                       ("/dev/nvidiactl",), driver_mounts("/", found.files), [ldcache_hook(CONTAINER_LIB_DIR)])
-    assert validate_spec(spec) == []
+    assert loader_problems(spec) == []
     hook = spec["containerEdits"]["hooks"][0]
     assert hook["hookName"] == "createContainer" and hook["path"] == "/bin/sh"
     assert hook["args"][-1] == CONTAINER_LIB_DIR

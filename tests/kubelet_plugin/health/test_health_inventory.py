@@ -18,6 +18,7 @@ import pytest
 from dra_driver.devices import NodeDevices
 from kubelet_plugin.health import HealthMonitor, HealthPolicy, HealthSnapshot
 from kubelet_plugin.health.gpu_set import listed_uuids
+from kubelet_plugin.health.node_status import gpu_ready_condition
 from kubelet_plugin.health.nvml_checks import check_gpu
 from kubelet_plugin.health.probe_runner import ProbeResult
 from kubelet_plugin.health.topology import ProbeTarget
@@ -128,7 +129,7 @@ def test_listed_uuids_follows_the_bus(sim: SimulatedNvml) -> None:
 
 def test_re_read_without_a_lost_gpu_keeps_it_unhealthy(sim: SimulatedNvml, monitors: list[HealthMonitor]) -> None:
     monitor, snaps = _start(sim, monitors)
-    snaps.wait_for(lambda s: s.all_healthy)
+    snaps.wait_for(lambda s: gpu_ready_condition(s).status == "True")
     sim.faults.fall_off_bus(2)
     snaps.wait_for(lambda s: "gpu-2" in s.unhealthy())
     monitor.inventory.refresh()  # what a dynamic MIG change re-reads: no gpu-2
@@ -137,7 +138,7 @@ def test_re_read_without_a_lost_gpu_keeps_it_unhealthy(sim: SimulatedNvml, monit
     # Out for the first reason found: the XID 79 event, or the poll no longer finding it listed.
     reason = snap.unhealthy().get("gpu-2", "")
     assert set(snap.unhealthy()) == {"gpu-2"} and ("79" in reason or "not on the PCI bus" in reason), reason
-    assert not snap.all_healthy  # GPUReady stays False, naming it
+    assert gpu_ready_condition(snap).status != "True"  # GPUReady stays False, naming it
 
 
 def test_gpu_no_longer_listed_is_reported_off_the_bus(sim: SimulatedNvml) -> None:
@@ -158,7 +159,7 @@ def test_gpu_no_longer_listed_is_reported_off_the_bus(sim: SimulatedNvml) -> Non
 def test_gpu_listed_but_unreadable_keeps_its_own_reason(sim: SimulatedNvml,
                                                         monitors: list[HealthMonitor]) -> None:
     monitor, snaps = _start(sim, monitors)
-    snaps.wait_for(lambda s: s.all_healthy)
+    snaps.wait_for(lambda s: gpu_ready_condition(s).status == "True")
     sim.faults.gpu_lost(3)  # still listed (and counted), every call GPU_IS_LOST: discovery cannot read it
     snap = snaps.wait_for(lambda s: "gpu-3" in s.unhealthy())
     time.sleep(0.5)  # the poll re-reads the node (the UUID is unreadable) and keeps gpu-3
@@ -171,7 +172,7 @@ def test_gpu_absent_at_start_is_validated_then_tracked_and_watched_when_it_appea
         sim: SimulatedNvml, monitors: list[HealthMonitor]) -> None:
     sim.faults.fall_off_bus(2)
     monitor, snaps = _start(sim, monitors)
-    snaps.wait_for(lambda s: s.all_healthy)
+    snaps.wait_for(lambda s: gpu_ready_condition(s).status == "True")
     assert "gpu-2" not in monitor.snapshot().devices
     prober = monitor._prober  # the InProcessProber
     assert isinstance(prober, InProcessProber)
@@ -180,7 +181,7 @@ def test_gpu_absent_at_start_is_validated_then_tracked_and_watched_when_it_appea
     sim.faults.return_to_bus(2)
     seen = snaps.wait_for(lambda s: "gpu-2" in s.devices)
     assert seen.devices["gpu-2"].state.name in ("VALIDATING", "HEALTHY")
-    snaps.wait_for(lambda s: s.all_healthy and "gpu-2" in s.devices)
+    snaps.wait_for(lambda s: gpu_ready_condition(s).status == "True" and "gpu-2" in s.devices)
     assert prober.probed.count("gpu-2") > probes_before  # published only after a probe passed
     assert len(monitor.snapshot().devices) == 6 + 1 + 4 + 1 + 7  # six GPUs, two MIG parents + their devices
 

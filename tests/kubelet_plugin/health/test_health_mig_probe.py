@@ -26,6 +26,7 @@ from kubelet_plugin.health.topology import ProbeMode, ProbeTarget, gpu_topology
 from kubelet_plugin.kinds.full_instance import full_placement
 from kubelet_plugin.nvml import discover, open_nvml
 from kubelet_plugin.prepare.mig_ops import NvmlMigOps
+from testbed.device_samples import gpu_named
 from testbed.nvml_sim import SimulatedNvml
 from testbed.plugin_harness import PluginHarness
 
@@ -76,7 +77,7 @@ def test_static_mig_hang_withdraws_only_that_mig_device_until_it_computes_again(
             if mig is not hung:
                 assert snap.devices[mig.name].code == "Validated"
         sim.faults.probe(0, "ok", gpu_instance_id=hung.gpu_instance_id)
-        back = wait_snapshot(monitor, lambda s: s.all_healthy)
+        back = wait_snapshot(monitor, lambda s: gpu_ready_condition(s).status == "True")
         assert back.devices[hung.name].code == "Recovered"
     finally:
         monitor.stop()
@@ -219,7 +220,7 @@ def test_plugin_prepares_while_gpus_are_reprobed_and_reports_a_claimed_gpu_not_p
     sim: SimulatedNvml = open_nvml(f"sim:4xh200@{NODE}")
     # Re-probe every free GPU all the time: temporary instances come and go while claims prepare.
     plugin = _start(h, sim, revalidate_interval=0.1)
-    gpu2 = plugin.inventory.current().devices.gpu_by_name("gpu-2")
+    gpu2 = gpu_named(plugin.inventory.current().devices, "gpu-2")
     slice_name = _placement(gpu2, "1g.18gb", 0).name
     h.wait_published(NODE, {"gpu-0", "gpu-1", "gpu-2", "gpu-3", slice_name})
     kubelet = h.kubelet(NODE)
@@ -264,8 +265,7 @@ def test_a_probe_instance_left_by_a_killed_plugin_is_destroyed_at_the_next_start
 
     sim: SimulatedNvml = open_nvml(f"sim:4xh200@{NODE}")
     node = discover(sim)
-    gpu1, gpu2 = node.gpu_by_name("gpu-1"), node.gpu_by_name("gpu-2")
-    assert gpu1 is not None and gpu2 is not None
+    gpu1, gpu2 = gpu_named(node, "gpu-1"), gpu_named(node, "gpu-2")
     full = full_placement(gpu1)
     assert full is not None
     # The state a kill leaves: the journal entry, written before creation, and the instance.

@@ -12,6 +12,7 @@ import pytest
 
 from dra_driver.devices import NodeDevices
 from kubelet_plugin.health import HealthMonitor, HealthPolicy, HealthSnapshot, HealthState
+from kubelet_plugin.health.node_status import gpu_ready_condition
 from kubelet_plugin.health.probe_runner import ProbeResult, SimulatedProber
 from kubelet_plugin.health.topology import ProbeTarget
 from kubelet_plugin.nvml import discover, open_nvml
@@ -91,7 +92,7 @@ class Rig:
 
     def healthy_after_validation(self) -> HealthSnapshot:
         assert self.monitor.wait_validated(20)
-        return self.rec.wait_for(lambda s: s.all_healthy)[1]
+        return self.rec.wait_for(lambda s: gpu_ready_condition(s).status == "True")[1]
 
 
 @pytest.fixture
@@ -181,7 +182,7 @@ def test_application_xid_keeps_the_gpu(rig: Rig) -> None:
     for xid in (13, 31, 43, 45):
         rig.sim.faults.inject_xid(3, xid)
     time.sleep(0.5)
-    assert rig.monitor.snapshot().all_healthy
+    assert gpu_ready_condition(rig.monitor.snapshot()).status == "True"
     assert len(rig.rec.snaps) == n  # no transition at all
 
 
@@ -252,7 +253,7 @@ def test_unknown_error_on_every_gpu_is_node_unknown(rig: Rig) -> None:
     assert all(d.state is HealthState.UNKNOWN for d in snap.devices.values())
     m = rig.rec.mark()
     rig.sim.faults.clear()
-    rig.rec.wait_for(lambda s: s.all_healthy, after=m)
+    rig.rec.wait_for(lambda s: gpu_ready_condition(s).status == "True", after=m)
 
 
 def test_pending_row_remap_withdraws_until_reset(rig: Rig) -> None:
@@ -276,7 +277,7 @@ def test_hung_probe_is_killed_and_reported(rig_factory: Callable[..., Rig]) -> N
     assert snap.devices["gpu-1"].code == "ProbeTimedOut"
     m = rig.rec.mark()
     rig.sim.faults.clear(1)
-    rig.rec.wait_for(lambda s: s.all_healthy, after=m)
+    rig.rec.wait_for(lambda s: gpu_ready_condition(s).status == "True", after=m)
 
 
 def test_wrong_probe_result_fails_validation(rig_factory: Callable[..., Rig]) -> None:
@@ -311,14 +312,14 @@ def test_nvml_failing_at_start_publishes_nothing_and_says_why(rig_factory: Calla
     assert rig.monitor.snapshot().healthy_names() == []
     m = rig.rec.mark()
     rig.sim.faults.nvml_init_fails(False)
-    rig.rec.wait_for(lambda s: s.all_healthy, timeout=20, after=m)
+    rig.rec.wait_for(lambda s: gpu_ready_condition(s).status == "True", timeout=20, after=m)
 
 
 def test_nvml_failing_with_no_devices_discovered(rig_factory: Callable[..., Rig]) -> None:
     empty = NodeDevices(driver_version="", cuda_driver_version="", gpus=())
     rig = rig_factory(devices=empty, before_start=lambda sim: sim.faults.nvml_init_fails(True))
     snap = rig.monitor.snapshot()
-    assert not snap.all_healthy and snap.devices == {}
+    assert gpu_ready_condition(snap).status != "True" and snap.devices == {}
     assert "NVML failed to initialise" in (snap.node_problem or "")
 
 
@@ -338,7 +339,7 @@ def test_dynamic_mig_attribution_follows_created_instances(rig_factory: Callable
                                 dynamic_mig=True)
     rig.monitor.start()
     assert rig.monitor.wait_validated(20)
-    _, snap = rig.rec.wait_for(lambda s: s.all_healthy, after=m)
+    _, snap = rig.rec.wait_for(lambda s: gpu_ready_condition(s).status == "True", after=m)
     gpu0 = rig.devices.gpus[0]
     assert len(snap.devices) == 4 * (1 + 25)
     placement = next(p for p in gpu0.placements() if p.profile.name == "1g.18gb" and p.placement.start == 3)

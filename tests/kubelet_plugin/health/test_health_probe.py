@@ -16,6 +16,7 @@ import time
 import pytest
 
 from kubelet_plugin.health.cuda_probe import ProbeError, expected, inputs, json_line, parse_args, verify
+from kubelet_plugin.health.node_status import gpu_ready_condition
 from kubelet_plugin.health.probe_runner import (
     CUDA_PROBE_SCRIPT,
     CudaProber,
@@ -143,7 +144,7 @@ def test_real_gpu_monitor_publishes_after_validation() -> None:
         assert monitor.wait_validated(300)
         snap = monitor.snapshot()
         assert snap.node_problem is None
-        assert snap.all_healthy, snap.unhealthy()
+        assert gpu_ready_condition(snap).status == "True", snap.unhealthy()
         print(f"validated {len(snap.devices)} devices in {time.monotonic() - t0:.2f}s")
     finally:
         t1 = time.monotonic()

@@ -13,6 +13,7 @@ import kubernetes
 from prometheus_client.parser import text_string_to_metric_families
 
 from dra_driver.devices import GIB
+from testbed.device_samples import gpu_named
 from testbed.plugin_harness import NAMESPACE, PluginHarness
 from testbed.ports import free_port
 from testbed.waiting import wait_for
@@ -83,7 +84,7 @@ def test_vram_per_claim_and_pod_labels_on_dcgm_series_with_an_event_over_request
         (proc_root / "4242" / "cgroup").write_text(
             "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
             f"{pod_uid.replace('-', '_')}.slice/cri-containerd-{CID}.scope\n")
-        gpu0 = plugin.inventory.current().devices.gpu_by_name("gpu-0")
+        gpu0 = gpu_named(plugin.inventory.current().devices, "gpu-0")
         plugin.nvml.add_process(gpu0.index, 4242, 25 * GIB)
 
         m = _scrape(port)

@@ -22,11 +22,12 @@ from typing import Any
 import pytest
 
 from dra_driver.opaque_config import API_VERSION
-from kubelet_plugin.cdi.cdi_spec import validate_spec
 from kubelet_plugin.cdi.driver_files import find_driver_binary
 from kubelet_plugin.checkpoint.records import ClaimState
 from kubelet_plugin.mps.control_daemon import MpsControl, MpsControlSettings, read_pid
 from kubelet_plugin.mps.mps_dirs import claim_dir_name, daemon_alive
+from testbed.cdi_loader import loader_problems
+from testbed.device_samples import gpu_named
 from testbed.fake_mps_control import events, write_fake
 from testbed.plugin_harness import PluginHarness, opaque
 
@@ -81,7 +82,7 @@ def _claim_dirs(h: PluginHarness, uid: str) -> dict[str, str]:
 def test_prepare_starts_one_daemon_the_spec_points_at_it_and_unprepare_stops_it(
         h: PluginHarness, fake: dict[str, str]) -> None:
     uid = h.create_claim("mps-one", [("gpu", NODE, "gpu-0")], config=[_mps(50, "8Gi")])
-    gpu0 = h.plugins[NODE].inventory.current().devices.gpu_by_name("gpu-0")
+    gpu0 = gpu_named(h.plugins[NODE].inventory.current().devices, "gpu-0")
     kubelet = h.kubelet(NODE)
     result = kubelet.prepare([("default", "mps-one", uid)])[uid]
     assert result.ok, result.error
@@ -103,7 +104,7 @@ def test_prepare_starts_one_daemon_the_spec_points_at_it_and_unprepare_stops_it(
     assert not os.path.exists(os.path.join("/dev/shm", daemon["shm_marker"]))
 
     spec = h.read_spec(NODE, uid)
-    assert validate_spec(spec) == []
+    assert loader_problems(spec) == []
     edits = spec["devices"][0]["containerEdits"]
     assert f"CUDA_MPS_PIPE_DIRECTORY={dirs['pipe']}" in edits["env"]
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in edits["env"]
@@ -418,7 +419,7 @@ def test_a_shares_memory_becomes_its_daemons_pinned_limit_when_the_claim_sets_no
     share = {"request": "gpu", "driver": "gpu.nvidia.com", "pool": NODE, "device": "gpu-2",
              "shareID": "9c3f4a2e-1b5d-4e6f-8a7b-0c1d2e3f4a5b", "consumedCapacity": {"memory": "20Gi"}}
     uid = h.create_claim("mps-share", [], config=[_mps(pct=None, limit=None)], extra_results=[share])
-    gpu2 = h.plugins[NODE].inventory.current().devices.gpu_by_name("gpu-2")
+    gpu2 = gpu_named(h.plugins[NODE].inventory.current().devices, "gpu-2")
     kubelet = h.kubelet(NODE)
     result = kubelet.prepare([("default", "mps-share", uid)])[uid]
     assert result.ok, result.error

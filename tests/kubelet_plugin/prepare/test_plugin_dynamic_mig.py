@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-
-from kubelet_plugin.cdi.cdi_spec import validate_spec
 from kubelet_plugin.checkpoint.records import ClaimRecord, ClaimState, MigRecord
+
 from kubelet_plugin.checkpoint.store import CheckpointStore
 from kubelet_plugin.nvml import create_mig_device, discover, open_nvml
+from testbed.cdi_loader import loader_problems
+from testbed.device_samples import gpu_named
 from testbed.plugin_harness import PluginHarness
 
 NODE = "mig-node"
@@ -44,7 +45,7 @@ def test_prepare_creates_the_instance_and_unprepare_destroys_it(h: PluginHarness
     assert len(created) == 1
     mig_uuid = created.pop()
     spec = h.read_spec(NODE, uid)
-    assert validate_spec(spec) == []
+    assert loader_problems(spec) == []
     edits = spec["devices"][0]["containerEdits"]
     assert f"NVIDIA_VISIBLE_DEVICES={mig_uuid}" in edits["env"]
     nodes = [n["path"] for n in edits["deviceNodes"]]
@@ -54,7 +55,7 @@ def test_prepare_creates_the_instance_and_unprepare_destroys_it(h: PluginHarness
     assert record is not None and record.mig[0].uuid == mig_uuid
     status = h.get_claim("mig1")["status"]["devices"]
     assert status == [{"driver": "gpu.nvidia.com", "pool": NODE, "device": device,
-                       "data": {"uuid": mig_uuid, "parentUUID": plugin.inventory.current().devices.gpu_by_name("gpu-0").uuid,
+                       "data": {"uuid": mig_uuid, "parentUUID": gpu_named(plugin.inventory.current().devices, "gpu-0").uuid,
                                 "gpuInstanceId": record.mig[0].gpu_instance_id,
                                 "computeInstanceId": record.mig[0].compute_instance_id}}]
     # Repeated prepare: same answer, no second instance.
@@ -87,7 +88,7 @@ def test_restart_destroys_an_instance_a_crashed_prepare_left_behind() -> None:
     nvml = open_nvml("sim:4xh200@crash")
     with PluginHarness() as h:
         config = h.config(NODE, mig_mode="dynamic")
-        gpu = discover(nvml).gpu_by_name("gpu-2")
+        gpu = gpu_named(discover(nvml), "gpu-2")
         placement = next(p for p in gpu.placements() if p.profile.name == "2g.35gb")
         # What a crash right after creating the instance (before recording its UUID) leaves.
         leaked = create_mig_device(nvml, gpu, placement)
@@ -109,7 +110,7 @@ def test_restart_destroys_an_instance_a_crashed_prepare_left_behind() -> None:
 def test_mig_creation_failure_fails_the_claim_with_nvmls_reason(h: PluginHarness) -> None:
     plugin = h.plugins[NODE]
     device = _placement(plugin, "1g.18gb", gpu="gpu-3", start=0)
-    gpu = plugin.inventory.current().devices.gpu_by_name("gpu-3")
+    gpu = gpu_named(plugin.inventory.current().devices, "gpu-3")
     # Someone else (outside gpuready) took that placement: NVML refuses the overlap.
     squatter = create_mig_device(plugin.nvml, gpu, plugin.inventory.current().index[device].placement)
     try:
@@ -170,7 +171,7 @@ def test_an_xid_on_a_created_instance_withdraws_that_instance_only() -> None:
         dcgm = [s for m in plugin.metrics.registry.collect() if m.name == "DCGM_FI_DEV_FB_USED" for s in m.samples]
         assert any(s.labels.get("GPU_I_ID") == str(mig.gpu_instance_id) for s in dcgm)
 
-        gpu0 = plugin.inventory.current().devices.gpu_by_name("gpu-0")
+        gpu0 = gpu_named(plugin.inventory.current().devices, "gpu-0")
         plugin.nvml.faults.inject_xid(gpu0.index, 79, gpu_instance_id=mig.gpu_instance_id,
                                       compute_instance_id=mig.compute_instance_id)
         deadline = time.monotonic() + 30

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from dra_driver.devices import MigDevice
-from kubelet_plugin.cdi.cdi_spec import validate_spec
 from kubelet_plugin.nvml import create_mig_device, destroy_mig_device, discover, open_nvml
+from testbed.cdi_loader import loader_problems
+from testbed.device_samples import gpu_named
 from testbed.plugin_harness import PluginHarness
 
 NODE = "whole-mig-node"
@@ -23,8 +24,7 @@ SHARED = "gpu-1"
 
 
 def _instances(nvml: object, gpu: str) -> list[MigDevice]:
-    found = discover(nvml).gpu_by_name(gpu)
-    assert found is not None
+    found = gpu_named(discover(nvml), gpu)
     return list(found.mig_devices)
 
 
@@ -50,7 +50,7 @@ def h() -> Iterator[PluginHarness]:
 
 def test_whole_gpu_gets_the_full_size_instance_and_loses_it_on_unprepare(h: PluginHarness) -> None:
     plugin = h.plugins[NODE]
-    gpu = plugin.inventory.current().devices.gpu_by_name("gpu-0")
+    gpu = gpu_named(plugin.inventory.current().devices, "gpu-0")
     assert _instances(plugin.nvml, "gpu-0") == []
     uid = h.create_claim("whole0", [("gpu", NODE, "gpu-0")])
     kubelet = h.kubelet(NODE)
@@ -59,7 +59,7 @@ def test_whole_gpu_gets_the_full_size_instance_and_loses_it_on_unprepare(h: Plug
     [mig] = _instances(plugin.nvml, "gpu-0")
     assert (mig.profile.name, mig.placement.start, mig.placement.size) == ("7g.141gb", 0, 8)
     spec = h.read_spec(NODE, uid)
-    assert validate_spec(spec) == []
+    assert loader_problems(spec) == []
     # The container gets the instance, not the bare parent CUDA cannot use.
     assert f"NVIDIA_VISIBLE_DEVICES={mig.uuid}" in _env(spec)
     assert not any(gpu.uuid in e for e in _env(spec))
@@ -99,7 +99,7 @@ def test_a_placement_on_the_same_gpu_is_refused_per_claim(h: PluginHarness) -> N
 
 def test_an_instance_created_outside_gpuready_fails_the_claim_with_nvmls_reason(h: PluginHarness) -> None:
     plugin = h.plugins[NODE]
-    gpu = plugin.inventory.current().devices.gpu_by_name("gpu-3")
+    gpu = gpu_named(plugin.inventory.current().devices, "gpu-3")
     placement = next(p for p in gpu.placements() if p.profile.name == "1g.18gb" and p.placement.start == 3)
     squatter = create_mig_device(plugin.nvml, gpu, placement)
     try:

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 from dra_driver.opaque_config import API_VERSION
-from kubelet_plugin.cdi.cdi_spec import validate_spec
+from testbed.cdi_loader import loader_problems
+from testbed.device_samples import gpu_named
 from testbed.plugin_harness import PluginHarness, opaque
 
 NODE = "node-a"
@@ -33,8 +34,8 @@ def test_whole_gpu_prepare_writes_valid_cdi_spec_and_unprepare_removes_it(h: Plu
     assert result.devices == [{"request_names": ["gpu"], "pool_name": NODE, "device_name": "gpu-0",
                                "cdi_device_ids": [f"k8s.gpu.nvidia.com/claim={uid}-gpu-0"], "share_id": None}]
     spec = h.read_spec(NODE, uid)
-    assert validate_spec(spec) == []
-    gpu0 = h.plugins[NODE].inventory.current().devices.gpu_by_name("gpu-0")
+    assert loader_problems(spec) == []
+    gpu0 = gpu_named(h.plugins[NODE].inventory.current().devices, "gpu-0")
     edits = spec["devices"][0]["containerEdits"]
     assert [n["path"] for n in edits["deviceNodes"]] == ["/dev/nvidia0"]
     assert f"NVIDIA_VISIBLE_DEVICES={gpu0.uuid}" in edits["env"]
@@ -48,12 +49,12 @@ def test_whole_gpu_prepare_writes_valid_cdi_spec_and_unprepare_removes_it(h: Plu
 
 
 def test_static_mig_device_gets_parent_and_caps_nodes(h: PluginHarness) -> None:
-    mig = h.plugins[NODE].inventory.current().devices.gpu_by_name("gpu-7").mig_devices[0]
+    mig = gpu_named(h.plugins[NODE].inventory.current().devices, "gpu-7").mig_devices[0]
     uid = h.create_claim("mig", [("small", NODE, mig.name)])
     result = h.kubelet(NODE).prepare([_ref("mig", uid)])[uid]
     assert result.ok, result.error
     spec = h.read_spec(NODE, uid)
-    assert validate_spec(spec) == []
+    assert loader_problems(spec) == []
     edits = spec["devices"][0]["containerEdits"]
     assert [n["path"] for n in edits["deviceNodes"]] == ["/dev/nvidia7", *mig.device_nodes]
     assert f"NVIDIA_VISIBLE_DEVICES={mig.uuid}" in edits["env"]
@@ -98,7 +99,7 @@ def test_claim_config_overrides_class_config_and_reaches_the_spec(h: PluginHarne
     assert result.ok, result.error
     assert result.devices[0]["request_names"] == ["gpu"]  # "/big" subrequest stripped
     env = h.read_spec(NODE, uid)["devices"][0]["containerEdits"]["env"]
-    uuid = h.plugins[NODE].inventory.current().devices.gpu_by_name("gpu-4").uuid
+    uuid = gpu_named(h.plugins[NODE].inventory.current().devices, "gpu-4").uuid
     assert {"LEVEL=claim", "KEEP=yes", f"CUDA_VISIBLE_DEVICES={uuid}"} <= set(env)
     h.kubelet(NODE).unprepare([_ref("cfg", uid)])
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kubelet_plugin.cdi.cdi_spec import CdiDevice, claim_spec, driver_mounts, ldcache_hook, validate_spec
-from kubelet_plugin.cdi.driver_files import CONTAINER_LIB_DIR, DriverFile
 from kubelet_plugin.checkpoint.records import ClaimRecord, ClaimState
-from kubelet_plugin.prepare.spec_rewrites import UNCHANGED, NodeEdits, plan_spec_rewrite, plan_spec_rewrites
+
+from kubelet_plugin.cdi.cdi_spec import CdiDevice, claim_spec, driver_mounts, ldcache_hook
+from kubelet_plugin.cdi.driver_files import CONTAINER_LIB_DIR, DriverFile
+from kubelet_plugin.prepare.spec_rewrites import UNCHANGED, NodeEdits, plan_spec_rewrite
+from testbed.cdi_loader import loader_problems
 
 DRIVER = "gpu.nvidia.com"
 CONTROL = ("/dev/nvidiactl", "/dev/nvidia-uvm")
@@ -43,7 +45,7 @@ def test_a_claim_prepared_before_the_reload_gets_the_new_driver_files_and_keeps_
     assert not any("580.159.04" in s for s in _sources(plan.spec))
     assert record.cdi_spec is not None and plan.spec["devices"] == record.cdi_spec["devices"]  # MPS mounts, env kept
     assert plan.spec["containerEdits"]["hooks"] == [ldcache_hook(CONTAINER_LIB_DIR)]
-    assert validate_spec(plan.spec) == []
+    assert loader_problems(plan.spec) == []
     assert "libcuda.so.580.159.04" in plan.reason and "libcuda.so.580.172.01" in plan.reason
 
 
@@ -57,7 +59,7 @@ def test_a_driver_without_libraries_drops_the_mounts_and_the_hook() -> None:
     plan = plan_spec_rewrite(_record("uid-c", ["gpu-0"], _edits("580.159.04")), {"gpu-0"}, NodeEdits(CONTROL))
     assert plan.spec is not None
     assert "mounts" not in plan.spec["containerEdits"] and "hooks" not in plan.spec["containerEdits"]
-    assert validate_spec(plan.spec) == []
+    assert loader_problems(plan.spec) == []
 
 
 def test_claims_whose_device_vanished_or_that_are_not_prepared_are_not_rewritten() -> None:
@@ -66,8 +68,7 @@ def test_claims_whose_device_vanished_or_that_are_not_prepared_are_not_rewritten
                _record("uid-started", ["gpu-1"], old, state=ClaimState.PREPARE_STARTED, cdi_spec=None),
                _record("uid-nospec", ["gpu-1"], old, cdi_spec=None),
                _record("uid-ok", ["gpu-2"], old)]
-    plans = {p.uid: p for p in plan_spec_rewrites(records, {"gpu-0", "gpu-1", "gpu-2"}, new)}
-    assert list(plans) == sorted(plans)
+    plans = {r.uid: plan_spec_rewrite(r, {"gpu-0", "gpu-1", "gpu-2"}, new) for r in records}
     assert plans["uid-gone"].spec is None and plans["uid-gone"].skipped
     assert "gpu-3" in plans["uid-gone"].reason and "unhealthy" in plans["uid-gone"].reason
     assert plans["uid-started"].spec is None and "not completed" in plans["uid-started"].reason
