@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from kubelet_plugin.checkpoint.records import ClaimRecord, ClaimState, MigRecord
 
+from kubelet_plugin.checkpoint.records import ClaimRecord, ClaimState, MigRecord
 from kubelet_plugin.checkpoint.store import CheckpointStore
 from kubelet_plugin.nvml import create_mig_device, discover, open_nvml
 from testbed.cdi_loader import loader_problems

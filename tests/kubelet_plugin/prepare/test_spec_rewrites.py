@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kubelet_plugin.checkpoint.records import ClaimRecord, ClaimState
-
 from kubelet_plugin.cdi.cdi_spec import CdiDevice, claim_spec, driver_mounts, ldcache_hook
 from kubelet_plugin.cdi.driver_files import CONTAINER_LIB_DIR, DriverFile
+from kubelet_plugin.checkpoint.records import ClaimRecord, ClaimState
 from kubelet_plugin.prepare.spec_rewrites import UNCHANGED, NodeEdits, plan_spec_rewrite
 from testbed.cdi_loader import loader_problems
 
