@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from dra_driver.devices import Gpu, MigMode, MigPlacement, MigPlacementRange
-from kubelet_plugin.kinds.device_kind import NodeDevice, memory_slices
+from kubelet_plugin.kinds.device_kind import NodeDevice
+from kubelet_plugin.kinds.whole_gpu import WholeGpu
 
 
 def full_placement(gpu: Gpu) -> MigPlacement | None:
@@ -31,11 +32,11 @@ def full_placement(gpu: Gpu) -> MigPlacement | None:
     return MigPlacement(gpu.uuid, gpu.minor, profile, MigPlacementRange(0, gpu.memory_slice_count))
 
 
-class FullInstance:
-    """:class:`~kubelet_plugin.kinds.device_kind.DeviceKind` of a whole MIG-enabled GPU under dynamic MIG."""
+class FullInstance(WholeGpu):
+    """:class:`~kubelet_plugin.kinds.device_kind.DeviceKind` of a whole MIG-enabled GPU under dynamic MIG:
+    a whole GPU in what it occupies and its memory, with the full-size instance created at prepare."""
 
     name = "full-instance"
-    config_type = "gpu"
     shared_instance = True
 
     def enumerate(self, gpu: Gpu, dynamic_mig: bool) -> Iterable[NodeDevice]:
@@ -43,21 +44,9 @@ class FullInstance:
         if dynamic_mig and gpu.mig_mode == MigMode.ENABLED:
             yield NodeDevice(gpu.name, self, gpu)
 
-    def occupancy(self, device: NodeDevice) -> frozenset[str]:
-        """The GPU and every memory slice of it (no placement fits beside it)."""
-        return frozenset({device.gpu.name, *memory_slices(device.gpu, range(device.gpu.memory_slice_count))})
-
-    def memory_bytes(self, device: NodeDevice) -> int:
-        """The GPU's memory."""
-        return device.gpu.memory_bytes
-
     def instance(self, device: NodeDevice) -> MigPlacement | None:
         """The full-size instance, or None when the GPU has no profile covering all of it."""
         return full_placement(device.gpu)
-
-    def device_nodes(self, device: NodeDevice) -> tuple[str, ...]:
-        """The parent GPU's device node (the full-size instance adds its capability nodes)."""
-        return (device.gpu.device_node,)
 
 
 FULL_INSTANCE = FullInstance()
