@@ -1,9 +1,11 @@
 """gpuready's own kubelet-plugin metrics: health, validation, publishing, prepare, checkpoint, stream.
 
 The demo runs several plugins in one process, so nothing here touches prometheus_client's global
-default registry: each :class:`PluginMetrics` owns (or is given) a ``CollectorRegistry`` and every
-series carries the ``node`` label, so plugins for different simulated nodes can even share one
-registry without colliding.
+default registry: each :class:`PluginMetrics` owns (or is given) a ``CollectorRegistry`` of its own
+(registering the families twice in one registry is refused), and every series carries the ``node``
+label. Every ``gpuready_*`` family of the node daemon is declared in this file, once: the live ones
+in the :class:`PluginMetrics` class body (:mod:`dra_driver.metric_families` registers them), the
+ones filled at scrape time as module constants.
 
 Every method is cheap (a dict update under prometheus_client's own locks) and never raises for a
 well-typed call, so callers can report from hot paths (prepare, health transitions) freely.
