@@ -24,7 +24,9 @@ def write_spec(cdi_root: str, path: str, spec: Mapping[str, Any]) -> None:
     """Write a claim's CDI spec atomically (the runtime never sees a partial file)."""
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        atomic_write(path, json.dumps(spec, indent=1).encode())
+        # One line: indenting it cost 0.7 ms of a whole-GPU prepare (60 driver files) and helps no reader
+        # that is not a person, who has `jq` for that.
+        atomic_write(path, json.dumps(spec).encode())
     except OSError as exc:
         where = NodeDirectory("--cdi-root", "CDI_ROOT", cdi_root, "one CDI spec per prepared claim",
                               "CDIRootUnusable")
