@@ -56,7 +56,8 @@ class NodePool:
     def annotate(self, snapshot: HealthSnapshot) -> HealthSnapshot:
         """The snapshot with the node's prerequisite and the devices the pool never lists (the health
         fan-out's first step: GPUReady must call published exactly what the pool lists)."""
-        view = self._inventory.current()
+        view = self._inventory.view  # an attribute read, on every health change
+        assert view is not None
         return replace(snapshot, prerequisite=view.prerequisite,
                        unlisted=frozenset(snapshot.devices) - self._listed_names(view.devices))
 
@@ -67,7 +68,9 @@ class NodePool:
                       "the pool already on the server stays as it is")
             return
         self.hold_until_validated = False
-        devices = self._inventory.current().devices
+        view = self._inventory.view
+        assert view is not None
+        devices = view.devices
         unhealthy = snapshot.unhealthy()
         if not snapshot.validated and snapshot.prerequisite is None and not snapshot.healthy_names():
             # A fresh node before its first probe passed: an empty pool tells the scheduler nothing

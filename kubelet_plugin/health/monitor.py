@@ -66,7 +66,7 @@ from kubelet_plugin.health.state import (
 from kubelet_plugin.health.topology import GpuTopology, node_topology
 from kubelet_plugin.health.validation import DEVICE_NODE_KEY, ValidationConfig, device_node_faults
 from kubelet_plugin.health.validation_loop import ValidationLoop
-from kubelet_plugin.health.xid import XidAction
+from kubelet_plugin.health.xid import XidAction, classify_xid
 from kubelet_plugin.inventory import NodeInventory, NodeView
 
 log = get_logger(__name__)
@@ -181,7 +181,9 @@ class HealthMonitor(NvmlSession, ValidationLoop):
     @property
     def _devices(self) -> NodeDevices:
         """The node now, as its inventory knows it (GPUs no longer listed kept, unhealthy)."""
-        return self._inventory.current().devices
+        view = self._inventory.view  # an attribute read: the XID path does not enter the inventory
+        assert view is not None
+        return view.devices
 
     def _track(self, previous: NodeView, view: NodeView) -> None:
         """The inventory's subscriber: track a new view of the node (a dynamic MIG change, NVML
@@ -352,7 +354,8 @@ class HealthMonitor(NvmlSession, ValidationLoop):
             self._poll_wake.set()
             return
         if ev.event_type & XID_EVENT:
-            decision = self._policy.classify(ev.data)
+            policy = self._policy  # the catalogue's action under the policy's overrides (health/xid.py)
+            decision = classify_xid(ev.data, policy.extra_fatal_xids, policy.extra_ignored_xids)
             names = topo.names_for_event(ev.gpu_instance_id, ev.compute_instance_id)
             where = ""
             if ev.gpu_instance_id not in (None, 0xFFFFFFFF):

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kubelet_plugin.config import PluginConfig
-from kubelet_plugin.health.xid import XidDecision, classify_xid
 
 
 @dataclass(frozen=True)
@@ -62,10 +61,6 @@ class HealthPolicy:
             raise ValueError(f"event_wait_ms must be between 1 and 5000 (got {self.event_wait_ms})")
         if self.probe_timeout_s <= 0:
             raise ValueError(f"probe_timeout_s must be positive (got {self.probe_timeout_s})")
-
-    def classify(self, xid: int) -> XidDecision:
-        """Classify an XID under this policy's overrides."""
-        return classify_xid(xid, self.extra_fatal_xids, self.extra_ignored_xids)
 
     @property
     def recheck_interval_s(self) -> float:

@@ -34,10 +34,10 @@ def test_reasons_read_like_sentences() -> None:
 
 def test_configuration_moves_xids_both_ways() -> None:
     policy = HealthPolicy(extra_fatal_xids=frozenset({13}), extra_ignored_xids=frozenset({92}))
-    assert policy.classify(13).action is XidAction.WITHDRAW
-    assert policy.classify(92).action is XidAction.IGNORE
-    assert policy.classify(79).action is XidAction.WITHDRAW
-    assert policy.classify(31).action is XidAction.IGNORE
+    assert classify_xid(13, policy.extra_fatal_xids, policy.extra_ignored_xids).action is XidAction.WITHDRAW
+    assert classify_xid(92, policy.extra_fatal_xids, policy.extra_ignored_xids).action is XidAction.IGNORE
+    assert classify_xid(79, policy.extra_fatal_xids, policy.extra_ignored_xids).action is XidAction.WITHDRAW
+    assert classify_xid(31, policy.extra_fatal_xids, policy.extra_ignored_xids).action is XidAction.IGNORE
 
 
 def test_same_xid_on_both_sides_is_refused_with_the_fix() -> None:
