@@ -56,7 +56,7 @@ from dra_driver.logs import get_logger
 from kubelet_plugin.checkpoint.boot_id import read_boot_id
 from kubelet_plugin.config import PluginConfig
 from kubelet_plugin.health.kubelet_health import KubeletHealthFeed
-from kubelet_plugin.health.mig_probe import destroy_leftover_probe_instances, mig_gate
+from kubelet_plugin.health.mig_probe import destroy_leftover_probe_instances
 from kubelet_plugin.health_fanout import HealthFanout
 from kubelet_plugin.inventory import NodeInventory
 from kubelet_plugin.kubelet.helper import KubeletHelper, KubeletSettings
@@ -70,6 +70,7 @@ from kubelet_plugin.node_prerequisites import (
     ensure_directories,
     node_directories,
 )
+from kubelet_plugin.nvml.mig_lifecycle import mig_gate
 from kubelet_plugin.periodic import Periodic
 
 if TYPE_CHECKING:
@@ -258,7 +259,7 @@ class KubeletPlugin:
         reconcile the checkpoint with the node (:func:`kubelet_plugin.prepare.recovery.recover`) and
         follow driver reloads from here on."""
         from kubelet_plugin.prepare.driver_reload import DriverReloadFollower, find_driver_edits, with_edits
-        from kubelet_plugin.prepare.mig_ops import NvmlMigOps
+        from kubelet_plugin.prepare.mig_instances import NvmlMigOps
         from kubelet_plugin.prepare.preparer import Preparer, PrepareSettings
         from kubelet_plugin.prepare.recovery import recover
 

@@ -11,7 +11,7 @@ CUDA on a MIG-enabled GPU sees only MIG devices, never the parent. So (see
 * a dynamic-MIG GPU holding a claim's instance is **not probed** ("in use"): a probe never runs inside
   a tenant's instance.
 
-Never racing a prepare: every MIG instance change of the plugin (``kubelet_plugin.prepare.mig_ops.NvmlMigOps``)
+Never racing a prepare: every MIG instance change of the plugin (``kubelet_plugin.prepare.mig_instances.NvmlMigOps``)
 and every temporary probe instance go through one :class:`MigGate` per NVML handle
 (:func:`mig_gate`). The probe checks "no instance on this GPU" and creates its instance under the
 gate's lock, and marks the GPU as probing; while it is marked, a prepare's create/lookup/destroy on
@@ -31,10 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import threading
 import time
-import weakref
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -44,6 +41,7 @@ from dra_driver.devices import Gpu, MigDevice
 from dra_driver.logs import get_logger
 from kubelet_plugin.health.probe_runner import Prober, ProbeResult, not_probed, unprobed_result
 from kubelet_plugin.health.topology import ProbeMode, ProbeTarget
+from kubelet_plugin.nvml.mig_lifecycle import MigGate, mig_gate
 
 log = get_logger(__name__)
 
@@ -51,45 +49,6 @@ log = get_logger(__name__)
 # down: retry for a while before giving up (and saying so).
 DESTROY_ATTEMPTS = 5
 DESTROY_RETRY_S = 0.4
-
-
-class MigGate:
-    """Serialises MIG instance changes on one NVML handle and keeps them off GPUs being probed."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._probing: set[str] = set()  # GPU UUIDs holding a temporary probe instance now
-        self.journal_dir = ""  # where temporary instances are written down before creation ("" = nowhere)
-
-    @contextlib.contextmanager
-    def change(self, gpu_uuid: str) -> Iterator[None]:
-        """Hold the MIG lock for a change on ``gpu_uuid``, first waiting out a probe's temporary instance."""
-        with self._cond:
-            self._cond.wait_for(lambda: gpu_uuid not in self._probing)
-            yield
-
-    def wait_idle(self, timeout: float) -> bool:
-        """Wait until no temporary probe instance exists (False if one still does after ``timeout``)."""
-        with self._cond:
-            return self._cond.wait_for(lambda: not self._probing, timeout)
-
-    def probing(self, gpu_uuid: str) -> bool:
-        """Whether a temporary probe instance exists on the GPU now."""
-        with self._cond:
-            return gpu_uuid in self._probing
-
-
-_GATES: weakref.WeakKeyDictionary[Any, MigGate] = weakref.WeakKeyDictionary()
-_GATES_LOCK = threading.Lock()
-
-
-def mig_gate(nvml: Any) -> MigGate:
-    """The one gate of an NVML handle (the pynvml module, or a simulated node)."""
-    with _GATES_LOCK:
-        gate = _GATES.get(nvml)
-        if gate is None:
-            gate = _GATES[nvml] = MigGate()
-        return gate
 
 
 def instance_count(nvml: Any, gpu: Gpu) -> int:
@@ -227,17 +186,15 @@ def probe_temporary(nvml: Any, gpu: Gpu, target: ProbeTarget, prober: Prober, ti
         except OSError as exc:  # the journal cannot be written: do not make an instance nobody could find
             _journal_clear(journal, gpu.uuid)
             return not_probed(f"cannot record a temporary MIG instance for {gpu.name} in {journal}: {exc}")
-        gate._probing.add(gpu.uuid)
+        gate.start_probe(gpu.uuid)
     log.info("health_probe_instance_created", device=gpu.name, uuid=mig.uuid, profile=placement.profile.name)
     try:
         result = prober.probe(replace(target, cuda_uuid=mig.uuid, mode=ProbeMode.DIRECT), timeout_s)
     finally:
-        with gate._cond:
+        with gate.end_probe(gpu.uuid):
             leftover = _destroy(nvml, gpu, mig)
             if leftover is None:
                 _journal_clear(journal, gpu.uuid)
-            gate._probing.discard(gpu.uuid)
-            gate._cond.notify_all()
     where = f" (on a temporary {placement.profile.name} MIG instance, since destroyed)"
     if leftover is not None:
         log.error("health_probe_instance_left", device=gpu.name, uuid=mig.uuid, error=leftover)

@@ -41,7 +41,6 @@ from kubelet_plugin.health.events import (
     register_events,
     register_more,
 )
-from kubelet_plugin.health.mig_probe import mig_gate
 from kubelet_plugin.health.nvml_checks import (
     POLLED_KEYS,
     NvmlUnavailable,
@@ -68,6 +67,7 @@ from kubelet_plugin.health.validation import DEVICE_NODE_KEY, ValidationConfig, 
 from kubelet_plugin.health.validation_loop import ValidationLoop
 from kubelet_plugin.health.xid import XidAction, classify_xid
 from kubelet_plugin.inventory import NodeInventory, NodeView
+from kubelet_plugin.nvml.mig_lifecycle import mig_gate
 
 log = get_logger(__name__)
 

@@ -206,7 +206,7 @@ class ValidationLoop:
         existed, the topology (and the plugin's view) lists an instance that is gone: the GPU would
         read as in use, and its MIG UUID would be probed. One re-read puts that right.
         """
-        from kubelet_plugin.health.mig_probe import mig_gate
+        from kubelet_plugin.nvml.mig_lifecycle import mig_gate
 
         gate = mig_gate(self._nvml)
         stale = [t.gpu.name for t in self._topo.values()

@@ -3,11 +3,18 @@
 A MIG device is a GPU instance (a profile at a placement) plus one compute instance filling it.
 Creation is all-or-nothing: if the compute instance cannot be created the GPU instance is destroyed
 again. Destruction is idempotent (an instance that is already gone is success) and refuses, with
-NVML's ``IN_USE``, while a process runs on it. MIG mode itself is never changed here.
+NVML's ``IN_USE``, while a process runs on it. MIG mode itself is never changed here. Every change goes through the NVML handle's one
+:class:`MigGate` (:func:`mig_gate`): NVML MIG calls on one GPU are not safe to interleave, and a change
+waits out the health monitor's temporary probe instance on that GPU
+(:mod:`kubelet_plugin.health.mig_probe`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import pynvml
@@ -18,6 +25,60 @@ from kubelet_plugin.nvml.discovery import GpuReadError, host_for, read_mig_devic
 from kubelet_plugin.nvml.nvml_errors import MigError, describe_nvml_error
 
 log = get_logger(__name__)
+
+
+class MigGate:
+    """Serialises MIG instance changes on one NVML handle and keeps them off GPUs being probed."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._probing: set[str] = set()  # GPU UUIDs holding a temporary probe instance now
+        self.journal_dir = ""  # where temporary instances are written down before creation ("" = nowhere)
+
+    @contextlib.contextmanager
+    def change(self, gpu_uuid: str) -> Iterator[None]:
+        """Hold the MIG lock for a change on ``gpu_uuid``, first waiting out a probe's temporary instance."""
+        with self._cond:
+            self._cond.wait_for(lambda: gpu_uuid not in self._probing)
+            yield
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no temporary probe instance exists (False if one still does after ``timeout``)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._probing, timeout)
+
+    def start_probe(self, gpu_uuid: str) -> None:
+        """A temporary probe instance now exists on the GPU (called inside :meth:`change`)."""
+        self._probing.add(gpu_uuid)
+
+    @contextlib.contextmanager
+    def end_probe(self, gpu_uuid: str) -> Iterator[None]:
+        """Hold the MIG lock while the probe's instance is destroyed, then let changes on the GPU go on."""
+        with self._cond:
+            try:
+                yield
+            finally:
+                self._probing.discard(gpu_uuid)
+                self._cond.notify_all()
+
+    def probing(self, gpu_uuid: str) -> bool:
+        """Whether a temporary probe instance exists on the GPU now."""
+        with self._cond:
+            return gpu_uuid in self._probing
+
+
+_GATES: weakref.WeakKeyDictionary[Any, MigGate] = weakref.WeakKeyDictionary()
+_GATES_LOCK = threading.Lock()
+
+
+def mig_gate(nvml: Any) -> MigGate:
+    """The one gate of an NVML handle (the pynvml module, or a simulated node)."""
+    with _GATES_LOCK:
+        gate = _GATES.get(nvml)
+        if gate is None:
+            gate = _GATES[nvml] = MigGate()
+        return gate
+
 
 # Compute slices of a GPU instance -> the compute instance profile that fills it
 # (NVML_COMPUTE_INSTANCE_PROFILE_1/2/3/4/7/8/6_SLICE).

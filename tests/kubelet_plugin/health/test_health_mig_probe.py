@@ -25,7 +25,7 @@ from kubelet_plugin.health.probe_runner import ProbeResult, SimulatedProber
 from kubelet_plugin.health.topology import ProbeMode, ProbeTarget, gpu_topology
 from kubelet_plugin.kinds.full_instance import full_placement
 from kubelet_plugin.nvml import discover, open_nvml
-from kubelet_plugin.prepare.mig_ops import NvmlMigOps
+from kubelet_plugin.prepare.mig_instances import NvmlMigOps
 from testbed.device_samples import gpu_named
 from testbed.nvml_sim import SimulatedNvml
 from testbed.plugin_harness import PluginHarness
@@ -116,7 +116,7 @@ def test_dynamic_mig_failing_gpu_stays_unpublished_naming_cuda_and_leaves_no_ins
 
 
 def test_stopping_mid_probe_still_destroys_the_temporary_instance() -> None:
-    from kubelet_plugin.health.mig_probe import mig_gate
+    from kubelet_plugin.nvml.mig_lifecycle import mig_gate
 
     sim: SimulatedNvml = open_nvml("sim:4xh200")
     devices = discover(sim)
