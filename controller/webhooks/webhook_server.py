@@ -31,7 +31,14 @@ from typing import Any
 
 from controller.controller_metrics import ControllerMetrics
 from controller.planning import Inventory
-from controller.webhooks.admission_decisions import Answer, mutate, mutation_failed, review, validate
+from controller.webhooks.admission_decisions import (
+    Answer,
+    driver_classes,
+    mutate,
+    mutation_failed,
+    review,
+    validate,
+)
 from dra_driver.http_guard import GuardedHandlerMixin, GuardedServerMixin, HttpLimits
 from dra_driver.logs import LoggedErrorsMixin, get_logger
 from dra_driver.metrics_server import server_class_for
@@ -228,7 +235,11 @@ class WebhookServer:
             except Exception as exc:  # fail open, like any other shaping error
                 return mutation_failed(request, exc)
             return mutate(request, inventory, self.memory_class)
-        return validate(request, self.driver)
+        try:
+            classes = driver_classes(self.inventory(), self.driver, self.memory_class)
+        except Exception:  # the inventory is only needed to find renamed classes: check the default ones
+            classes = driver_classes(None, self.driver, self.memory_class)
+        return validate(request, self.driver, classes)
 
     def start(self) -> WebhookServer:
         """Serve in a daemon thread."""
