@@ -97,7 +97,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--health-port", type=int, default=_env("HEALTH_PORT", "8081"),
                         help="/healthz and /readyz port; 0 turns it off [HEALTH_PORT]")
     parser.add_argument("--bind-address", default=_env("BIND_ADDRESS", "0.0.0.0"),
-                        help="address the servers listen on [BIND_ADDRESS]")
+                        help="address the servers listen on unless their own flag below names one [BIND_ADDRESS]")
+    parser.add_argument("--webhook-bind-address", default=_env("WEBHOOK_BIND_ADDRESS", ""),
+                        help="address the webhooks listen on (default --bind-address) [WEBHOOK_BIND_ADDRESS]")
+    parser.add_argument("--metrics-bind-address", default=_env("METRICS_BIND_ADDRESS", ""),
+                        help="address /metrics listens on, e.g. 127.0.0.1 behind a local proxy "
+                             "(default --bind-address) [METRICS_BIND_ADDRESS]")
+    parser.add_argument("--health-bind-address", default=_env("HEALTH_BIND_ADDRESS", ""),
+                        help="address /healthz and /readyz listen on (default --bind-address) [HEALTH_BIND_ADDRESS]")
     parser.add_argument("--leader-elect", action=argparse.BooleanOptionalAction,
                         default=_env_bool("LEADER_ELECT", True),
                         help="elect one leader through a Lease (required with more than one replica) [LEADER_ELECT]")
@@ -133,7 +140,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         driver_name=args.driver_name, memory_class=args.memory_class, policy=args.policy,
         webhook_port=webhook_port or None, cert_file=cert, key_file=key,
         metrics_port=args.metrics_port or None, health_port=args.health_port or None,
-        webhook_host=args.bind_address, bind_host=args.bind_address,
+        webhook_host=args.webhook_bind_address or args.bind_address, bind_host=args.bind_address,
+        metrics_host=args.metrics_bind_address, health_host=args.health_bind_address,
         leader_elect=args.leader_elect, lease_namespace=args.leader_election_namespace,
         lease_name=args.leader_election_lease_name, identity=args.leader_election_id,
         lease_duration=args.lease_duration, renew_deadline=args.renew_deadline, retry_period=args.retry_period,

@@ -25,6 +25,7 @@ In-process use (tests, the demo)::
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import threading
@@ -46,6 +47,8 @@ from controller.placement.placement_mode import MODES as PLACEMENT_MODES
 from controller.placement.placement_mode import PlacementController
 from controller.planning.planner import Policy
 from controller.webhooks.webhook_server import WebhookServer
+from dra_driver.fd_budget import raise_nofile_limit
+from dra_driver.http_guard import GuardedHandlerMixin, GuardedServerMixin
 from dra_driver.logs import LoggedErrorsMixin, get_logger
 from dra_driver.metrics_server import serve_metrics, server_class_for
 
@@ -54,8 +57,9 @@ log = get_logger(__name__)
 DEFAULT_DRIVER = "gpu.nvidia.com"
 
 
-class _HealthServer(LoggedErrorsMixin, ThreadingHTTPServer):
+class _HealthServer(GuardedServerMixin, LoggedErrorsMixin, ThreadingHTTPServer):
     log_name = "controller-health"
+    daemon_threads = True
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,9 @@ class ControllerConfig:
     cert_file: str = ""
     key_file: str = ""
     metrics_port: int | None = None
+    metrics_host: str = ""  # "": bind_host
     health_port: int | None = None
+    health_host: str = ""  # "": bind_host
     bind_host: str = "0.0.0.0"
     leader_elect: bool = True
     lease_namespace: str = "default"
@@ -102,6 +108,13 @@ class ControllerConfig:
             port = getattr(self, name)
             if port is not None and not 0 <= port <= 65535:
                 raise ValueError(f"--{name.replace('_', '-')} {port} is not a TCP port (0-65535)")
+        for flag, host in (("--bind-address", self.bind_host), ("--webhook-bind-address", self.webhook_host),
+                           ("--metrics-bind-address", self.metrics_host), ("--health-bind-address", self.health_host)):
+            if host:
+                try:
+                    ipaddress.ip_address(host)
+                except ValueError:
+                    raise ValueError(f"{flag} {host!r} is not an IP address: use e.g. 0.0.0.0, :: or 127.0.0.1") from None
 
     @property
     def memory_class_name(self) -> str:
@@ -119,7 +132,7 @@ class ControllerConfig:
         return self.identity or f"{socket.gethostname()}_{os.getpid()}"
 
 
-class _HealthHandler(BaseHTTPRequestHandler):
+class _HealthHandler(GuardedHandlerMixin, BaseHTTPRequestHandler):
     server: Any
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -177,20 +190,22 @@ class Controller:
     def start(self) -> Controller:
         """Start informers, servers and leader election (or lead at once without it)."""
         cfg = self.config
+        raise_nofile_limit()  # room for API watches and admissions before the servers' reserve bites
         self.cache.start()
         if cfg.webhook_port is not None:
             self.webhook = WebhookServer(cfg.webhook_host, cfg.webhook_port, cfg.cert_file, cfg.key_file,
                                          self.cache.inventory, cfg.driver_name, cfg.memory_class_name,
                                          self.metrics).start()
         if cfg.metrics_port is not None:
-            self._metrics_server, _ = serve_metrics(self.metrics.registry, cfg.bind_host, cfg.metrics_port)
+            self._metrics_server, _ = serve_metrics(self.metrics.registry, cfg.metrics_host or cfg.bind_host,
+                                                    cfg.metrics_port)
         if cfg.health_port is not None:
+            host = cfg.health_host or cfg.bind_host
             try:
-                server = server_class_for(cfg.bind_host, _HealthServer)((cfg.bind_host, cfg.health_port), _HealthHandler)
+                server = server_class_for(host, _HealthServer)((host, cfg.health_port), _HealthHandler)
             except OSError as exc:
-                raise OSError(exc.errno, f"cannot serve /healthz on {cfg.bind_host}:{cfg.health_port} "
+                raise OSError(exc.errno, f"cannot serve /healthz on {host}:{cfg.health_port} "
                                          f"({exc.strerror}); choose another port with --health-port") from exc
-            server.daemon_threads = True
             server.controller = self  # type: ignore[attr-defined]
             threading.Thread(target=server.serve_forever, name="health", daemon=True).start()
             self._health_server = server

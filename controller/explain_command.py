@@ -2,8 +2,10 @@
 
 Reads the claim (or every claim of a pod), the ResourceSlices, claims, DeviceClasses and Nodes
 (whose ``GPUReady`` condition names GPUs withdrawn as unhealthy) and prints the pure explain
-report. Exit status: 0 every claim can be (or is) allocated, 1 some cannot, 2 not found or the
-cluster cannot be read.
+report. A claim that is allocated while a pod of it waits on a preparation that keeps failing is
+reported from the Events of the claim and its pods instead (:mod:`controller.planning.prepare_failures`).
+Exit status: 0 every claim can be (or is) allocated and none is failing prepare, 1 some cannot be
+allocated, 2 not found or the cluster cannot be read, 3 some is allocated but failing prepare.
 """
 
 from __future__ import annotations
@@ -16,13 +18,16 @@ from typing import Any
 from controller.cluster_snapshot import api_client, read_cluster
 from controller.planning import explain
 from controller.planning.explain import unhealthy_from_node_conditions
+from controller.planning.prepare_failures import PrepareFailure, prepare_failure, reserving_pods
+from controller.planning.prepare_failures import render as render_prepare_failure
 from dra_driver.kube_api import describe_error
 
 DESCRIPTION = """\
 Explain a ResourceClaim, or every claim of a Pod: for each request, which devices match its
 DeviceClass and selectors, which are excluded and why (in use by which claim, withdrawn or tainted
 as unhealthy with the reason, too little memory, MIG slices held by which placement, taint not
-tolerated, selector false or a CEL error, constraint unmet), and the best allocation now.
+tolerated, selector false or a CEL error, constraint unmet), and the best allocation now. For a
+claim that is allocated but whose preparation on the node keeps failing: the Events that say why.
 
 Examples:
   gpuready explain my-claim -n ml
@@ -77,6 +82,29 @@ def claims_of_pod(pod: dict[str, Any], read_claim: Any, read_template: Any) -> l
     return out
 
 
+EXIT_PREPARE_FAILING = 3
+
+
+def _events_about(core: Any, namespace: str, kind: str, name: str) -> list[dict[str, Any]]:
+    selector = f"involvedObject.kind={kind},involvedObject.name={name}"
+    items: list[dict[str, Any]] = json.loads(core.list_namespaced_event(
+        namespace, field_selector=selector, _preload_content=False).data).get("items", [])
+    return items
+
+
+def read_prepare_failure(core: Any, claim: dict[str, Any], read_pod: Any) -> PrepareFailure | None:
+    """:func:`prepare_failure` of an allocated ``claim``, reading its pods and their Events and its own."""
+    if not (claim.get("status") or {}).get("allocation"):
+        return None
+    meta = claim.get("metadata") or {}
+    namespace = meta.get("namespace", "default")
+    pods = [p for p in (read_pod(name) for name in reserving_pods(claim)) if p is not None]
+    events = _events_about(core, namespace, "ResourceClaim", meta.get("name", ""))
+    for pod in pods:
+        events += _events_about(core, namespace, "Pod", (pod.get("metadata") or {}).get("name", ""))
+    return prepare_failure(claim, pods, events)
+
+
 def run(args: argparse.Namespace) -> int:
     """Explain the named claim or pod."""
     import kubernetes
@@ -110,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
                 return 0
         inventory = read_cluster(client)
         nodes = json.loads(core.list_node(_preload_content=False).data).get("items", [])
+        failing = {id(c): read_prepare_failure(core, c, lambda name: _get(core.read_namespaced_pod, name, ns))
+                   for c in claims}
     except Exception as exc:  # any client or connection failure: one clear line, exit 2
         print(f"gpuready explain: cannot read the cluster: {describe_error(exc)}", file=sys.stderr)
         return 2
@@ -118,9 +148,14 @@ def run(args: argparse.Namespace) -> int:
     if len(claims) > 1 or claim is None:
         print(f"{what}: {len(claims)} claim{'s' if len(claims) != 1 else ''}")
     for c in claims:
+        failure = failing[id(c)]
+        if failure is not None:
+            print(render_prepare_failure(failure))
+            status = max(status, EXIT_PREPARE_FAILING)
+            continue
         report = explain(c, inventory, unhealthy, policy=args.policy)
         allocated = bool((c.get("status") or {}).get("allocation"))
         if not allocated and report.plan.allocation is None:
-            status = 1
+            status = max(status, 1)
         print(report.render())
     return status

@@ -12,12 +12,13 @@ import time
 from collections.abc import Callable, Iterable
 from http import HTTPStatus
 from http.server import ThreadingHTTPServer
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
+from dra_driver.http_guard import GuardedHandlerMixin, GuardedServerMixin, HttpLimits
 from dra_driver.logs import LoggedErrorsMixin, get_logger
 
 log = get_logger(__name__)
@@ -28,9 +29,12 @@ HEALTH_PATHS = ("/healthz", "/readyz")
 _WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
-class _MetricsServer(LoggedErrorsMixin, ThreadingWSGIServer):
+class _MetricsServer(GuardedServerMixin, LoggedErrorsMixin, ThreadingWSGIServer):
     """Waits for a connection without polling (socketserver's default wakes twice a second, on an
-    idle node a tenth of the daemon's idle CPU); :meth:`shutdown` wakes it with a connection."""
+    idle node a tenth of the daemon's idle CPU); :meth:`shutdown` wakes it with a connection.
+
+    Bounded (:mod:`dra_driver.http_guard`): a capped number of connections, reads that time out,
+    and no new connection while the process is near its file descriptor limit."""
 
     log_name = "metrics"
 
@@ -51,7 +55,7 @@ class _MetricsServer(LoggedErrorsMixin, ThreadingWSGIServer):
             stopping.join(0.05)
 
 
-class _QuietHandler(WSGIRequestHandler):
+class _QuietHandler(GuardedHandlerMixin, WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass  # no access log per scrape
 
@@ -92,11 +96,11 @@ def server_class_for(host: str, base: type[_Server]) -> type[_Server]:
 
 
 def serve_metrics(registry: CollectorRegistry, host: str = "0.0.0.0", port: int = 8080,
-                  health: HealthCheck | None = None) -> tuple[WSGIServer, threading.Thread]:
+                  health: HealthCheck | None = None, limits: HttpLimits | None = None) -> tuple[WSGIServer, threading.Thread]:
     """Start a daemon thread serving ``registry`` at ``http://host:port/metrics``.
 
     ``health``: when given, ``/healthz`` and ``/readyz`` are answered by it (:func:`with_health`)
-    instead of by the registry.
+    instead of by the registry. ``limits``: the server's bounds (default :class:`HttpLimits`).
 
     ``port=0`` picks a free port: read it from ``server.server_address[1]``. Stop with
     ``server.shutdown(); server.server_close()``. Raises ``OSError`` naming the address when the port
@@ -111,6 +115,8 @@ def serve_metrics(registry: CollectorRegistry, host: str = "0.0.0.0", port: int 
     except OSError as exc:
         raise OSError(exc.errno, f"cannot serve metrics on {host}:{port} ({exc.strerror}); "
                                  f"choose another port with --metrics-port") from exc
+    if limits is not None:
+        cast(_MetricsServer, server).limits = limits
     thread = threading.Thread(target=server.serve_forever, name=f"metrics-{port}", daemon=True)
     thread.start()
     return server, thread

@@ -334,6 +334,7 @@ def explain(claim: dict[str, Any], inventory: Inventory, unhealthy: Mapping[str,
     except SpecError as exc:
         result = PlanResult(None, reasons=[f"claim {ref}: {exc}"])
         return Explanation(ref, [], [], [], [*problems, str(exc)], result, current)
+    problems += _no_vram_problems(requests)
     explained = []
     for request in requests:
         for alt in request.alternatives:
@@ -354,6 +355,15 @@ def explain(claim: dict[str, Any], inventory: Inventory, unhealthy: Mapping[str,
     result = plan(claim, inventory, policy=policy)
     return Explanation(ref, explained, withdrawn, _constraint_problems(constraints, explained), problems,
                        result, current)
+
+
+def _no_vram_problems(requests: Any) -> list[str]:
+    """A line for every request asking for a memory amount that is not positive: any device passes
+    "memory >= -1 GiB", so it is allocated silently (claims made before the webhook refused them)."""
+    return [f"request {alt.result_name}: capacity.requests.{name} {format_quantity(amount)} asks for no VRAM, "
+            "so any device satisfies it; recreate the claim with a positive amount, e.g. 16Gi"
+            for request in requests for alt in request.alternatives
+            for name, amount in alt.capacity.items() if name.rpartition("/")[2] == "memory" and amount <= 0]
 
 
 def _published(inv: Inventory, key: str) -> bool:

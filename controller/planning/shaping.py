@@ -37,7 +37,7 @@ from controller.planning.cluster_inventory import Inventory, Shape
 from controller.planning.parse import SpecError
 from controller.planning.requests import parse_alternative
 from dra_driver.ordering import shape_offer_key
-from dra_driver.quantity import human_bytes
+from dra_driver.quantity import QuantityError, human_bytes, parse_quantity
 
 GIB = 1024**3
 
@@ -142,6 +142,19 @@ def _offer_label(offer: _Offer) -> str:
     return f"{what} ({human_bytes(offer.memory)})"
 
 
+def vram_request_error(memory: Any) -> str | None:
+    """What is wrong with a ``capacity.requests.memory`` value, with the fix (None: a positive
+    quantity). ``-1Gi`` or ``0`` would be allocated as "at least nothing": any device."""
+    try:
+        amount = parse_quantity(memory)
+    except (QuantityError, TypeError):
+        return f"{memory!r} is not a quantity: write the VRAM wanted, e.g. 16Gi"
+    if amount <= 0:
+        return (f"{memory} asks for no VRAM: request a positive amount, e.g. 16Gi, or drop "
+                "capacity.requests.memory to take a whole device")
+    return None
+
+
 def shape_vram_request(request: dict[str, Any], inventory: Inventory, memory_class: str) -> ShapingResult:
     """Shape one claim request (``{"name": ..., "exactly": {...}}``) by its VRAM request.
 
@@ -157,6 +170,9 @@ def shape_vram_request(request: dict[str, Any], inventory: Inventory, memory_cla
     if memory_text is None:
         return unchanged
     name = str(request.get("name", ""))
+    error = vram_request_error(memory_text)
+    if error is not None:  # left as written: the validating webhook refuses it with the field's path
+        return ShapingResult(request=original, original=original, warning=f"request {name}: {error}")
     try:
         alt = parse_alternative(body, name, name, 0, "exactly", False)
         without_memory = parse_alternative({**body, "capacity": None}, name, name, 0, "exactly", False)

@@ -13,8 +13,10 @@ a warning naming the largest device. Failing open: any error admits the object u
 warning (the chart's failurePolicy is Ignore for the same reason: shaping is an optimisation).
 
 Validating (ResourceClaim, ResourceClaimTemplate, DeviceClass CREATE/UPDATE): every opaque config
-for this driver must parse (:func:`dra_driver.opaque_config.parse_config`); a bad one is refused
-with a message naming the field and the fix. Failing closed: an internal error refuses.
+for this driver must parse (:func:`dra_driver.opaque_config.parse_config`), and a request of one of
+this driver's DeviceClasses that states ``capacity.requests.memory`` must ask for a positive amount
+(``-1Gi`` or ``0`` would otherwise be allocated as "at least nothing"); anything else is refused with
+a message naming the field and the fix. Failing closed: an internal error refuses.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.planning import Inventory, shape_vram_request
-from controller.planning.shaping import ORIGINAL_ANNOTATION
+from controller.planning.shaping import ORIGINAL_ANNOTATION, vram_request_error
 from dra_driver.opaque_config import OpaqueConfigError, parse_config
 
 MUTATE_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
@@ -96,13 +98,16 @@ def _shapeable(r: Any, memory_class: str) -> bool:
     """Whether a request is one the webhook shapes: ``exactly`` the memory class with a memory request.
 
     ``allocationMode: All`` asks for every matching device; a best-fit list would turn it into "all
-    devices of one shape", a different request, so it is left as the user wrote it."""
+    devices of one shape", a different request, so it is left as the user wrote it. So is a memory
+    request that is not a positive quantity: the validating webhook refuses it as written, which it
+    could not once shaping had moved the amount into selectors."""
     if not isinstance(r, dict):
         return False
     body = r.get("exactly") or {}
+    memory = ((body.get("capacity") or {}).get("requests") or {}).get("memory") if isinstance(body, dict) else None
     return (isinstance(body, dict) and body.get("deviceClassName") == memory_class
             and body.get("allocationMode") != "All"
-            and ((body.get("capacity") or {}).get("requests") or {}).get("memory") is not None)
+            and memory is not None and vram_request_error(memory) is None)
 
 
 def _mutate(request: dict[str, Any], kind: str, inventory: Inventory | None, memory_class: str) -> Answer:
@@ -173,11 +178,54 @@ def config_errors(kind: str, obj: dict[str, Any], driver: str) -> list[str]:
     return errors
 
 
-def validate(request: dict[str, Any], driver: str) -> Answer:
-    """Check this driver's opaque configs. Fails closed: an internal error refuses the object."""
+def driver_classes(inventory: Inventory | None, driver: str, memory_class: str) -> frozenset[str]:
+    """The DeviceClasses whose requests are this driver's to check: the memory class, the class named
+    like the driver, and every class a selector of which names the driver (``device.driver == "..."``)."""
+    names = {memory_class, driver}
+    if inventory is not None:
+        quoted = f'"{driver}"'
+        names |= {c.name for c in inventory.classes.values() if any(quoted in sel for sel in c.selectors)}
+    return frozenset(names)
+
+
+def _device_requests(kind: str, obj: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(field path, body) of every ``exactly`` request and ``firstAvailable`` subrequest."""
+    _pointer, requests = _requests_location(kind, obj)
+    prefix = "spec.spec.devices.requests" if kind == "ResourceClaimTemplate" else "spec.devices.requests"
+    found: list[tuple[str, dict[str, Any]]] = []
+    for i, r in enumerate(requests or []):
+        if not isinstance(r, dict):
+            continue
+        if isinstance(r.get("exactly"), dict):
+            found.append((f"{prefix}[{i}].exactly", r["exactly"]))
+        for j, sub in enumerate(r.get("firstAvailable") or []):
+            if isinstance(sub, dict):
+                found.append((f"{prefix}[{i}].firstAvailable[{j}]", sub))
+    return found
+
+
+def memory_request_errors(kind: str, obj: dict[str, Any], classes: frozenset[str]) -> list[str]:
+    """A message for every request of ``classes`` whose ``capacity.requests.memory`` is not a positive
+    quantity, naming the field and the fix."""
+    if kind not in MUTATE_KINDS:
+        return []
+    errors: list[str] = []
+    for path, body in _device_requests(kind, obj):
+        memory = ((body.get("capacity") or {}).get("requests") or {}).get("memory")
+        if memory is None or body.get("deviceClassName") not in classes:
+            continue
+        error = vram_request_error(memory)
+        if error is not None:
+            errors.append(f"{path}.capacity.requests.memory: {error}")
+    return errors
+
+
+def validate(request: dict[str, Any], driver: str, classes: frozenset[str] = frozenset()) -> Answer:
+    """Check this driver's opaque configs and the memory requests of ``classes`` (see
+    :func:`driver_classes`). Fails closed: an internal error refuses the object."""
     kind = _kind(request)
     try:
-        return _validate(request, kind, driver)
+        return _validate(request, kind, driver, classes)
     except Exception as exc:
         message = (f"gpuready: the validating webhook failed internally ({type(exc).__name__}: {exc}); "
                    "retry, and report this if it persists")
@@ -186,7 +234,7 @@ def validate(request: dict[str, Any], driver: str) -> Answer:
         return Answer(response, "error", kind)
 
 
-def _validate(request: dict[str, Any], kind: str, driver: str) -> Answer:
+def _validate(request: dict[str, Any], kind: str, driver: str, classes: frozenset[str]) -> Answer:
     obj = request.get("object")
     if kind not in VALIDATE_KINDS or request.get("operation") not in ("CREATE", "UPDATE") or not isinstance(obj, dict):
         return Answer(_base(request, True, []), "allowed", kind)
@@ -195,10 +243,12 @@ def _validate(request: dict[str, Any], kind: str, driver: str) -> Answer:
         if old.get("spec") == obj.get("spec"):
             return Answer(_base(request, True, []), "allowed", kind)  # metadata/status writes pass
     errors = config_errors(kind, obj, driver)
-    if not errors:
+    memory = memory_request_errors(kind, obj, classes)
+    if not errors and not memory:
         return Answer(_base(request, True, []), "allowed", kind)
     name = (obj.get("metadata") or {}).get("name") or (obj.get("metadata") or {}).get("generateName") or ""
-    message = f"{kind} {name}: invalid {driver} configuration: " + "; ".join(errors)
+    parts = ([f"invalid {driver} configuration: " + "; ".join(errors)] if errors else []) + memory
+    message = f"{kind} {name}: " + "; ".join(parts)
     response = _base(request, False, [])
     response["status"] = {"code": 422, "reason": "Invalid", "message": message}
     return Answer(response, "denied", kind)

@@ -8,6 +8,13 @@ change (cert-manager rotates them in place), checked at a handshake at most ever
 Each request is decoded, decided by :mod:`controller.webhooks.admission_decisions` against the inventory the informers
 keep current (no API call on the request path), timed and counted in the metrics. A body that is not
 an AdmissionReview gets 400 with a message saying what was expected.
+
+Bounded like every HTTP server of the daemons (:mod:`dra_driver.http_guard`): a capped number of
+connections, a read timeout, idle and half-sent connections evicted when the cap is reached, and no
+new connection while the process is near its file descriptor limit. A malformed request gets a 4xx
+and the connection closed (its unread body would otherwise be read as the next request): 400 for a
+bad ``Content-Length`` or a body that is not an AdmissionReview (200,000 nested brackets included),
+411 without a length, 413 past the API server's own 3 MiB, 408 for a body that stops arriving.
 """
 
 from __future__ import annotations
@@ -24,7 +31,15 @@ from typing import Any
 
 from controller.controller_metrics import ControllerMetrics
 from controller.planning import Inventory
-from controller.webhooks.admission_decisions import Answer, mutate, mutation_failed, review, validate
+from controller.webhooks.admission_decisions import (
+    Answer,
+    driver_classes,
+    mutate,
+    mutation_failed,
+    review,
+    validate,
+)
+from dra_driver.http_guard import GuardedHandlerMixin, GuardedServerMixin, HttpLimits
 from dra_driver.logs import LoggedErrorsMixin, get_logger
 from dra_driver.metrics_server import server_class_for
 
@@ -32,18 +47,38 @@ log = get_logger(__name__)
 
 MAX_BODY = 3 * 1024 * 1024  # the API server's own request limit is 3 MiB
 CERT_CHECK_S = 5.0
+# The API server keeps a pool of kept-alive connections per replica; 30 s of idle keeps the TLS
+# handshake paid for between bursts of admissions.
+WEBHOOK_LIMITS = HttpLimits(max_connections=128, read_timeout_s=30.0)
 
 
-class _TlsServer(LoggedErrorsMixin, ThreadingHTTPServer):
+class _TlsServer(GuardedServerMixin, LoggedErrorsMixin, ThreadingHTTPServer):
     log_name = "webhook"
     daemon_threads = True
     allow_reuse_address = True
+    limits = WEBHOOK_LIMITS
     owner: WebhookServer
 
 
-class _Handler(BaseHTTPRequestHandler):
+def body_length(header: str | None) -> tuple[int, str]:
+    """(length, "") from a ``Content-Length`` header, or (HTTP status, why) when it cannot be served."""
+    if header is None or not header.strip():
+        return 411, "a Content-Length is required: send the AdmissionReview with its length"
+    text = header.strip()
+    if not (text.isascii() and text.isdigit()):
+        return 400, f"Content-Length {header[:40]!r} is not a byte count"
+    length = int(text) if len(text) <= 12 else MAX_BODY + 1
+    if length == 0:
+        return 400, f"expected an AdmissionReview body of 1 to {MAX_BODY} bytes, got 0"
+    if length > MAX_BODY:
+        return 413, f"expected an AdmissionReview body of 1 to {MAX_BODY} bytes, got {length}"
+    return length, ""
+
+
+class _Handler(GuardedHandlerMixin, BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _TlsServer
+    reads_body = True
 
     def setup(self) -> None:
         super().setup()
@@ -59,6 +94,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(code)
         self.send_header("Content-Type", "application/json" if isinstance(body, dict) else "text/plain")
         self.send_header("Content-Length", str(len(data)))
+        if code >= 400 and self.command == "POST":  # what is left of a refused body must not be read as a request
+            self.send_header("Connection", "close")
+            self.close_connection = True
         self.end_headers()
         self.wfile.write(data)
 
@@ -75,15 +113,27 @@ class _Handler(BaseHTTPRequestHandler):
         if path not in ("/mutate", "/validate"):
             self._send(404, "not found: POST /mutate or /validate")
             return
-        length = int(self.headers.get("Content-Length") or 0)
-        if length <= 0 or length > MAX_BODY:
-            self._send(400, f"expected an AdmissionReview body of 1 to {MAX_BODY} bytes, got {length}")
+        length, why = body_length(self.headers.get("Content-Length"))
+        if why:
+            self._send(length, why)
             return
         try:
-            body = json.loads(self.rfile.read(length))
+            raw = self.rfile.read(length)
+        except TimeoutError:
+            self._send(408, f"the body stopped arriving: {length} bytes announced, none for "
+                            f"{self.server.limits.read_timeout_s:g} s")
+            return
+        if len(raw) < length:
+            return  # the client hung up mid-body: nobody to answer
+        self.request_arrived()
+        try:
+            body = json.loads(raw)
             request = body["request"]
             if body.get("kind") != "AdmissionReview" or not isinstance(request, dict):
                 raise ValueError("kind is not AdmissionReview")
+        except RecursionError:
+            self._send(400, "expected an admission.k8s.io/v1 AdmissionReview: the body nests too deep to be one")
+            return
         except (ValueError, KeyError, TypeError) as exc:
             self._send(400, f"expected an admission.k8s.io/v1 AdmissionReview with a request: {exc}")
             return
@@ -185,7 +235,11 @@ class WebhookServer:
             except Exception as exc:  # fail open, like any other shaping error
                 return mutation_failed(request, exc)
             return mutate(request, inventory, self.memory_class)
-        return validate(request, self.driver)
+        try:
+            classes = driver_classes(self.inventory(), self.driver, self.memory_class)
+        except Exception:  # the inventory is only needed to find renamed classes: check the default ones
+            classes = driver_classes(None, self.driver, self.memory_class)
+        return validate(request, self.driver, classes)
 
     def start(self) -> WebhookServer:
         """Serve in a daemon thread."""

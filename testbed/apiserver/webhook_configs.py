@@ -15,16 +15,34 @@ def _claim_devices_field(field: str) -> str:
             f"object.spec.spec.devices.{field} : [])")
 
 
+# CEL: a quantity's text that is zero or negative (-1Gi, 0, 0.0, +0Mi, 0e3).
+NOT_POSITIVE = "matches('^(-.*|[+]?[0.]+([eE][-+]?[0-9]+)?[a-zA-Z]*)$')"
+
+
+def _no_vram(classes: str) -> str:
+    """CEL: a request (``exactly`` or a ``firstAvailable`` entry) of ``classes`` asking for VRAM that is
+    not positive (the validating webhook refuses it)."""
+    return (_claim_devices_field("requests") + f" .exists(r, has(r.exactly) && r.exactly.deviceClassName in {classes} && "
+            "has(r.exactly.capacity) && has(r.exactly.capacity.requests) && 'memory' in r.exactly.capacity.requests && "
+            f"string(r.exactly.capacity.requests['memory']).{NOT_POSITIVE} || "
+            f"has(r.firstAvailable) && r.firstAvailable.exists(s, s.deviceClassName in {classes} && "
+            "has(s.capacity) && has(s.capacity.requests) && 'memory' in s.capacity.requests && "
+            f"string(s.capacity.requests['memory']).{NOT_POSITIVE}))")
+
+
 def match_conditions(driver: str, vram_class: str) -> dict[str, list[dict[str, str]]]:
     """The chart's matchConditions per webhook name: each webhook is called only for what it acts on."""
     label = driver.replace(".", "-")
     opaque = f"c.opaque.driver == '{driver}'"
+    domain = driver.split(".", 1)[1] if driver.count(".") >= 2 else driver
+    classes = f"['{driver}', 'mig.{domain}', '{vram_class}']"
     return {
         f"mutate.{driver}": [{"name": f"requests-{vram_class.replace('.', '-')}", "expression":
                               _claim_devices_field("requests") + " .exists(r, has(r.exactly) && "
                               f"r.exactly.deviceClassName == '{vram_class}')"}],
-        f"validate.{driver}": [{"name": f"opaque-config-for-{label}", "expression":
-                                _claim_devices_field("config") + f" .exists(c, has(c.opaque) && {opaque})"}],
+        f"validate.{driver}": [{"name": f"opaque-config-or-no-vram-for-{label}", "expression":
+                                _claim_devices_field("config") + f" .exists(c, has(c.opaque) && {opaque}) || "
+                                + _no_vram(classes)}],
         f"validate-deviceclass.{driver}": [{"name": f"opaque-config-for-{label}", "expression":
                                             f"has(object.spec.config) && object.spec.config.exists(c, "
                                             f"has(c.opaque) && {opaque})"}],

@@ -93,6 +93,8 @@ def test_chart_environment_configures_the_controller(monkeypatch: pytest.MonkeyP
     (["--webhook-port", "0", "--lease-duration", "5", "--renew-deadline", "10"], "lease duration (5.0) > renew deadline"),
     (["--webhook-port", "0", "--readiness-taint-mode", "continuous", "--readiness-taint", "readiness.k8s.io/"],
      "--readiness-taint 'readiness.k8s.io/': the name part must be 1-63 characters"),
+    (["--webhook-port", "0", "--metrics-bind-address", "metrics.local"],
+     "--metrics-bind-address 'metrics.local' is not an IP address"),
 ])
 def test_bad_configuration_exits_2_with_a_message_naming_the_flag(argv: list[str], message: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "dra_driver", "controller", *argv], capture_output=True, text=True,
@@ -135,6 +137,29 @@ def test_process_serves_webhook_health_and_metrics_and_releases_the_lease_on_sig
                 proc.kill()
             output = proc.communicate()[0]
         assert "controller_started" in output and "lease_released" in output
+
+
+def test_each_endpoint_listens_on_its_own_bind_address() -> None:
+    """/metrics kept to one address (a node-local proxy's), the webhook to another, probes on the default."""
+    tmp = tempfile.mkdtemp(prefix="gr-cmdb-", dir="/tmp")
+    cert, _key = self_signed_cert(tmp, hosts=("127.0.0.3",))
+    with simulated_cluster({}) as (srv, _api):
+        proc, (webhook, metrics, health) = _start_controller(
+            srv, tmp, "127.0.0.1", "--no-leader-elect", "--metrics-bind-address", "127.0.0.2",
+            "--webhook-bind-address", "127.0.0.3")
+        try:
+            wait_for("/readyz 200", lambda: http_get(f"http://127.0.0.1:{health}/readyz")[0] == 200)
+            assert "gpuready_controller" in http_get(f"http://127.0.0.2:{metrics}/metrics")[1]
+            assert http_get(f"http://127.0.0.1:{metrics}/metrics")[0] == 0  # nothing listens there
+            assert http_get(f"http://127.0.0.2:{health}/readyz")[0] == 0
+            client = ReviewClient(f"https://127.0.0.3:{webhook}", cert)
+            dc = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "x"}, "spec": {}}
+            assert client.post("/validate", admission_review(dc))["response"]["allowed"] is True
+            client.close()
+        finally:
+            proc.terminate()
+            output = proc.communicate(timeout=30)[0]
+        assert "controller_started" in output, output
 
 
 def test_an_ipv6_bind_address_serves_health_metrics_and_the_webhook() -> None:

@@ -61,6 +61,14 @@ def test_too_little_memory_says_how_much_there_is() -> None:
     assert "No allocation is possible now:" in text
 
 
+def test_a_request_for_no_vram_is_named_as_the_problem() -> None:
+    """A claim made before the webhook refused it: any device passes "memory >= -1 GiB"."""
+    text = explain(claim("c", [exactly(memory="-1Gi")]), _inventory([])).render()
+    assert ("problem: request gpu: capacity.requests.memory -1Gi asks for no VRAM, so any device satisfies it"
+            in text)
+    assert "asks for no VRAM" not in explain(claim("c", [exactly(memory="1Gi")]), _inventory([])).render()
+
+
 def test_mig_placements_blocked_by_counters_name_the_placement_and_claim() -> None:
     held = claim("infer", [exactly()], allocation=allocated("node-b", "gpu-0-mig-3g40gb-9-0"))
     c = claim("c", [exactly(selectors=('device.attributes["gpu.nvidia.com"].profile == "4g.40gb"',))])

@@ -105,6 +105,14 @@ def test_warns_when_no_device_could_ever_fit() -> None:
     assert warning == "no device has 80 GiB; the largest is NVIDIA H100 80GB HBM3 with 79.6 GiB"
 
 
+def test_a_request_for_no_vram_is_left_as_written_with_the_fix() -> None:
+    for memory in ("-1Gi", "0"):
+        request = exactly(device_class_name=CLASS, memory=memory)
+        result = shape_vram_request(request, _cluster(), CLASS)
+        assert not result.changed and result.request == request  # no "memory >= -1 GiB" tiers
+        assert result.warning is not None and f"{memory} asks for no VRAM: request a positive amount" in result.warning
+
+
 def test_user_selectors_limit_the_shapes_offered() -> None:
     only_gpus = exactly(device_class_name=CLASS, memory="15Gi",
                         selectors=('device.attributes["gpu.nvidia.com"].type == "gpu"',))

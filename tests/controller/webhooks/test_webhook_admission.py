@@ -234,3 +234,35 @@ def test_allocation_mode_all_with_memory_is_left_as_written(world: dict[str, Any
     first, second = shaped["spec"]["devices"]["requests"]
     assert first["firstAvailable"], "the ordinary request next to it is still shaped"
     assert second == all_request
+
+
+@pytest.mark.parametrize("memory", ["-1Gi", "0"])
+def test_a_vram_request_that_is_not_positive_is_refused_naming_the_field(world: dict[str, Any], memory: str) -> None:
+    claim = vram_claim(memory)
+    mutated = response(world, "/mutate", claim)
+    assert mutated["allowed"] is True and "patch" not in mutated  # left as written for validation to see
+    resp = response(world, "/validate", claim)
+    assert resp["allowed"] is False and resp["status"]["code"] == 422
+    message = resp["status"]["message"]
+    assert f"spec.devices.requests[0].exactly.capacity.requests.memory: {memory} asks for no VRAM" in message
+    assert "request a positive amount, e.g. 16Gi" in message
+
+
+def test_a_not_positive_memory_on_a_whole_gpu_or_in_a_template_is_refused_too(world: dict[str, Any]) -> None:
+    shared = vram_claim("0")
+    shared["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "gpu.nvidia.com"
+    assert response(world, "/validate", shared)["allowed"] is False
+    template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "t", "namespace": "default"},
+                "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": [
+                    {"name": "big", "deviceClassName": VRAM, "capacity": {"requests": {"memory": "-8Gi"}}}]}]}}}}
+    resp = response(world, "/validate", template)
+    assert resp["allowed"] is False
+    assert "spec.spec.devices.requests[0].firstAvailable[0].capacity.requests.memory: -8Gi" in resp["status"]["message"]
+
+
+def test_memory_requests_of_other_drivers_and_positive_ones_pass(world: dict[str, Any]) -> None:
+    foreign = vram_claim("0")
+    foreign["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "fpga.example.com"
+    assert response(world, "/validate", foreign)["allowed"] is True
+    assert response(world, "/validate", vram_claim("16Gi"))["allowed"] is True

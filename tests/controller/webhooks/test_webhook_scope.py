@@ -3,7 +3,8 @@
 The validating webhook has ``failurePolicy: Fail``; unscoped, a controller that is down would block
 every ResourceClaim in the cluster, other drivers' too. Scoped, with the controller down: other
 drivers' claims and this driver's claims without an opaque config are admitted at once; a claim that
-carries this driver's config is refused (never admitted unchecked). With the controller up, that
+carries this driver's config, or asks this driver's classes for a VRAM amount that is not positive,
+is refused (never admitted unchecked). With the controller up, that
 claim is checked as before. Registered in the local API server exactly as the chart renders them.
 """
 
@@ -83,6 +84,27 @@ def test_a_vram_claim_is_admitted_unshaped_while_the_controller_is_down(down: tu
     assert created.status == 201  # the mutating webhook was called, failed, and failed open
 
 
+def _vram(name: str, memory: str, device_class: str = f"vram.{OURS}") -> dict[str, Any]:
+    claim = _claim(name, device_class)
+    claim["spec"]["devices"]["requests"][0]["exactly"]["capacity"] = {"requests": {"memory": memory}}
+    return claim
+
+
+def test_a_claim_asking_no_vram_is_never_admitted_unchecked(down: tuple[Any, Any]) -> None:
+    resource, _ = down
+    sub = _claim("sub", OURS)
+    sub["spec"]["devices"]["requests"] = [{"name": "gpu", "firstAvailable": [
+        {"name": "big", "deviceClassName": f"mig.{OURS.split('.', 1)[1]}", "capacity": {"requests": {"memory": "0"}}}]}]
+    for claim in (_vram("minus", "-1Gi"), _vram("zero", "0", OURS), _vram("zero-mi", "0.0Mi"), sub):
+        with pytest.raises(ApiException) as err:
+            resource.create_namespaced_resource_claim("default", claim)
+        assert err.value.status == 500
+        assert f'failed calling webhook "validate.{OURS}"' in json.loads(err.value.body)["message"], claim
+    for name, memory in (("half", "0.5Gi"), ("ten", "10Gi"), ("tiny", "1")):  # positive: no validation call
+        resource.create_namespaced_resource_claim("default", _vram(name, memory, OURS))
+    resource.create_namespaced_resource_claim("default", _vram("theirs-zero", "0", "fpga.example.com"))
+
+
 def test_with_the_controller_up_this_drivers_bad_config_is_refused_and_others_pass() -> None:
     from controller.api_client import KubeApi
     from controller.daemon import Controller, ControllerConfig
@@ -104,6 +126,11 @@ def test_with_the_controller_up_this_drivers_bad_config_is_refused_and_others_pa
                 resource.create_namespaced_resource_claim("default", _claim("bad", OURS, OURS, bad=True))
             assert err.value.status == 422 and "sharing.strategy" in json.loads(err.value.body)["message"]
             resource.create_namespaced_resource_claim("default", _claim("good", OURS, OURS))
+            with pytest.raises(ApiException) as err:
+                resource.create_namespaced_resource_claim("default", _vram("no-vram", "-1Gi"))
+            assert err.value.status == 422
+            assert ("spec.devices.requests[0].exactly.capacity.requests.memory: -1Gi asks for no VRAM"
+                    in json.loads(err.value.body)["message"])
             # Another driver's config that would be "bad" for gpuready is not gpuready's business.
             resource.create_namespaced_resource_claim("default", _claim("theirs", "fpga.example.com",
                                                                         "fpga.example.com", bad=True))
