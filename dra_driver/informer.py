@@ -134,7 +134,8 @@ class Informer:
     contract is in the module docstring).
 
     ``path``: the collection (``/apis/resource.k8s.io/v1/resourceslices``, or a namespaced one);
-    ``field_selector``: narrows both the list and the watch (``spec.nodeName=node-a``).
+    ``field_selector``, ``label_selector``: narrow both the list and the watch (``spec.nodeName=node-a``,
+    ``app.kubernetes.io/component=kubelet-plugin-heartbeat``).
     Callbacks, all optional, all on the informer's thread:
 
     - ``on_event(type, obj)``: every ADDED/MODIFIED/DELETED, from the watch or a relist's differences;
@@ -153,7 +154,7 @@ class Informer:
     ``log_fields`` go on every line the informer logs (``kind=``, ``node=``).
     """
 
-    def __init__(self, api: ListWatchApi, path: str, *, field_selector: str = "",
+    def __init__(self, api: ListWatchApi, path: str, *, field_selector: str = "", label_selector: str = "",
                  on_event: EventCallback | None = None, on_listed: Callable[[], None] | None = None,
                  on_watching: Callable[[bool], None] | None = None, on_failure: FailureCallback | None = None,
                  on_resync: Callable[[], None] | None = None, resync_s: float | None = None,
@@ -163,6 +164,7 @@ class Informer:
         self.api = api
         self.path = path
         self.field_selector = field_selector
+        self.label_selector = label_selector
         self._on_event = on_event
         self._on_listed = on_listed
         self._on_watching = on_watching
@@ -309,7 +311,8 @@ class Informer:
             self._callback_failed(which, exc)
 
     def _selector(self) -> list[tuple[str, str]]:
-        return [("fieldSelector", self.field_selector)] if self.field_selector else []
+        return [(name, value) for name, value in (("fieldSelector", self.field_selector),
+                                                  ("labelSelector", self.label_selector)) if value]
 
     def _list(self) -> None:
         answer = self.api.request("GET", self.path, self._selector() or None) or {}
