@@ -1,9 +1,11 @@
 """One informer: keeps a client in step with one collection of API objects by list and watch.
 
-Three users, each with its own callbacks on the same loop:
+Four users, each with its own callbacks on the same loop:
 
 - the controller's caches (:mod:`controller.informers`: ResourceSlices, ResourceClaims, DeviceClasses,
   DeviceTaintRules, Nodes, Pods, templates), which keep the objects and hand them to the planner;
+- the controller's heartbeat watch (``controller.node_readiness.heartbeat_watch``), which keeps only
+  when it saw each node plugin's Lease renewed (a label selector picks the heartbeat Leases);
 - the node's slice watch (``kubelet_plugin.kubelet.slice_watch``), which tells the slice publisher
   about changes someone else made to this node's ResourceSlices, and when its view may be stale;
 - the node's claim read-ahead (``ClaimPrefetch`` in ``kubelet_plugin.kubelet.claims``), a watch of
