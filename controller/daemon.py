@@ -7,11 +7,13 @@ write only their own caches (each behind its own lock); the inventory thread reb
 inventory after a debounce and swaps it in under a lock; the webhook server answers each connection
 in its own thread and only *reads* the swapped-in inventory, so admission never waits on the API
 server or on a rebuild; the leader-election thread renews the Lease and starts/stops the leader
-loop; the leader loop thread is the only writer of claims, pods, Node taints and the plugin-down
-DeviceTaintRules (the plugin heartbeat watch, then allocator, then health reconciler, then the
-readiness taint, one pass at a time), woken by informer changes (debounced), every ``resync_s``, or
-by the heartbeat watch's own Lease informer and alarm thread when a plugin's heartbeat may have
-lapsed or returned. The metrics and health HTTP servers each have their own thread.
+loop; the leader loop thread is the only writer of claims, pods and Node taints (allocator, then
+health reconciler, then the readiness taint, one pass at a time), woken by informer changes
+(debounced) or every ``resync_s``. The plugin heartbeat watch (``node_readiness/heartbeat_watch.py``)
+has its own Lease informer and, while this replica leads, its own writer thread for the plugin-down
+DeviceTaintRules and GPUReady: woken only when a heartbeat verdict can change (a lapse is due, a
+tainted node renewed, a Lease came or went), so a fleet's renewals every 2 s never run the leader
+loop's whole pass. The metrics and health HTTP servers each have their own thread.
 Nothing holds a lock while doing I/O.
 
 Every replica serves the webhooks; only the leader runs the reconciler, the allocator, the
@@ -177,8 +179,10 @@ class Controller:
         rule = config.readiness_taint
         self.readiness_gate = (ReadinessTaintGate(self.api, self.cache.nodes, rule, self.metrics)
                                if rule.enabled else None)
+        self._leading = threading.Event()
         self.heartbeats = (PluginHeartbeats(self.api, self.cache, config.driver_name, config.lease_namespace,
-                                            config.heartbeat_policy, self.kick, config.taint_rule_owner)
+                                            config.heartbeat_policy, self._leading.is_set, config.taint_rule_owner,
+                                            resync_s=config.resync_s)
                            if config.plugin_heartbeat_threshold else None)
         self.webhook: WebhookServer | None = None
         self.elector: LeaderElector | None = None
@@ -186,7 +190,6 @@ class Controller:
         self._health_server: ThreadingHTTPServer | None = None
         self._kick = threading.Event()
         self._stop = threading.Event()
-        self._leading = threading.Event()
         self._loop: threading.Thread | None = None
         self.passes = 0
         for inf in self.cache.informers:
@@ -298,6 +301,8 @@ class Controller:
         self.metrics.set_leader(True)
         self._leading.set()
         self._kick.set()
+        if self.heartbeats is not None:
+            self.heartbeats.kick()
 
     def _stop_leading(self) -> None:
         self._leading.clear()
@@ -323,8 +328,6 @@ class Controller:
     def run_pass(self) -> None:
         """One allocator + reconciler pass (the leader loop calls it; tests may too)."""
         try:
-            if self.heartbeats is not None:  # first: a dead plugin's pool is tainted before anything allocates
-                self.heartbeats.reconcile()
             if self.allocator is not None:
                 self.allocator.reconcile()
             if self.placement is not None:

@@ -3,11 +3,12 @@
 Every replica watches the heartbeat Leases of its namespace (label selector
 ``app.kubernetes.io/component=kubelet-plugin-heartbeat``) on a thread of its own and notes when it
 saw each renewal (:func:`~controller.node_readiness.heartbeat_rule.observe`); the replica keeps only
-that, not the objects. A renewal of a live node wakes no one: 1,000 nodes renewing every 2 s must
-not run the leader's passes 500 times a second. The leader loop calls :meth:`PluginHeartbeats.reconcile`
-when something may have changed (a Lease added, deleted or handed over, a renewal of a tainted node,
-a DeviceTaintRule changed) and at the next moment a verdict can change by the clock alone (an alarm
-thread wakes the loop then), and writes what the rule decided
+that, not the objects. While the replica leads, a second thread (``plugin-heartbeats``) runs
+:meth:`PluginHeartbeats.reconcile` when a verdict can change: a Lease added, deleted or handed over,
+a renewal of a tainted node, one of our DeviceTaintRules changed, leadership gained, or the moment
+the earliest live heartbeat would lapse (and every ``resync_s`` regardless). A renewal of a live node
+wakes no one, and this thread is not the leader loop: 1,000 nodes renewing every 2 s must not run
+the allocator's and reconciler's pass every few seconds. Each pass writes what the rule decided
 (:mod:`controller.node_readiness.plugin_down`):
 
 - lapsed: create the node's DeviceTaintRule (NoSchedule on its pool), set GPUReady to
@@ -51,48 +52,14 @@ log = get_logger(__name__)
 RBAC_V1 = "/apis/rbac.authorization.k8s.io/v1"
 
 
-class _Alarm:
-    """Calls ``wake`` at the earliest moment asked for (one thread, re-armed by :meth:`at`)."""
-
-    def __init__(self, wake: Callable[[], None], clock: Callable[[], float]) -> None:
-        self._wake, self._clock = wake, clock
-        self._at: float | None = None
-        self._changed = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="heartbeat-alarm", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._changed.set()
-        self._thread.join(timeout=5)
-
-    def at(self, moment: float | None) -> None:
-        """Ring at ``moment`` (controller clock); None: not at all."""
-        self._at = moment
-        self._changed.set()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            at = self._at
-            delay = None if at is None else max(0.0, at - self._clock())
-            if self._changed.wait(delay):
-                self._changed.clear()
-                continue
-            if self._at == at and at is not None:
-                self._at = None
-                self._wake()
-
-
 class PluginHeartbeats:
     """Heartbeats in, DeviceTaintRules, GPUReady and Events out (writes by the leader only)."""
 
     def __init__(self, api: KubeApi, cache: ClusterCache, driver: str, namespace: str, policy: HeartbeatPolicy,
-                 wake: Callable[[], None], rule_owner: str = "", clock: Callable[[], float] = time.time) -> None:
+                 is_leader: Callable[[], bool], rule_owner: str = "", clock: Callable[[], float] = time.time,
+                 resync_s: float = 30.0) -> None:
         self.api, self.cache, self.driver, self.namespace, self.policy = api, cache, driver, namespace, policy
-        self._wake, self._rule_owner, self._clock = wake, rule_owner, clock
+        self._is_leader, self._rule_owner, self._clock, self._resync_s = is_leader, rule_owner, clock, resync_s
         self._lock = threading.Lock()
         self._heartbeats: dict[str, Heartbeat] = {}  # node -> what the watch saw (informer thread writes)
         self._liveness: dict[str, Liveness] = {}  # node -> the leader's verdicts (leader loop only)
@@ -104,25 +71,57 @@ class PluginHeartbeats:
         self._marked_unserved: dict[str, dict[str, Any] | None] = {}
         self._pass_lock = threading.Lock()  # a pass and forget() (leadership lost) never interleave
         self._problems: dict[str, str] = {}  # node -> the Lease problem last logged
-        self._alarm = _Alarm(wake, clock)
+        self._kick = threading.Event()
+        self._stop = threading.Event()
+        self._wake_at: float | None = None  # the next moment a verdict can change by the clock alone
+        self._thread: threading.Thread | None = None
+        self.passes = 0
         self._watch = list_watch.Informer(
             api, namespaced(COORDINATION_V1, "leases", namespace), label_selector=HEARTBEAT_SELECTOR,
             on_event=self._on_event, backoff=BACKOFF, log_fields={"kind": "leases", "namespace": namespace},
             name="informer-heartbeats")
+        # Someone deleted or changed one of our rules: look again (the leader puts back what is due).
+        cache.taint_rules.add_handler(self._rule_changed)
 
     # --- lifecycle -------------------------------------------------------------------------------
     def start(self) -> PluginHeartbeats:
         """Start the Lease watch and the alarm."""
         self._watch.start()
-        self._alarm.start()
+        self._thread = threading.Thread(target=self._run, name="plugin-heartbeats", daemon=True)
+        self._thread.start()
         log.info("plugin_heartbeat_watch_started", namespace=self.namespace, threshold_s=self.policy.threshold_s,
                  handover_s=self.policy.handover_s)
         return self
 
     def stop(self) -> None:
         """Stop both threads (rules stay: the next leader takes them over)."""
+        self._stop.set()
+        self._kick.set()
         self._watch.stop()
-        self._alarm.stop()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def kick(self) -> None:
+        """Ask for a pass now (leadership gained; tests)."""
+        self._kick.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            wake_at = self._wake_at
+            timeout = self._resync_s if wake_at is None else min(self._resync_s, max(0.0, wake_at - self._clock()))
+            self._kick.wait(timeout)
+            if self._stop.is_set():
+                return
+            self._kick.clear()
+            if self._is_leader() and self.cache.synced:
+                self.reconcile()
+                self.passes += 1
+            elif not self.cache.synced:
+                self._stop.wait(0.05)
+
+    def _rule_changed(self, event: str, _key: str, rule: dict[str, Any] | None) -> None:
+        if event != "RESYNC" and (rule is None or plugin_down.is_ours(rule)):
+            self._kick.set()
 
     def forget(self) -> None:
         """Leadership lost: the next leader (maybe this replica again) starts from the rules on the server."""
@@ -130,7 +129,7 @@ class PluginHeartbeats:
             self._liveness.clear()
             self._pending.clear()
             self._marked_unserved.clear()
-            self._alarm.at(None)
+            self._wake_at = None
 
     # --- the watch (informer thread) ---------------------------------------------------------------
     def _on_event(self, typ: str, lease: dict[str, Any]) -> None:
@@ -150,7 +149,7 @@ class PluginHeartbeats:
             log.warning("plugin_heartbeat_malformed", node=view.node, lease=f"{self.namespace}/{lease_name(view.node)}",
                         problem=view.problem, effect="judged by its renewals alone")
         if typ == "DELETED" or before is None or tainted or before.holder != view.holder:
-            self._wake()
+            self._kick.set()
 
     def heartbeat(self, node: str) -> Heartbeat | None:
         """What the watch saw of ``node``'s heartbeat (None: no Lease)."""
@@ -182,7 +181,7 @@ class PluginHeartbeats:
             self._apply(node, verdict, rule, hb, now)
             if verdict.wake_at is not None:
                 wake_at = verdict.wake_at if wake_at is None else min(wake_at, verdict.wake_at)
-        self._alarm.at(wake_at)
+        self._wake_at = wake_at
 
     def _apply(self, node: str, verdict: Verdict, rule: dict[str, Any] | None, hb: Heartbeat | None,
                now: float) -> None:

@@ -144,7 +144,7 @@ def watch(srv: LocalApiServer, clock: Clock, versions: tuple[str, ...] = ("v1bet
     cache.start()
     assert cache.wait_synced(10)
     hbs = PluginHeartbeats(api, cache, DRIVER, NS, HeartbeatPolicy(threshold_s=5.0, handover_s=30.0),
-                           wake=lambda: None, clock=clock).start()
+                           is_leader=lambda: False, clock=clock).start()  # the test runs each pass
     return hbs, cache
 
 
@@ -232,6 +232,30 @@ def test_without_devicetaintrule_the_node_still_says_its_plugin_is_down(
         settle(hbs, api)
         hbs.reconcile()
         assert gpu_ready(api)["reason"] == "AllGPUsReady"
+    finally:
+        hbs.stop()
+        cache.stop()
+
+
+def test_only_the_leader_writes(srv: LocalApiServer) -> None:
+    api = KubeApi(srv.api_client())
+    clock = Clock()
+    leading = False
+    cache = ClusterCache(api, with_pods=False)
+    cache.start()
+    assert cache.wait_synced(10)
+    hbs = PluginHeartbeats(api, cache, DRIVER, NS, HeartbeatPolicy(threshold_s=5.0, handover_s=30.0),
+                           is_leader=lambda: leading, clock=clock).start()
+    try:
+        put_lease(api, "node-a")
+        settle(hbs, api)
+        clock.now += 6  # lapsed
+        hbs.kick()
+        time.sleep(0.5)
+        assert rules(api) == {} and hbs.passes == 0  # a standby watches, writes nothing
+        leading = True
+        hbs.kick()  # leadership gained (Controller._start_leading)
+        wait_for("the new leader to taint the lapsed node", lambda: "gpuready-plugin-down-node-a" in rules(api))
     finally:
         hbs.stop()
         cache.stop()
