@@ -62,7 +62,7 @@ class PluginHeartbeats:
         self._is_leader, self._rule_owner, self._clock, self._resync_s = is_leader, rule_owner, clock, resync_s
         self._lock = threading.Lock()
         self._heartbeats: dict[str, Heartbeat] = {}  # node -> what the watch saw (informer thread writes)
-        self._liveness: dict[str, Liveness] = {}  # node -> the leader's verdicts (leader loop only)
+        self._liveness: dict[str, Liveness] = {}  # node -> the leader's verdicts (the writer thread only)
         self._tainted: set[str] = set()  # nodes tainted now, read by the informer thread to decide a wake
         self._pending: dict[str, dict[str, Any] | None] = {}  # rule written or deleted, not in the cache yet
         self._owner: dict[str, Any] | None = None
@@ -85,7 +85,7 @@ class PluginHeartbeats:
 
     # --- lifecycle -------------------------------------------------------------------------------
     def start(self) -> PluginHeartbeats:
-        """Start the Lease watch and the alarm."""
+        """Start the Lease watch and the writer thread (which writes only while ``is_leader()``)."""
         self._watch.start()
         self._thread = threading.Thread(target=self._run, name="plugin-heartbeats", daemon=True)
         self._thread.start()
@@ -158,7 +158,7 @@ class PluginHeartbeats:
 
     # --- the leader's pass ---------------------------------------------------------------------------
     def reconcile(self) -> None:
-        """Judge every node with a heartbeat or a rule, write what changed, arm the alarm."""
+        """Judge every node with a heartbeat or a rule, write what changed, note when to look again."""
         with self._pass_lock:
             try:
                 self._reconcile()
