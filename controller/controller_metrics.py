@@ -77,6 +77,13 @@ class ControllerMetrics:
         self.readiness_tainted_nodes = Gauge(
             "gpuready_controller_readiness_tainted_nodes",
             "Nodes carrying the readiness taint now (they take no pods that do not tolerate it).", registry=r)
+        self.plugin_down_changes = Counter(
+            "gpuready_controller_plugin_down_changes",
+            "Plugin-down taints the leader added to (taint) or lifted from (lift) nodes whose kubelet plugin "
+            "stopped renewing its heartbeat, by result.", ["action", "result"], registry=r)
+        self.plugin_down_nodes = Gauge(
+            "gpuready_controller_plugin_down_nodes",
+            "Nodes whose kubelet plugin is down now (their GPUs are offered to no new claim).", registry=r)
         self.is_leader.set(0)
 
     def set_leader(self, leader: bool) -> None:
@@ -125,3 +132,11 @@ class ControllerMetrics:
         self.inventory_devices.clear()
         for state, n in counts.items():
             self.inventory_devices.labels(state).set(n)
+
+    def plugin_down_change(self, action: str, ok: bool) -> None:
+        """Count one plugin-down write (``action``: taint | lift)."""
+        self.plugin_down_changes.labels(action, "success" if ok else "error").inc()
+
+    def set_plugin_down_nodes(self, count: int) -> None:
+        """Record how many nodes' plugins are down after a heartbeat pass."""
+        self.plugin_down_nodes.set(count)

@@ -182,7 +182,7 @@ class Controller:
         self._leading = threading.Event()
         self.heartbeats = (PluginHeartbeats(self.api, self.cache, config.driver_name, config.lease_namespace,
                                             config.heartbeat_policy, self._leading.is_set, config.taint_rule_owner,
-                                            resync_s=config.resync_s)
+                                            resync_s=config.resync_s, metrics=self.metrics)
                            if config.plugin_heartbeat_threshold else None)
         self.webhook: WebhookServer | None = None
         self.elector: LeaderElector | None = None

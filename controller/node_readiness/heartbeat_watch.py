@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from controller.api_client import COORDINATION_V1, CORE_V1, ApiError, KubeApi, namespaced
+from controller.controller_metrics import ControllerMetrics
 from controller.informers import BACKOFF, ClusterCache
 from controller.node_readiness import plugin_down
 from controller.node_readiness.heartbeat_rule import (
@@ -57,9 +58,10 @@ class PluginHeartbeats:
 
     def __init__(self, api: KubeApi, cache: ClusterCache, driver: str, namespace: str, policy: HeartbeatPolicy,
                  is_leader: Callable[[], bool], rule_owner: str = "", clock: Callable[[], float] = time.time,
-                 resync_s: float = 30.0) -> None:
+                 resync_s: float = 30.0, metrics: ControllerMetrics | None = None) -> None:
         self.api, self.cache, self.driver, self.namespace, self.policy = api, cache, driver, namespace, policy
         self._is_leader, self._rule_owner, self._clock, self._resync_s = is_leader, rule_owner, clock, resync_s
+        self._metrics = metrics
         self._lock = threading.Lock()
         self._heartbeats: dict[str, Heartbeat] = {}  # node -> what the watch saw (informer thread writes)
         self._liveness: dict[str, Liveness] = {}  # node -> the leader's verdicts (the writer thread only)
@@ -130,6 +132,10 @@ class PluginHeartbeats:
             self._pending.clear()
             self._marked_unserved.clear()
             self._wake_at = None
+            with self._lock:
+                self._tainted.clear()
+            if self._metrics is not None:
+                self._metrics.set_plugin_down_nodes(0)  # the next leader reports them
 
     # --- the watch (informer thread) ---------------------------------------------------------------
     def _on_event(self, typ: str, lease: dict[str, Any]) -> None:
@@ -182,6 +188,8 @@ class PluginHeartbeats:
             if verdict.wake_at is not None:
                 wake_at = verdict.wake_at if wake_at is None else min(wake_at, verdict.wake_at)
         self._wake_at = wake_at
+        if self._metrics is not None:
+            self._metrics.set_plugin_down_nodes(len(self.tainted_nodes()))
 
     def _apply(self, node: str, verdict: Verdict, rule: dict[str, Any] | None, hb: Heartbeat | None,
                now: float) -> None:
@@ -251,6 +259,7 @@ class PluginHeartbeats:
             except ApiError as exc:
                 if exc.status != 409:
                     log.warning("plugin_down_taint_failed", **fields, rule=name, error=describe_error(exc))
+                    self._count("taint", ok=False)
                     return False
                 created = body  # already there (an earlier write whose event has not arrived)
             self._pending[node] = created
@@ -262,6 +271,7 @@ class PluginHeartbeats:
         condition = plugin_down.down_condition(lease, since, now, name if path else "not served by this cluster")
         self._write_condition(node, index, condition, expect_reason=None)
         self._event(node_obj, node, "GPUPluginNotRunning", "Warning", condition["message"])
+        self._count("taint", ok=True)
         return True
 
     def _lift(self, node: str, rule: dict[str, Any] | None, now: float, why: str) -> bool:
@@ -274,8 +284,10 @@ class PluginHeartbeats:
             except ApiError as exc:
                 if exc.status != 404:
                     log.warning("plugin_down_lift_failed", node=node, rule=name, error=describe_error(exc))
+                    self._count("lift", ok=False)
                     return False
         self._pending[node] = None
+        self._count("lift", ok=True)
         log.info("plugin_down_lifted", node=node, rule=name, why=why)
         node_obj = self.cache.nodes.get(node)
         if node_obj is None:
@@ -289,6 +301,10 @@ class PluginHeartbeats:
         self._event(node_obj, node, "GPUPluginRunning", "Normal",
                     f"the gpuready kubelet plugin is back ({why}): its GPUs are offered to new claims again")
         return True
+
+    def _count(self, action: str, ok: bool) -> None:
+        if self._metrics is not None:
+            self._metrics.plugin_down_change(action, ok)
 
     def _write_condition(self, node: str, index: int, condition: dict[str, Any], expect_reason: str | None) -> None:
         ops = plugin_down.condition_patch(index, condition, expect_reason)
