@@ -5,7 +5,7 @@ Like :mod:`kubelet_plugin.metrics.plugin_metrics`, nothing uses the global defau
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
@@ -81,9 +81,10 @@ class ControllerMetrics:
             "gpuready_controller_plugin_down_changes",
             "Plugin-down taints the leader added to (taint) or lifted from (lift) nodes whose kubelet plugin "
             "stopped renewing its heartbeat, by result.", ["action", "result"], registry=r)
-        self.plugin_down_nodes = Gauge(
-            "gpuready_controller_plugin_down_nodes",
-            "Nodes whose kubelet plugin is down now (their GPUs are offered to no new claim).", registry=r)
+        self.plugin_down = Gauge(
+            "gpuready_controller_plugin_down",
+            "1 for each node whose kubelet plugin is down now (its GPUs are offered to no new claim).",
+            ["node"], registry=r)
         self.is_leader.set(0)
 
     def set_leader(self, leader: bool) -> None:
@@ -137,6 +138,8 @@ class ControllerMetrics:
         """Count one plugin-down write (``action``: taint | lift)."""
         self.plugin_down_changes.labels(action, "success" if ok else "error").inc()
 
-    def set_plugin_down_nodes(self, count: int) -> None:
-        """Record how many nodes' plugins are down after a heartbeat pass."""
-        self.plugin_down_nodes.set(count)
+    def set_plugin_down_nodes(self, nodes: Collection[str]) -> None:
+        """Replace the set of nodes whose plugin is down (nodes not given drop to absent)."""
+        self.plugin_down.clear()
+        for node in nodes:
+            self.plugin_down.labels(node).set(1)

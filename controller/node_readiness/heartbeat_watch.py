@@ -135,7 +135,7 @@ class PluginHeartbeats:
             with self._lock:
                 self._tainted.clear()
             if self._metrics is not None:
-                self._metrics.set_plugin_down_nodes(0)  # the next leader reports them
+                self._metrics.set_plugin_down_nodes(())  # the next leader reports them
 
     # --- the watch (informer thread) ---------------------------------------------------------------
     def _on_event(self, typ: str, lease: dict[str, Any]) -> None:
@@ -189,7 +189,7 @@ class PluginHeartbeats:
                 wake_at = verdict.wake_at if wake_at is None else min(wake_at, verdict.wake_at)
         self._wake_at = wake_at
         if self._metrics is not None:
-            self._metrics.set_plugin_down_nodes(len(self.tainted_nodes()))
+            self._metrics.set_plugin_down_nodes(self.tainted_nodes())
 
     def _apply(self, node: str, verdict: Verdict, rule: dict[str, Any] | None, hb: Heartbeat | None,
                now: float) -> None:

@@ -115,3 +115,12 @@ def test_values_that_would_taint_healthy_nodes_are_refused(values: dict[str, Any
         helm.Chart.load(str(CHART)).render({"pluginHeartbeat": values}, name="gpuready", namespace=NAMESPACE,
                                            is_install=True)
     assert words in str(err.value)
+
+
+def test_an_alert_fires_for_a_node_whose_plugin_stays_down() -> None:
+    objs = _render_objs({"monitoring": {"prometheusRule": {"enabled": True}}})
+    rule = next(o for o in objs if o["kind"] == "PrometheusRule")
+    alerts = {r["alert"]: r for r in rule["spec"]["groups"][0]["rules"]}
+    down = alerts["GPUPluginDown"]
+    assert down["expr"] == "max by (node) (gpuready_controller_plugin_down) == 1"  # one series per node, leader only
+    assert "{{ $labels.node }}" in down["annotations"]["summary"]

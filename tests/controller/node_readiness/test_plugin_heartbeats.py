@@ -100,7 +100,8 @@ def test_a_dead_plugin_is_tainted_within_the_threshold_and_lifted_when_it_return
         assert "gpuready-plugin-node-a" in cond["message"] and "claims already prepared keep" in cond["message"]
         assert "GPUPluginNotRunning" in events(api)
         assert list(rules(api)) == ["gpuready-plugin-down-node-a"]  # node-b, renewing, is untouched
-        assert sample(ctrl, "gpuready_controller_plugin_down_nodes") == 1
+        assert sample(ctrl, "gpuready_controller_plugin_down", node="node-a") == 1
+        assert sample(ctrl, "gpuready_controller_plugin_down", node="node-b") is None
         assert sample(ctrl, "gpuready_controller_plugin_down_changes_total", action="taint", result="success") == 1
 
         back = plugin(srv, "pod-a_2")  # the plugin returns (a new container)
@@ -111,7 +112,7 @@ def test_a_dead_plugin_is_tainted_within_the_threshold_and_lifted_when_it_return
             wait_for("the plugin's own GPUReady back", lambda: gpu_ready(api)["reason"] == "AllGPUsReady")
             assert gpu_ready(api)["status"] == "True"
             assert "GPUPluginRunning" in events(api)
-            assert sample(ctrl, "gpuready_controller_plugin_down_nodes") == 0
+            assert sample(ctrl, "gpuready_controller_plugin_down", node="node-a") is None
             assert sample(ctrl, "gpuready_controller_plugin_down_changes_total", action="lift", result="success") == 1
         finally:
             back.stop()
