@@ -51,6 +51,9 @@ TEST_SEAMS = {
     "controller/informers.py:builds": "inventory rebuilds: tests prove events and resyncs do not rebuild it each",
     "dra_driver/http_guard.py:open_connections": "connections served now: tests prove the cap holds under a flood "
                                                  "(a user sees the cap only as 503s and the refusal log line)",
+    "kubelet_plugin/heartbeat.py:renewals": "successful renewals: tests prove the renewer writes on its own "
+                                            "thread while prepares and publishes run (the controller sees it "
+                                            "only as a node that is never tainted)",
     "kubelet_plugin/kubelet/claims.py:hits": "claims served from the read-ahead: tests prove a prepare skipped the GET",
     "kubelet_plugin/daemon.py:recovery": "the start-up recovery report (its events are logged as they happen): "
                                          "crash tests read what recovery rolled back",

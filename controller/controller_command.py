@@ -121,6 +121,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds the leader keeps trying to renew before stepping down [RENEW_DEADLINE]")
     parser.add_argument("--retry-period", type=float, default=_env("RETRY_PERIOD", "2"),
                         help="seconds between Lease attempts [RETRY_PERIOD]")
+    parser.add_argument("--plugin-heartbeat-threshold", type=float,
+                        default=_env("PLUGIN_HEARTBEAT_THRESHOLD", "0"),
+                        help="seconds a node's kubelet plugin may go without renewing its heartbeat Lease before "
+                             "the leader taints the node's pool NoSchedule (a DeviceTaintRule) and sets GPUReady "
+                             "to PluginNotRunning; 0 turns the watch off [PLUGIN_HEARTBEAT_THRESHOLD]")
+    parser.add_argument("--plugin-handover-grace", type=float, default=_env("PLUGIN_HANDOVER_GRACE", "30"),
+                        help="seconds a heartbeat released by a graceful stop (rolling update, restart) waits for "
+                             "the next plugin pod before the node counts as down [PLUGIN_HANDOVER_GRACE]")
+    parser.add_argument("--taint-rule-owner", default=_env("TAINT_RULE_OWNER", ""),
+                        help="ClusterRole that owns the DeviceTaintRules the controller adds, so deleting it "
+                             "(helm uninstall) deletes them [TAINT_RULE_OWNER]")
     parser.add_argument("--resync", type=float, default=_env("RESYNC_SECONDS", "30"),
                         help="seconds between full reconciler passes without changes [RESYNC_SECONDS]")
 
@@ -148,6 +159,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         allocate=args.allocate, placement_mode=args.placement_mode,
         on_device_failure=args.on_device_failure, resync_s=args.resync,
         readiness_taint_mode=args.readiness_taint_mode, readiness_taint_key=args.readiness_taint,
+        plugin_heartbeat_threshold=args.plugin_heartbeat_threshold,
+        plugin_handover_grace=args.plugin_handover_grace, taint_rule_owner=args.taint_rule_owner,
     )
 
 

@@ -6,7 +6,7 @@ Like :mod:`kubelet_plugin.metrics.plugin_metrics`, every family is declared once
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from prometheus_client import CollectorRegistry
 
@@ -65,6 +65,13 @@ class ControllerMetrics(MetricSet):
     readiness_tainted_nodes = GaugeFamily(
         "gpuready_controller_readiness_tainted_nodes",
         "Nodes carrying the readiness taint now (they take no pods that do not tolerate it).")
+    plugin_down_changes = CounterFamily(
+        "gpuready_controller_plugin_down_changes",
+        "Plugin-down taints the leader added to (taint) or lifted from (lift) nodes whose kubelet plugin "
+        "stopped renewing its heartbeat, by result.", ("action", "result"))
+    plugin_down = GaugeFamily(
+        "gpuready_controller_plugin_down",
+        "1 for each node whose kubelet plugin is down now (its GPUs are offered to no new claim).", ("node",))
 
     def __init__(self, registry: CollectorRegistry | None = None, driver_name: str = "gpu.nvidia.com") -> None:
         super().__init__(registry)
@@ -117,3 +124,13 @@ class ControllerMetrics(MetricSet):
         self.inventory_devices.clear()
         for state, n in counts.items():
             self.inventory_devices.labels(state).set(n)
+
+    def plugin_down_change(self, action: str, ok: bool) -> None:
+        """Count one plugin-down write (``action``: taint | lift)."""
+        self.plugin_down_changes.labels(action, "success" if ok else "error").inc()
+
+    def set_plugin_down_nodes(self, nodes: Collection[str]) -> None:
+        """Replace the set of nodes whose plugin is down (nodes not given drop to absent)."""
+        self.plugin_down.clear()
+        for node in nodes:
+            self.plugin_down.labels(node).set(1)

@@ -9,11 +9,15 @@ in its own thread and only *reads* the swapped-in inventory, so admission never 
 server or on a rebuild; the leader-election thread renews the Lease and starts/stops the leader
 loop; the leader loop thread is the only writer of claims, pods and Node taints (allocator, then
 health reconciler, then the readiness taint, one pass at a time), woken by informer changes
-(debounced) or every ``resync_s``. The metrics and health HTTP servers each have their own thread.
+(debounced) or every ``resync_s``. The plugin heartbeat watch (``node_readiness/heartbeat_watch.py``)
+has its own Lease informer and, while this replica leads, its own writer thread for the plugin-down
+DeviceTaintRules and GPUReady: woken only when a heartbeat verdict can change (a lapse is due, a
+tainted node renewed, a Lease came or went), so a fleet's renewals every 2 s never run the leader
+loop's whole pass. The metrics and health HTTP servers each have their own thread.
 Nothing holds a lock while doing I/O.
 
-Every replica serves the webhooks; only the leader runs the reconciler, the allocator and the
-readiness taint.
+Every replica serves the webhooks; only the leader runs the reconciler, the allocator, the
+readiness taint and the plugin heartbeat's writes.
 
 In-process use (tests, the demo)::
 
@@ -40,6 +44,8 @@ from controller.claim_health.reconciler import EVICT, NONE, HealthReconciler
 from controller.controller_metrics import ControllerMetrics
 from controller.informers import ClusterCache
 from controller.leader import LeaderElector, LeaseConfig
+from controller.node_readiness.heartbeat_rule import HeartbeatPolicy
+from controller.node_readiness.heartbeat_watch import PluginHeartbeats
 from controller.node_readiness.taint_gate import ReadinessTaintGate
 from controller.node_readiness.taint_rule import DEFAULT_KEY as DEFAULT_READINESS_KEY
 from controller.node_readiness.taint_rule import ReadinessTaint
@@ -92,6 +98,10 @@ class ControllerConfig:
     readiness_taint_key: str = DEFAULT_READINESS_KEY
     resync_s: float = 30.0
     debounce_s: float = 0.05
+    # A dead plugin's GPUs leave the cluster (controller.node_readiness.heartbeat_watch); 0: off.
+    plugin_heartbeat_threshold: float = 0.0
+    plugin_handover_grace: float = 30.0
+    taint_rule_owner: str = ""  # the ClusterRole that owns the plugin-down DeviceTaintRules (uninstall GC)
 
     def __post_init__(self) -> None:
         if self.policy not in ("binpack", "spread"):
@@ -101,6 +111,11 @@ class ControllerConfig:
         if self.on_device_failure not in (NONE, EVICT):
             raise ValueError(f"--on-device-failure {self.on_device_failure!r}: use none or evict")
         ReadinessTaint(mode=self.readiness_taint_mode, key=self.readiness_taint_key)  # ValueError naming the flag
+        if self.plugin_heartbeat_threshold < 0:
+            raise ValueError(f"--plugin-heartbeat-threshold {self.plugin_heartbeat_threshold}: give seconds "
+                             f"above 0, or 0 to turn the heartbeat watch off")
+        if self.plugin_heartbeat_threshold:
+            _ = self.heartbeat_policy  # ValueError naming the flag
         if self.webhook_port is not None and not (self.cert_file and self.key_file):
             raise ValueError("the webhook serves HTTPS only: give --webhook-cert and --webhook-key (or "
                              "--webhook-cert-dir holding tls.crt and tls.key), or turn it off with --webhook-port 0")
@@ -125,6 +140,11 @@ class ControllerConfig:
     def readiness_taint(self) -> ReadinessTaint:
         """The readiness taint rule (GPUReady gates the node)."""
         return ReadinessTaint(mode=self.readiness_taint_mode, key=self.readiness_taint_key)
+
+    @property
+    def heartbeat_policy(self) -> HeartbeatPolicy:
+        """The plugin heartbeat rule's timings."""
+        return HeartbeatPolicy(threshold_s=self.plugin_heartbeat_threshold, handover_s=self.plugin_handover_grace)
 
     @property
     def identity_name(self) -> str:
@@ -172,13 +192,17 @@ class Controller:
         rule = config.readiness_taint
         self.readiness_gate = (ReadinessTaintGate(self.api, self.cache.nodes, rule, self.metrics)
                                if rule.enabled else None)
+        self._leading = threading.Event()
+        self.heartbeats = (PluginHeartbeats(self.api, self.cache, config.driver_name, config.lease_namespace,
+                                            config.heartbeat_policy, self._leading.is_set, config.taint_rule_owner,
+                                            resync_s=config.resync_s, metrics=self.metrics)
+                           if config.plugin_heartbeat_threshold else None)
         self.webhook: WebhookServer | None = None
         self.elector: LeaderElector | None = None
         self._metrics_server: Any = None
         self._health_server: ThreadingHTTPServer | None = None
         self._kick = threading.Event()
         self._stop = threading.Event()
-        self._leading = threading.Event()
         self._loop: threading.Thread | None = None
         self.passes = 0
         for inf in self.cache.informers:
@@ -192,6 +216,8 @@ class Controller:
         cfg = self.config
         raise_nofile_limit()  # room for API watches and admissions before the servers' reserve bites
         self.cache.start()
+        if self.heartbeats is not None:
+            self.heartbeats.start()
         if cfg.webhook_port is not None:
             self.webhook = WebhookServer(cfg.webhook_host, cfg.webhook_port, cfg.cert_file, cfg.key_file,
                                          self.cache.inventory, cfg.driver_name, cfg.memory_class_name,
@@ -237,6 +263,8 @@ class Controller:
             if server is not None:
                 server.shutdown()
                 server.server_close()
+        if self.heartbeats is not None:
+            self.heartbeats.stop()
         self.cache.stop()
         log.info("controller_stopped", identity=self.config.identity_name)
 
@@ -288,9 +316,13 @@ class Controller:
         self.metrics.set_leader(True)
         self._leading.set()
         self._kick.set()
+        if self.heartbeats is not None:
+            self.heartbeats.kick()
 
     def _stop_leading(self) -> None:
         self._leading.clear()
+        if self.heartbeats is not None:
+            self.heartbeats.forget()
         self.metrics.set_leader(False)
 
     def _leader_loop(self) -> None:

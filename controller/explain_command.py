@@ -1,9 +1,10 @@
 """``gpuready explain <claim|pod>``: why a claim got its devices, or why it gets none.
 
 Reads the claim (or every claim of a pod), the ResourceSlices, claims, DeviceClasses and Nodes
-(whose ``GPUReady`` condition names GPUs withdrawn as unhealthy) and prints the pure explain
-report. A claim that is allocated while a pod of it waits on a preparation that keeps failing is
-reported from the Events of the claim and its pods instead (:mod:`controller.planning.prepare_failures`).
+(whose ``GPUReady`` condition names GPUs withdrawn as unhealthy, or a kubelet plugin that is not
+running: ``controller/node_readiness/plugin_down.py``) and prints the pure explain report. A claim
+that is allocated while a pod of it waits on a preparation that keeps failing is reported from the
+Events of the claim and its pods instead (:mod:`controller.planning.prepare_failures`).
 Exit status: 0 every claim can be (or is) allocated and none is failing prepare, 1 some cannot be
 allocated, 2 not found or the cluster cannot be read, 3 some is allocated but failing prepare.
 """
@@ -16,6 +17,7 @@ import sys
 from typing import Any
 
 from controller.cluster_snapshot import api_client, read_cluster
+from controller.node_readiness.plugin_down import explain_lines, plugin_down_since
 from controller.planning import explain
 from controller.planning.explain import unhealthy_from_node_conditions
 from controller.planning.prepare_failures import PrepareFailure, prepare_failure, reserving_pods
@@ -144,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpuready explain: cannot read the cluster: {describe_error(exc)}", file=sys.stderr)
         return 2
     unhealthy = unhealthy_from_node_conditions(nodes)
+    down = plugin_down_since(nodes)
     status = 0
     if len(claims) > 1 or claim is None:
         print(f"{what}: {len(claims)} claim{'s' if len(claims) != 1 else ''}")
@@ -158,4 +161,6 @@ def run(args: argparse.Namespace) -> int:
         if not allocated and report.plan.allocation is None:
             status = max(status, 1)
         print(report.render())
+        for line in explain_lines(c, down):
+            print(f"  {line}")
     return status

@@ -1,9 +1,11 @@
 """One informer: keeps a client in step with one collection of API objects by list and watch.
 
-Three users, each with its own callbacks on the same loop:
+Four users, each with its own callbacks on the same loop:
 
 - the controller's caches (:mod:`controller.informers`: ResourceSlices, ResourceClaims, DeviceClasses,
   DeviceTaintRules, Nodes, Pods, templates), which keep the objects and hand them to the planner;
+- the controller's heartbeat watch (``controller.node_readiness.heartbeat_watch``), which keeps only
+  when it saw each node plugin's Lease renewed (a label selector picks the heartbeat Leases);
 - the node's slice watch (``kubelet_plugin.kubelet.slice_watch``), which tells the slice publisher
   about changes someone else made to this node's ResourceSlices, and when its view may be stale;
 - the node's claim read-ahead (``ClaimPrefetch`` in ``kubelet_plugin.kubelet.claims``), a watch of
@@ -134,7 +136,8 @@ class Informer:
     contract is in the module docstring).
 
     ``path``: the collection (``/apis/resource.k8s.io/v1/resourceslices``, or a namespaced one);
-    ``field_selector``: narrows both the list and the watch (``spec.nodeName=node-a``).
+    ``field_selector``, ``label_selector``: narrow both the list and the watch (``spec.nodeName=node-a``,
+    ``app.kubernetes.io/component=kubelet-plugin-heartbeat``).
     Callbacks, all optional, all on the informer's thread:
 
     - ``on_event(type, obj)``: every ADDED/MODIFIED/DELETED, from the watch or a relist's differences;
@@ -153,7 +156,7 @@ class Informer:
     ``log_fields`` go on every line the informer logs (``kind=``, ``node=``).
     """
 
-    def __init__(self, api: ListWatchApi, path: str, *, field_selector: str = "",
+    def __init__(self, api: ListWatchApi, path: str, *, field_selector: str = "", label_selector: str = "",
                  on_event: EventCallback | None = None, on_listed: Callable[[], None] | None = None,
                  on_watching: Callable[[bool], None] | None = None, on_failure: FailureCallback | None = None,
                  on_resync: Callable[[], None] | None = None, resync_s: float | None = None,
@@ -163,6 +166,7 @@ class Informer:
         self.api = api
         self.path = path
         self.field_selector = field_selector
+        self.label_selector = label_selector
         self._on_event = on_event
         self._on_listed = on_listed
         self._on_watching = on_watching
@@ -304,7 +308,8 @@ class Informer:
             self._callback_failed(which, exc)
 
     def _selector(self) -> list[tuple[str, str]]:
-        return [("fieldSelector", self.field_selector)] if self.field_selector else []
+        return [(name, value) for name, value in (("fieldSelector", self.field_selector),
+                                                  ("labelSelector", self.label_selector)) if value]
 
     def _list(self) -> None:
         answer = self.api.request("GET", self.path, self._selector() or None) or {}

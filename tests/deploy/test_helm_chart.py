@@ -471,11 +471,13 @@ def test_prometheus_operator_objects_only_when_the_cluster_serves_them() -> None
 def _exported_families() -> set[str]:
     from prometheus_client import CollectorRegistry
 
+    from controller.controller_metrics import ControllerMetrics
     from kubelet_plugin.metrics import PluginMetrics
     from kubelet_plugin.metrics.gpu_collector import FAMILIES
 
     names = set(FAMILIES)
-    for metric in PluginMetrics(CollectorRegistry(), node="n").registry.collect():
+    registries = (PluginMetrics(CollectorRegistry(), node="n").registry, ControllerMetrics().registry)
+    for metric in (m for registry in registries for m in registry.collect()):
         names.update(s.name for s in metric.samples)
         names.add(metric.name)
         if metric.type == "counter":

@@ -65,7 +65,9 @@ def test_the_controller_may_change_only_the_readiness_taint() -> None:
     objs = _render_objs({"readinessTaint": {"mode": "continuous"}})
     ctrl = _service_account_user(objs, "controller")
     assert rbac_allows(objs, ctrl, "patch", "", "nodes")  # RBAC: any Node, whole...
-    assert not rbac_allows(objs, ctrl, "patch", "", "nodes/status")
+    # Node status only for the plugin heartbeat's GPUReady (its own policy, test_helm_plugin_heartbeat.py).
+    no_heartbeat = _render_objs({"readinessTaint": {"mode": "continuous"}, "pluginHeartbeat": {"enabled": False}})
+    assert not rbac_allows(no_heartbeat, ctrl, "patch", "", "nodes/status")
     binding = _get(objs, "ValidatingAdmissionPolicyBinding", "node-taints")
     assert binding["spec"]["validationActions"] == ["Deny"]
     policy = Policy(_get(objs, "ValidatingAdmissionPolicy", "node-taints"))

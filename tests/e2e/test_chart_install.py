@@ -6,8 +6,8 @@
   (its message), cannot read Secrets, and each account can do exactly the list written here beyond
   what any authenticated account may (``kubectl auth can-i --list`` as the witness);
 - the pods' metrics ports answer from the pod network, with figures that match the cluster;
-- ``helm uninstall`` leaves no ResourceSlice, CDI spec, socket, webhook configuration, policy or
-  DeviceClass behind (the last test of the session: it removes the release).
+- ``helm uninstall`` leaves no ResourceSlice, CDI spec, socket, webhook configuration, policy,
+  DeviceClass or plugin-down DeviceTaintRule behind (the last test of the session: it removes the release).
 """
 
 from __future__ import annotations
@@ -37,13 +37,17 @@ PLUGIN_MAY = {
     ("nodes/status", "[]", "[patch]"),
     ("pods", "[]", "[get]"),  # VRAM accounting: container names of the pods in prepared claims
     ("events", "[]", "[create]"),
+    ("leases.coordination.k8s.io", "[]", "[get create update]"),  # its node's heartbeat (the policy keeps it there)
 }
 CONTROLLER_MAY = {
     ("resourceslices.resource.k8s.io", "[]", "[get list watch]"),
     ("deviceclasses.resource.k8s.io", "[]", "[get list watch]"),
     ("resourceclaimtemplates.resource.k8s.io", "[]", "[get list watch]"),
-    ("devicetaintrules.resource.k8s.io", "[]", "[get list watch]"),
+    # create delete: pluginHeartbeat (on by default) taints a dead plugin's pool, and lifts it.
+    ("devicetaintrules.resource.k8s.io", "[]", "[get list watch create delete]"),
     ("resourceclaims.resource.k8s.io/status", "[]", "[update]"),
+    ("nodes/status", "[]", "[patch]"),  # GPUReady while a node's plugin is down
+    ("clusterroles.rbac.authorization.k8s.io", f"[{RELEASE}-controller]", "[get]"),  # the rules' owner
     ("resourceclaims.resource.k8s.io/driver", f"[{DRIVER}]", "[arbitrary-node:update]"),
     # patch: readinessTaint.mode=bootstrap-only (this suite's values) lifts the readiness taint.
     ("nodes", "[]", "[get list watch patch]"),
@@ -53,7 +57,7 @@ CONTROLLER_MAY = {
     ("pods", "[]", "[get list watch patch]"),
     ("resourceclaims.resource.k8s.io/binding", "[]", "[update]"),
     ("events", "[]", "[create]"),
-    ("leases.coordination.k8s.io", "[]", "[create]"),
+    ("leases.coordination.k8s.io", "[]", "[create list watch]"),  # list watch: the plugins' heartbeats
     ("leases.coordination.k8s.io", f"[{RELEASE}-controller]", "[get update]"),
 }
 
@@ -158,6 +162,26 @@ def test_the_plugin_writes_only_its_own_nodes_slices_and_reads_no_secrets(e2e: E
     assert secrets.value.status == 403
 
 
+def test_the_plugin_renews_only_its_own_nodes_heartbeat(e2e: E2E) -> None:
+    from kubernetes import client as k
+    from kubernetes.client import ApiException
+
+    assert e2e.release is not None
+    leases = k.CoordinationV1Api(_api_as(e2e, _token(e2e, PLUGIN_SA, e2e.release.plugin_pod().metadata.name)))
+
+    def lease(name: str) -> dict[str, Any]:
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": name},
+                "spec": {"holderIdentity": "e2e", "leaseDurationSeconds": 5}}
+
+    leases.create_namespaced_lease(NAMESPACE, lease(f"gpuready-plugin-{e2e.node}"), dry_run="All")  # its own
+    for other in ("gpuready-plugin-node-elsewhere", f"{RELEASE}-controller"):  # another node's; the election's
+        with pytest.raises(ApiException) as refused:
+            leases.create_namespaced_lease(NAMESPACE, lease(other), dry_run="All")
+        assert refused.value.status in (403, 422), refused.value.body
+        assert (f"may only write its own heartbeat Lease gpuready-plugin-{e2e.node}, not \\\"{other}\\\""
+                in refused.value.body), refused.value.body
+
+
 def test_the_controller_may_change_only_the_readiness_taint_of_a_node(e2e: E2E) -> None:
     from kubernetes import client as k
     from kubernetes.client import ApiException
@@ -210,6 +234,17 @@ def test_helm_uninstall_leaves_nothing_behind(e2e: E2E) -> None:
     plugin_dir = os.path.join(e2e.cluster.kubelet_root, "plugins", DRIVER)
     assert [n for n in os.listdir(registry) if DRIVER in n], "the plugin's registration socket was never there"
     assert e2e.slice_devices()
+    # A rule as the controller adds for a dead plugin, owned by its ClusterRole (without the label that
+    # makes the running controller manage it: it would lift a rule whose node has no Lease at once).
+    import json
+
+    from controller.node_readiness.plugin_down import COMPONENT, taint_rule
+    role = f"{RELEASE}-controller"
+    uid = e2e.cluster.kubectl("get", "clusterrole", role, "-o", "jsonpath={.metadata.uid}").strip()
+    owner = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "name": role, "uid": uid}
+    rule = taint_rule("node-gone", DRIVER, "v1", 0.0, owner, None)
+    del rule["metadata"]["labels"][COMPONENT[0]]
+    e2e.cluster.kubectl("create", "-f", "-", input_text=json.dumps(rule))
 
     release.uninstall()
     e2e.release = None  # later failure reports must not ask for its pods
@@ -218,6 +253,8 @@ def test_helm_uninstall_leaves_nothing_behind(e2e: E2E) -> None:
     assert e2e.cdi_spec_files() == [], "CDI specs left on the node"
     assert [n for n in os.listdir(registry) if DRIVER in n] == [], "registration sockets left"
     assert glob.glob(os.path.join(plugin_dir, "*.sock")) == [], "DRA sockets left"
+    wait_for("the controller's DeviceTaintRules to be garbage collected", lambda: e2e.cluster.kubectl(
+        "get", "devicetaintrules", "-l", "app.kubernetes.io/managed-by=gpuready-controller", "-o", "name").strip() == "", 60)
     for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations",
                  "validatingadmissionpolicies", "validatingadmissionpolicybindings", "deviceclasses",
                  "clusterroles", "clusterrolebindings"):
