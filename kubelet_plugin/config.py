@@ -67,6 +67,12 @@ class PluginConfig:
     pod_resources_socket: str = DEFAULT_POD_RESOURCES_SOCKET
     # Claims' MPS directories ("" = under the plugin data directory, as the test harnesses use).
     mps_root: str = ""
+    # The node's heartbeat Lease (kubelet_plugin/heartbeat.py): renewed in this namespace ("" = no
+    # heartbeat) every heartbeat_interval seconds, its leaseDurationSeconds the controller's threshold.
+    heartbeat_namespace: str = ""
+    heartbeat_interval: float = 2.0
+    heartbeat_threshold: float = 5.0
+    pod_name: str = ""  # this instance's pod (the heartbeat's holder identity and its Lease's owner)
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -76,6 +82,9 @@ class PluginConfig:
         if len(self.driver_name) > 63 or not _DNS_SUBDOMAIN.match(self.driver_name):
             raise ValueError(f"--driver-name {self.driver_name!r} is not a DNS subdomain of at most 63 "
                              "characters (for example gpu.nvidia.com)")
+        if self.heartbeat_namespace and not 0 < self.heartbeat_interval < self.heartbeat_threshold:
+            raise ValueError(f"--heartbeat-interval {self.heartbeat_interval:g} must be above 0 and below "
+                             f"--heartbeat-threshold {self.heartbeat_threshold:g}, or every renewal is late")
         if self.mig_mode not in ("static", "dynamic"):
             raise ValueError(f"--mig-mode {self.mig_mode!r}: use static or dynamic")
         if self.health_mode not in ("withdraw", "taint", "off"):

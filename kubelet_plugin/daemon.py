@@ -1,20 +1,14 @@
 """The kubelet plugin daemon of one node: construction, start and stop, nothing else.
 
-:class:`KubeletPlugin` makes the parts and connects them; what each part does, including everything
-that happens at run time, lives in its own module:
-
-- the node's device view (:class:`~kubelet_plugin.inventory.NodeInventory`): discovery, the preparable
-  index, what is withheld now, the node's prerequisite; its subscribers hear of every new node (the
-  health monitor, the health fan-out, the driver-reload spec rewrite);
-- the kubelet side (:class:`~kubelet_plugin.kubelet.helper.KubeletHelper`): slice publishing, the
-  kubelet health stream, claim reads, the DRA socket and registration;
-- the GPU driver behind it (:class:`~kubelet_plugin.prepare.preparer.Preparer`): what prepare and
-  unprepare do, with the checkpoint, CDI specs, MIG instances and MPS daemons;
-- health (:class:`~kubelet_plugin.health.monitor.HealthMonitor`, or with ``--health-mode off``
-  :class:`~kubelet_plugin.health.fixed_health.FixedHealth`) and its fan-out
-  (:class:`~kubelet_plugin.health_fanout.HealthFanout`), whose subscribers are the node's pool
-  (:class:`~kubelet_plugin.node_pool.NodePool`, which also follows the cluster's feature fallbacks),
-  the health stream, GPUReady and the metrics.
+:class:`KubeletPlugin` makes the parts and connects them; what each part does, at run time
+included, lives in its own module: the node's device view
+(:class:`~kubelet_plugin.inventory.NodeInventory`, whose subscribers hear of every new node), the
+kubelet side (:class:`~kubelet_plugin.kubelet.helper.KubeletHelper`), the GPU driver behind it
+(:class:`~kubelet_plugin.prepare.preparer.Preparer`), health (the
+:class:`~kubelet_plugin.health.monitor.HealthMonitor`, or :class:`~kubelet_plugin.health.fixed_health.FixedHealth`
+with ``--health-mode off``) and its fan-out (:class:`~kubelet_plugin.health_fanout.HealthFanout`) to the
+pool (:class:`~kubelet_plugin.node_pool.NodePool`, which also follows feature fallbacks), the health
+stream, GPUReady and the metrics.
 
 Concurrency model: **threads**. gRPC requests run on a pool of ``grpc_workers`` threads; gRPC's
 transport is grpc.aio on one event-loop thread (:mod:`kubelet_plugin.kubelet.grpc_loop`; the
@@ -30,17 +24,13 @@ and the inventory's lock (one re-read of the node at a time; the view is immutab
 so readers take no lock). Nothing blocks while holding a lock except the checkpoint write (a small
 file) and the inventory's re-read (NVML, milliseconds).
 
-Start order (:meth:`KubeletPlugin.start`): check the node's directories -> read the node ->
-start the health monitor (validation probes run from here on; its snapshots wait in the fan-out) ->
-ask the API server whether this node's pool is already published (a restart holds it until
-validated) -> start the slice publisher (gated) and the GPUReady condition -> open the checkpoint
-(quarantine a corrupt one, with an Event) and recover it -> serve the DRA socket -> only then create
-the registration socket, so the kubelet never finds a plugin that cannot answer -> the kubelet's
-registration opens the publisher's gate (slices go out only once a pod bound to them can be
-prepared: before, such a pod failed with "driver not registered" and backed off ~10 s) -> wait, at
-most a second, for the first ResourceSlice with devices (the metrics collectors and node watches
-load after it). :meth:`stop` removes this instance's sockets only (another instance may be running
-during a rolling update).
+Start order (:meth:`KubeletPlugin.start`; docs/architecture.md, "What does a plugin restart or rolling
+update do to the pool?"): the node's directories -> the node read -> health (probes run from here on;
+snapshots wait in the fan-out) -> is this node's pool already published (a restart holds it until
+validated) -> the slice publisher (gated on the kubelet's registration) and GPUReady -> the checkpoint
+(a corrupt one quarantined) and its recovery -> the DRA socket, then registration -> at most a second
+for the first slice -> node watches, metrics, the heartbeat. :meth:`stop` hands the heartbeat over and
+removes this instance's sockets only (another instance may run during a rolling update).
 
 Several plugins can run in one process (one per simulated node): nothing here is global.
 """
@@ -79,6 +69,7 @@ if TYPE_CHECKING:
     from kubelet_plugin.health import HealthMonitor
     from kubelet_plugin.health.fixed_health import FixedHealth
     from kubelet_plugin.health.node_status import NodeStatusReporter
+    from kubelet_plugin.heartbeat import HeartbeatRenewer
     from kubelet_plugin.metrics.plugin_allocations import PluginAllocations
     from kubelet_plugin.metrics.pod_resources_client import PodResourcesCache
     from kubelet_plugin.metrics.vram_accounting import VramAccountant
@@ -130,6 +121,7 @@ class KubeletPlugin:
         self._watches: list[Periodic] = []  # the MPS daemon watch and the prerequisite watch
         self.bind_validator: BindTimeValidator | None = None
         self._metrics_server: Any = None
+        self.heartbeat: HeartbeatRenewer | None = None  # the node's heartbeat Lease, once the plugin serves
         # /healthz and /readyz on the metrics port (kubelet_plugin.liveness): DRA socket, loops, registration.
         self.probes = PluginProbes(self.kubelet, lambda: self.health_monitor, node=config.node_name)
         self._directories = node_directories(config)
@@ -171,12 +163,9 @@ class KubeletPlugin:
             if destroy_leftover_probe_instances(self.nvml, journal, cfg.node_name):
                 self.inventory.refresh()
         self.inventory.start()
-        # Validation first: the probes (child processes, the slowest step before a device may be
-        # published) run while the rest of start-up does. A restart or a rolling update finds this
-        # node's pool already published (the old instance's): publishing before validation
-        # finishes would withdraw every device still Validating from running pods' view and fight
-        # the old instance's writes, so the pool keeps what it lists until the first validation
-        # round has a verdict for every device. A fresh node publishes each device as it passes.
+        # Validation first (the probes are the slowest step before a device may be published). A pool
+        # already published (a restart, a rolling update) is kept as it is until every device has a
+        # verdict: running pods' GPUs are not withdrawn. A fresh node publishes each as it passes.
         self.fanout.hold()
         try:
             self._start_health()
@@ -198,11 +187,15 @@ class KubeletPlugin:
         self.kubelet.publisher.wait_first_pass(self.first_slice_wait_s)
         self._start_node_watches(preparer)
         self._start_metrics()
+        self._start_heartbeat()
         log.info("plugin_started", node=cfg.node_name, driver=cfg.driver_name, dra_socket=self.paths.dra,
                  registration_socket=self.paths.registration)
 
     def stop(self) -> None:
-        """Deregister (remove the registration socket), stop serving, stop background threads."""
+        """Hand the heartbeat over, deregister (remove the registration socket), stop serving, stop
+        background threads."""
+        if self.heartbeat is not None:
+            self.heartbeat.stop(release=True)  # graceful: the next instance takes over, no taint
         for watch in self._watches:
             watch.stop()
         if self.bind_validator is not None:
@@ -261,10 +254,11 @@ class KubeletPlugin:
         from kubelet_plugin.prepare.driver_reload import DriverReloadFollower, find_driver_edits, with_edits
         from kubelet_plugin.prepare.mig_instances import NvmlMigOps
         from kubelet_plugin.prepare.preparer import Preparer, PrepareSettings
-        from kubelet_plugin.prepare.recovery import recover
+        from kubelet_plugin.prepare.recovery import open_checkpoint, recover
 
         cfg = self.config
-        self._open_checkpoint()
+        if open_checkpoint(self.checkpoint, self.api_client, cfg.node_name):
+            self.metrics.checkpoint_quarantined_once()
         edits = find_driver_edits(cfg.driver_root, cfg.cdi_driver_root,
                                   self.inventory.current().devices.control_device_nodes, cfg.node_name)
         preparer = self.preparer = Preparer(
@@ -280,17 +274,6 @@ class KubeletPlugin:
         self.recovery = recover(preparer, self.boot_id)
         self.metrics.set_prepared_claims(len(self.checkpoint.records()))
         return preparer
-
-    def _open_checkpoint(self) -> None:
-        self.checkpoint.open()
-        if self.checkpoint.quarantined:
-            self.metrics.checkpoint_quarantined_once()
-            emit_node_event(
-                self.api_client, self.config.node_name, "CheckpointQuarantined",
-                f"gpuready kubelet plugin found a corrupt checkpoint ({self.checkpoint.corruption}); moved it "
-                f"to {self.checkpoint.quarantined}. Every record that could be read was kept, and claims whose "
-                "CDI spec remains get their record rebuilt at start-up, so their devices stay taken "
-                "(docs/troubleshooting.md, section 8).")
 
     def _start_node_watches(self, preparer: Preparer) -> None:
         """The MPS daemon watch, the prerequisite watch and per-claim VRAM accounting."""
@@ -310,12 +293,10 @@ class KubeletPlugin:
         if cfg.bind_time_validation and self.health_monitor is not None and self.kubelet.claims is not None:
             from kubelet_plugin.bind_validation import BindTimeValidator
 
-            metrics = self.metrics
+            observe = self.metrics.observe_bind_validation
             self.bind_validator = BindTimeValidator(
                 self.kubelet.claims.api, cfg.node_name, cfg.driver_name, self.health_monitor.check_for_binding,
-                cfg.bind_validation_freshness,
-                on_answer=lambda device, result, seconds: metrics.observe_bind_validation(result.ok, result.reason,
-                                                                                        seconds))
+                cfg.bind_validation_freshness, on_answer=lambda _, result, s: observe(result.ok, result.reason, s))
             self.bind_validator.start()
         if cfg.pod_resources_socket:
             from kubelet_plugin.metrics.pod_resources_client import PodResourcesCache, PodResourcesReader
@@ -334,6 +315,20 @@ class KubeletPlugin:
                                    node=cfg.node_name, pod_resources=self.pod_resources)
         if cfg.vram_interval > 0:
             self.vram.start(cfg.vram_interval)
+
+    def _start_heartbeat(self) -> None:
+        """Renew the node's heartbeat Lease (the controller's sign that this node's plugin is alive) from
+        now on: the plugin serves and is registered, so the node's GPUs can be prepared."""
+        cfg = self.config
+        if not cfg.heartbeat_namespace:
+            return
+        from kubelet_plugin.heartbeat import HeartbeatRenewer, daemonset_owner
+
+        owners = daemonset_owner(self.api_client, cfg.heartbeat_namespace, cfg.pod_name, cfg.node_name)
+        self.heartbeat = HeartbeatRenewer(
+            self.api_client, cfg.node_name, cfg.heartbeat_namespace,
+            identity=f"{cfg.pod_name or cfg.node_name}_{os.getpid()}", interval_s=cfg.heartbeat_interval,
+            duration_s=max(1, int(cfg.heartbeat_threshold)), owner_references=owners).start()
 
     def _start_metrics(self) -> None:
         from kubelet_plugin.metrics.gpu_collector import GpuCollector

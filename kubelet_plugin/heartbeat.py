@@ -218,3 +218,20 @@ class HeartbeatRenewer:
             except Exception as exc:
                 log.warning("heartbeat_release_failed", node=self.node, error=describe_error(exc))
                 return
+
+
+def daemonset_owner(api_client: Any, namespace: str, pod_name: str, node: str = "") -> list[dict[str, Any]]:
+    """The owner reference of this plugin's DaemonSet, read from its own pod, for the Lease it creates:
+    ``helm uninstall`` deletes the DaemonSet, and the garbage collector the Lease with it (a rolling
+    update keeps the DaemonSet, so the Lease stays). Empty when the pod has none or cannot be read."""
+    if not namespace or not pod_name:
+        return []
+    try:
+        pod = JsonApi(api_client).request("GET", f"/api/v1/namespaces/{namespace}/pods/{pod_name}")
+    except Exception as exc:  # the Lease is then made without an owner: it outlives an uninstall
+        log.warning("heartbeat_owner_unknown", node=node, pod=f"{namespace}/{pod_name}", error=describe_error(exc),
+                    effect="the heartbeat Lease is created without an owner and outlives an uninstall")
+        return []
+    return [{"apiVersion": ref["apiVersion"], "kind": ref["kind"], "name": ref["name"], "uid": ref["uid"]}
+            for ref in (pod.get("metadata") or {}).get("ownerReferences") or []
+            if ref.get("kind") == "DaemonSet" and ref.get("controller")]

@@ -57,6 +57,8 @@ _NUMBERS: dict[str, tuple[str, type]] = {
     "--metrics-port": ("METRICS_PORT", int),
     "--vram-interval": ("VRAM_CHECK_INTERVAL", float),
     "--bind-validation-freshness": ("BIND_VALIDATION_FRESHNESS", float),
+    "--heartbeat-interval": ("HEARTBEAT_INTERVAL", float),
+    "--heartbeat-threshold": ("HEARTBEAT_THRESHOLD", float),
 }
 
 
@@ -151,6 +153,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--vram-interval", default=_env("VRAM_CHECK_INTERVAL", "15") or "15",
       help="check per-claim VRAM use against requests this often, seconds; 0 = only at scrape time "
            "(env VRAM_CHECK_INTERVAL)")
+    a("--heartbeat-namespace", default=_env("HEARTBEAT_NAMESPACE", ""),
+      help="renew this node's heartbeat Lease gpuready-plugin-<node> in this namespace; empty = no heartbeat "
+           "(env HEARTBEAT_NAMESPACE)")
+    a("--heartbeat-interval", default=_env("HEARTBEAT_INTERVAL", "2") or "2",
+      help="seconds between heartbeat renewals (env HEARTBEAT_INTERVAL)")
+    a("--heartbeat-threshold", default=_env("HEARTBEAT_THRESHOLD", "5") or "5",
+      help="the controller's threshold: the Lease's leaseDurationSeconds (env HEARTBEAT_THRESHOLD)")
+    a("--pod-name", default=_env("POD_NAME", ""), help="this plugin's pod (downward API; env POD_NAME)")
     a("--pod-resources-socket", default=_env("POD_RESOURCES_SOCKET", DEFAULT_POD_RESOURCES_SOCKET),
       help="the kubelet's PodResources API socket, for the container names of allocated devices "
            "(metrics labels, VRAM accounting); empty = off (env POD_RESOURCES_SOCKET)")
@@ -240,7 +250,11 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         hold_down=_number(args, "--hold-down"), proc_root=args.proc_root,
         vram_interval=_number(args, "--vram-interval"), dev_root=getattr(args, "dev_root", ""),
         pod_resources_socket=getattr(args, "pod_resources_socket", DEFAULT_POD_RESOURCES_SOCKET),
-        mps_root=getattr(args, "mps_root", DEFAULT_MPS_ROOT))
+        mps_root=getattr(args, "mps_root", DEFAULT_MPS_ROOT),
+        heartbeat_namespace=getattr(args, "heartbeat_namespace", ""),
+        heartbeat_interval=_number(args, "--heartbeat-interval") if hasattr(args, "heartbeat_interval") else 2.0,
+        heartbeat_threshold=_number(args, "--heartbeat-threshold") if hasattr(args, "heartbeat_threshold") else 5.0,
+        pod_name=getattr(args, "pod_name", ""))
 
 
 def _port(port: int) -> int:

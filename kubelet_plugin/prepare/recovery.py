@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 from dra_driver.logs import get_logger
 from kubelet_plugin.cdi.cdi_spec import CDI_CLASS, cdi_vendor
 from kubelet_plugin.cdi.spec_files import read_spec
 from kubelet_plugin.checkpoint.records import ClaimRecord, ClaimState
+from kubelet_plugin.checkpoint.store import CheckpointStore
+from kubelet_plugin.node_api import emit_node_event
 from kubelet_plugin.prepare.driver_reload import rewrite_specs
 from kubelet_plugin.prepare.preparer import Preparer
 from kubelet_plugin.prepare.spec_recovery import record_from_spec, spec_uids
@@ -51,6 +54,21 @@ class RecoveryReport:
     records_rebuilt: list[str] = field(default_factory=list)  # from CDI specs whose record was lost
     temp_files_removed: int = 0
     failures: list[str] = field(default_factory=list)
+
+
+def open_checkpoint(checkpoint: CheckpointStore, api_client: Any, node: str) -> bool:
+    """Open the checkpoint; a corrupt one is quarantined (its readable records kept) and said in an
+    Event on the Node. True when it was quarantined."""
+    checkpoint.open()
+    if not checkpoint.quarantined:
+        return False
+    emit_node_event(
+        api_client, node, "CheckpointQuarantined",
+        f"gpuready kubelet plugin found a corrupt checkpoint ({checkpoint.corruption}); moved it to "
+        f"{checkpoint.quarantined}. Every record that could be read was kept, and claims whose CDI spec "
+        "remains get their record rebuilt at start-up, so their devices stay taken "
+        "(docs/troubleshooting.md, section 8).")
+    return True
 
 
 def recover(preparer: Preparer, boot_id: str) -> RecoveryReport:
