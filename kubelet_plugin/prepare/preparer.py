@@ -37,7 +37,7 @@ from dra_driver.logs import get_logger
 from kubelet_plugin.cdi.cdi_spec import CdiDevice, ClaimFiles, claim_files, claim_spec_path, device_ids
 from kubelet_plugin.cdi.spec_files import read_spec, write_spec
 from kubelet_plugin.checkpoint.records import ClaimRecord, ClaimState, MpsRecord
-from kubelet_plugin.checkpoint.store import CheckpointStore
+from kubelet_plugin.checkpoint.store import CheckpointStore, CheckpointWriteError
 from kubelet_plugin.inventory import NodeInventory
 from kubelet_plugin.kubelet.driver import ClaimOutcome, ClaimRef, ClaimSource, PreparedDevice, PrepareError
 from kubelet_plugin.mps.control_daemon import (
@@ -138,6 +138,8 @@ class Preparer:
                 return self._prepare_locked(plan)
         except PrepareError as exc:
             return self._failed(ref, exc)
+        except CheckpointWriteError as exc:  # nothing recorded (memory and disk as before): retryable
+            return self._failed(ref, PrepareError("checkpoint_write_failed", f"ResourceClaim {namespace}/{name}: {exc}"))
         except Exception as exc:  # a bug or an I/O failure: fail this claim, keep serving the others
             log.error("claim_prepare_error", exc_info=True, claim_uid=uid, node=self.settings.pool)
             return ClaimOutcome(error=f"internal error preparing ResourceClaim {namespace}/{name}: {exc}",

@@ -1,0 +1,39 @@
+"""Local faults a node can have, made for real for a test: a file the plugin cannot write, a
+directory on a read-only mount. They need root (``chattr +i``, ``mount``): :func:`unavailable`
+says why not, for a test to skip with.
+
+Root ignores a file's mode, so a read-only file is made immutable (``chattr +i``: every write,
+rename over it and unlink fails with EPERM, as on a file an operator locked); a read-only directory
+is a read-only bind mount of itself (EROFS, as on a hostPath remounted read-only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+
+
+def unavailable() -> str:
+    """Why these faults cannot be made here ("" when they can)."""
+    if os.geteuid() != 0:
+        return "needs root (chattr +i and read-only bind mounts); CI runs the unit tests as root"
+    missing = [tool for tool in ("chattr", "mount", "umount") if shutil.which(tool) is None]
+    return f"needs {', '.join(missing)} on PATH" if missing else ""
+
+
+def set_immutable(path: str, on: bool) -> None:
+    """Make ``path`` immutable (no write, rename over or unlink, even by root) or writable again."""
+    subprocess.run(["chattr", "+i" if on else "-i", path], check=True, capture_output=True)
+
+
+@contextlib.contextmanager
+def immutable(path: str) -> Iterator[None]:
+    """``path`` immutable for the block."""
+    set_immutable(path, True)
+    try:
+        yield
+    finally:
+        set_immutable(path, False)
