@@ -284,7 +284,9 @@ def _start(config: PluginConfig, kubeconfig: str, stop: threading.Event, delay: 
     """
     from dra_driver.kube_api import connect
     from dra_driver.kube_connection import KubeConfigError
+    from kubelet_plugin.checkpoint.store import CheckpointWriteError
     from kubelet_plugin.daemon import KubeletPlugin
+    from kubelet_plugin.kubelet.sockets import SocketDirError
     from kubelet_plugin.node_prerequisites import NodePrerequisiteError
     from kubelet_plugin.nvml import open_nvml
 
@@ -301,10 +303,14 @@ def _start(config: PluginConfig, kubeconfig: str, stop: threading.Event, delay: 
             raise ValueError(str(exc)) from exc
         except Exception as exc:
             # A named node problem (a directory) is said in words; anything else keeps its traceback.
-            log.error("plugin_start_failed", exc_info=not isinstance(exc, NodePrerequisiteError),
-                      node=config.node_name, error=str(exc), retry_in_s=delay)
+            named = isinstance(exc, (NodePrerequisiteError, SocketDirError, CheckpointWriteError))
+            log.error("plugin_start_failed", exc_info=not named, node=config.node_name, error=str(exc),
+                      retry_in_s=delay)
             if plugin is not None:
-                plugin.stop()
+                try:  # the retry must come: a stop on the same broken directory never ends the loop
+                    plugin.stop()
+                except Exception as stop_exc:
+                    log.error("plugin_stop_failed", node=config.node_name, error=str(stop_exc))
         stop.wait(delay)
         delay = min(delay * 2, 60.0)
     return None

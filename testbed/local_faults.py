@@ -37,3 +37,12 @@ def immutable(path: str) -> Iterator[None]:
         yield
     finally:
         set_immutable(path, False)
+
+
+def set_read_only(directory: str, on: bool) -> None:
+    """Put ``directory`` on a read-only bind mount of itself, or take the mount away again."""
+    if on:
+        subprocess.run(["mount", "--bind", directory, directory], check=True, capture_output=True)
+        subprocess.run(["mount", "-o", "remount,bind,ro", directory], check=True, capture_output=True)
+    else:
+        subprocess.run(["umount", directory], check=True, capture_output=True)
