@@ -71,6 +71,7 @@ from kubelet_plugin.node_prerequisites import (
     node_directories,
 )
 from kubelet_plugin.periodic import Periodic
+from kubelet_plugin.self_checks import PrepareReadiness
 
 if TYPE_CHECKING:
     from kubelet_plugin.bind_validation import BindTimeValidator
@@ -126,11 +127,16 @@ class KubeletPlugin:
         self.pod_resources: PodResourcesCache | None = None  # the kubelet's PodResources API, cached
         self.vram: VramAccountant | None = None
         self.allocations: PluginAllocations | None = None
-        self._watches: list[Periodic] = []  # the MPS daemon watch and the prerequisite watch
+        self._watches: list[Periodic] = []  # the supervised loops: MPS daemon watch, prerequisites, VRAM
         self.bind_validator: BindTimeValidator | None = None
         self._metrics_server: Any = None
-        # /healthz and /readyz on the metrics port (kubelet_plugin.liveness): DRA socket, loops, registration.
-        self.probes = PluginProbes(self.kubelet, lambda: self.health_monitor, node=config.node_name)
+        # /healthz and /readyz on the metrics port (kubelet_plugin.liveness): DRA socket, every loop,
+        # registration, and whether a prepare could succeed now (kubelet_plugin.self_checks).
+        inventory = self.inventory
+        self.probes = PluginProbes(
+            self.kubelet, lambda: (self.health_monitor, inventory, self.node_status, *self._watches),
+            PrepareReadiness(config.checkpoint_path, config.cdi_root, lambda: inventory.current().prerequisite,
+                             lambda: self._watches), node=config.node_name)
         self._directories = node_directories(config)
 
     @property
@@ -302,8 +308,9 @@ class KubeletPlugin:
         mps = functools.partial(revive_dead_daemons, self.checkpoint, preparer.revive_all_mps)
         prerequisites = PrerequisiteWatch(self._directories, self.inventory.current().prerequisite,
                                           self.inventory.set_prerequisite)
-        self._watches = [Periodic("mps-watch", self.mps_watch_interval_s, mps),
-                         Periodic("node-prerequisites", self.prerequisite_interval_s, prerequisites.check)]
+        supervised = functools.partial(Periodic, on_failure=self.metrics.loop_failed, node=cfg.node_name)
+        self._watches = [supervised("mps-watch", self.mps_watch_interval_s, mps),
+                         supervised("node-prerequisites", self.prerequisite_interval_s, prerequisites.check)]
         for watch in self._watches:
             watch.start()
         if cfg.bind_time_validation and self.health_monitor is not None and self.kubelet.claims is not None:
@@ -332,7 +339,7 @@ class KubeletPlugin:
                                    core_api=PodEventsApi(self.api_client), proc_root=cfg.proc_root,
                                    node=cfg.node_name, pod_resources=self.pod_resources)
         if cfg.vram_interval > 0:
-            self.vram.start(cfg.vram_interval)
+            self._watches.append(self.vram.start(cfg.vram_interval, self.metrics.loop_failed))
 
     def _start_metrics(self) -> None:
         from kubelet_plugin.metrics.gpu_collector import GpuCollector

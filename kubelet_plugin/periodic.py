@@ -1,29 +1,103 @@
-"""A function run every few seconds on its own daemon thread until stopped (the node's watches)."""
+"""A function run every few seconds on its own daemon thread until stopped (the node's watches),
+supervised: an exception never ends the loop.
+
+Before, any exception ended the loop for good (the MPS daemon watch died on EMFILE with a raw
+traceback and never came back, and nothing noticed). Now each failure is one log event
+(``loop_failed``: the loop, the error, how many in a row, when it runs again), is counted
+(``on_failure``: the plugin's ``gpuready_plugin_loop_failures_total``), and the tick runs again after
+a back-off that doubles from :data:`FIRST_RETRY_S` up to the loop's own interval. The probes read
+the loop's state (:mod:`kubelet_plugin.liveness`):
+
+- :meth:`Periodic.failing`: the last :data:`NOT_READY_AFTER` ticks in a row failed; ``/readyz``
+  fails with the loop's name and its last error until a tick succeeds;
+- :meth:`Periodic.dead_threads`: the thread is gone (a ``BaseException`` got past the supervision)
+  or the loop has failed every tick for :data:`GIVE_UP_AFTER_S`; ``/healthz`` fails, so the kubelet
+  restarts the container (a process that cannot do the job for minutes is better started afresh: a
+  leaked descriptor or a wedged library goes with it).
+"""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
+
+from dra_driver.logs import get_logger
+
+log = get_logger(__name__)
+
+FIRST_RETRY_S = 1.0  # the first retry after a failure; it doubles up to the loop's interval
+NOT_READY_AFTER = 3  # failures in a row that make the plugin NotReady
+GIVE_UP_AFTER_S = 300.0  # failing this long without one success: /healthz fails, the kubelet restarts us
 
 
 class Periodic:
     """Calls ``tick`` every ``interval`` seconds on a thread named ``name``; :meth:`stop` ends it at
-    the next wake-up (the wait is an Event, so stopping never waits out an interval)."""
+    the next wake-up (the wait is an Event, so stopping never waits out an interval).
 
-    def __init__(self, name: str, interval: float, tick: Callable[[], None]) -> None:
+    ``on_failure(name)`` is called once per failed tick (a metric), never with the error itself.
+    """
+
+    def __init__(self, name: str, interval: float, tick: Callable[[], object],
+                 on_failure: Callable[[str], None] | None = None, node: str = "",
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.name = name
         self.interval = interval
         self.tick = tick
+        self.on_failure = on_failure or (lambda _name: None)
+        self._node = node or None
+        self._clock = clock
         self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.failures = 0  # failed ticks in a row (0 after a success)
+        self.last_error = ""
+        self._failing_since: float | None = None
 
     def start(self) -> None:
         """Start the thread."""
-        threading.Thread(target=self._run, name=self.name, daemon=True).start()
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
 
     def stop(self) -> None:
         """Stop at the next wake-up."""
         self._stop.set()
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+    def failing(self) -> str:
+        """Why this loop makes the plugin NotReady ("" when it does not)."""
+        if self.failures < NOT_READY_AFTER or self._stop.is_set():
+            return ""
+        return f"the {self.name} loop failed its last {self.failures} runs (last error: {self.last_error})"
+
+    def dead_threads(self) -> list[str]:
+        """``[name]`` when the loop can no longer do its job (the thread ended, or it has failed every
+        tick for :data:`GIVE_UP_AFTER_S`), else ``[]``. A stopped or never started loop is not dead."""
+        if self._thread is None or self._stop.is_set():
+            return []
+        since = self._failing_since
+        if not self._thread.is_alive() or (since is not None and self._clock() - since >= GIVE_UP_AFTER_S):
+            return [self.name]
+        return []
+
+    def run_once(self) -> float:
+        """One supervised tick; returns how long to wait before the next (the interval, or the back-off)."""
+        try:
             self.tick()
+        except Exception as exc:
+            self.failures += 1
+            self.last_error = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            if self._failing_since is None:
+                self._failing_since = self._clock()
+            retry = min(self.interval, FIRST_RETRY_S * 2 ** (self.failures - 1))
+            log.error("loop_failed", loop=self.name, node=self._node, error=self.last_error,
+                      failures_in_a_row=self.failures, retry_in_s=retry)
+            self.on_failure(self.name)
+            return retry
+        if self.failures:
+            log.info("loop_recovered", loop=self.name, node=self._node, after_failures=self.failures)
+        self.failures, self.last_error, self._failing_since = 0, "", None
+        return self.interval
+
+    def _run(self) -> None:
+        wait = self.interval
+        while not self._stop.wait(wait):
+            wait = self.run_once()

@@ -295,6 +295,14 @@ class NodeStatusReporter:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
+    def dead_threads(self) -> list[str]:
+        """The writer thread's name if it died while the reporter runs (``/healthz``: GPUReady and the
+        node's Events would never change again), else ``[]``."""
+        thread = self._thread
+        if thread is None or self._stop.is_set() or thread.is_alive():
+            return []
+        return [thread.name]
+
     def update(self, snapshot: HealthSnapshot) -> None:
         """Record a snapshot: never blocks on the API server (safe from the monitor's hot path)."""
         condition = gpu_ready_condition(snapshot)
