@@ -94,6 +94,7 @@ class KubeletPlugin:
     first_slice_wait_s = 1.0  # how long start-up defers its slow half to the first ResourceSlice
     mps_watch_interval_s = 30.0  # how often dead MPS daemons of prepared claims are looked for
     prerequisite_interval_s = 10.0  # how often the node's directories are checked again
+    rollback_retry_interval_s = 10.0  # how often claims a failed rollback left PrepareStarted are undone again
 
     def __init__(self, config: PluginConfig, api_client: Any, nvml: Any,
                  metrics: PluginMetrics | None = None) -> None:
@@ -127,7 +128,7 @@ class KubeletPlugin:
         self.pod_resources: PodResourcesCache | None = None  # the kubelet's PodResources API, cached
         self.vram: VramAccountant | None = None
         self.allocations: PluginAllocations | None = None
-        self._watches: list[Periodic] = []  # the supervised loops: MPS daemon watch, prerequisites, VRAM
+        self._watches: list[Periodic] = []  # the supervised loops: MPS daemon watch, prerequisites, rollbacks, VRAM
         self.bind_validator: BindTimeValidator | None = None
         self._metrics_server: Any = None
         # /healthz and /readyz on the metrics port (kubelet_plugin.liveness): DRA socket, every loop,
@@ -298,7 +299,7 @@ class KubeletPlugin:
                 "(docs/troubleshooting.md, section 8).")
 
     def _start_node_watches(self, preparer: Preparer) -> None:
-        """The MPS daemon watch, the prerequisite watch and per-claim VRAM accounting."""
+        """The MPS daemon watch, the prerequisite watch, the rollback watch and per-claim VRAM accounting."""
         from kubelet_plugin.metrics.plugin_allocations import PluginAllocations
         from kubelet_plugin.metrics.prepared_claims import PreparedClaims
         from kubelet_plugin.metrics.vram_accounting import VramAccountant
@@ -310,7 +311,8 @@ class KubeletPlugin:
                                           self.inventory.set_prerequisite)
         supervised = functools.partial(Periodic, on_failure=self.metrics.loop_failed, node=cfg.node_name)
         self._watches = [supervised("mps-watch", self.mps_watch_interval_s, mps),
-                         supervised("node-prerequisites", self.prerequisite_interval_s, prerequisites.check)]
+                         supervised("node-prerequisites", self.prerequisite_interval_s, prerequisites.check),
+                         supervised("rollback-retry", self.rollback_retry_interval_s, preparer.retry_rollbacks)]
         for watch in self._watches:
             watch.start()
         if cfg.bind_time_validation and self.health_monitor is not None and self.kubelet.claims is not None:

@@ -46,3 +46,13 @@ def set_read_only(directory: str, on: bool) -> None:
         subprocess.run(["mount", "-o", "remount,bind,ro", directory], check=True, capture_output=True)
     else:
         subprocess.run(["umount", directory], check=True, capture_output=True)
+
+
+@contextlib.contextmanager
+def read_only(directory: str) -> Iterator[None]:
+    """``directory`` read-only for the block."""
+    set_read_only(directory, True)
+    try:
+        yield
+    finally:
+        set_read_only(directory, False)

@@ -53,9 +53,13 @@ from kubelet_plugin.prepare.mig_instances import MigInstances, planned_mig
 from kubelet_plugin.prepare.mps_claims import check_claim, revive_claim, start_for_claim
 from kubelet_plugin.prepare.prepare_types import ClaimStatus, MigOps, PrepareSettings
 from kubelet_plugin.prepare.spec_recovery import claim_ref, mismatch_problem
-from kubelet_plugin.prepare.unpreparer import Unpreparer
+from kubelet_plugin.prepare.unpreparer import UndoIncomplete, Unpreparer
 
 log = get_logger(__name__)
+
+
+class RollbackPending(RuntimeError):
+    """Claims a failed rollback left half-prepared still cannot be undone (the message names them)."""
 
 
 class Preparer:
@@ -203,6 +207,36 @@ class Preparer:
         return {name: replace(d, mps_pipe_dir=started.pipe_dir, mps_shm_dir=started.shm_dir)
                 if d.uuid in started.device_uuids else d for name, d in cdi_devices.items()}
 
+    def retry_rollbacks(self) -> int:
+        """Undo every claim a failed rollback left ``PrepareStarted`` (the rollback watch, on a
+        :class:`~kubelet_plugin.periodic.Periodic`); how many were undone now.
+
+        A prepare holds its claim's lock until it has completed or rolled back, so a record still
+        ``PrepareStarted`` once the lock is free is one whose rollback failed (a read-only CDI
+        directory or checkpoint): its MPS daemon, MIG instances and spec must not outlive it unseen.
+        Raises :class:`RollbackPending` naming the claims still half-prepared, so the loop counts the
+        failure and ``/readyz`` names them after a few runs.
+        """
+        undone, pending = 0, []
+        for uid, seen in self.checkpoint.records().items():
+            if seen.state is not ClaimState.PREPARE_STARTED or seen.recovered:
+                continue
+            with self.claim_lock(uid):  # waits out a prepare of this claim in flight
+                record = self.checkpoint.get(uid)
+                if record is None or record.state is not ClaimState.PREPARE_STARTED or record.recovered:
+                    continue
+                try:
+                    self.undo(record)
+                except Exception as exc:
+                    pending.append(f"{claim_ref(record)}: {exc}")
+                    continue
+            undone += 1
+            log.info("claim_rollback_completed", claim_uid=uid, claim=claim_ref(record), node=self.settings.pool)
+        if pending:
+            raise RollbackPending(f"{len(pending)} claim(s) left half-prepared by a failed rollback: "
+                                  + "; ".join(pending[:3]))
+        return undone
+
     def revive_all_mps(self) -> int:
         """:meth:`revive_mps` for every recorded claim (start-up, and periodically: a rolling update's old
         instance takes the daemons it started along when its container stops); how many were restarted."""
@@ -301,9 +335,10 @@ class Preparer:
             current = self.checkpoint.get(plan.uid)
             try:
                 self.undo(current or record)
-            except Exception:
-                log.error("claim_prepare_rollback_failed", exc_info=True, claim_uid=plan.uid,
-                          claim=f"{plan.namespace}/{plan.name}", node=self.settings.pool)
+            except Exception as exc:  # the record stays PrepareStarted, seen by the rollback watch
+                log.error("claim_prepare_rollback_failed", exc_info=not isinstance(exc, (UndoIncomplete, OSError)),
+                          claim_uid=plan.uid, claim=f"{plan.namespace}/{plan.name}", node=self.settings.pool,
+                          error=str(exc), retried_by="the rollback watch, the kubelet's next prepare or an unprepare")
             raise
         if created:
             self.mig.write_status(plan, created)
