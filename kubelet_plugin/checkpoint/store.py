@@ -209,6 +209,7 @@ def decode(data: bytes) -> tuple[str, dict[str, ClaimRecord]]:
 
 __all__ = ["BOOT_ID_PATH", "CheckpointStore", "CheckpointWriteError", "read_boot_id"]
 
+CHECKPOINT_MODE = 0o600  # the records name every claim and its devices: root's alone
 READ_RETRIES = 3  # a file another instance left unreadable is read again this many times before salvage
 COMPACT_SLACK = 64 * 1024  # trailing padding tolerated before the file is rewritten at its real size
 # Spaces a file written by rename is given past its content, so the next few prepares (each adds a
@@ -277,12 +278,22 @@ class CheckpointStore:
                 return
             try:
                 self.file_boot_id, self._claims, self._extra = decode_full(data)
+                self._restrict()
                 self._signature = self._stat()
             except CheckpointCorrupt as exc:
                 self._claims = {}
                 self._quarantine(exc)
                 self.file_boot_id = exc.salvage.boot_id
                 self._write()
+
+    def _restrict(self) -> None:
+        """Make the file :data:`CHECKPOINT_MODE` (one an older plugin or an operator left wider)."""
+        try:
+            if os.stat(self.path).st_mode & 0o777 != CHECKPOINT_MODE:
+                os.chmod(self.path, CHECKPOINT_MODE)
+                log.warning("checkpoint_mode_restricted", path=self.path, node=self.node, mode=oct(CHECKPOINT_MODE))
+        except OSError as exc:  # read-only: /readyz says so (kubelet_plugin.self_checks)
+            log.warning("checkpoint_mode_not_restricted", path=self.path, node=self.node, error=str(exc))
 
     def _quarantine(self, exc: CheckpointCorrupt) -> None:
         """Move the bad file aside (kept for people) and take in what was salvaged from it.
@@ -406,7 +417,7 @@ class CheckpointStore:
         try:
             data = encode(self.boot_id, self._claims if claims is None else claims, self._encoded, self._extra)
             if not overwrite_in_place(self.path, data):
-                atomic_write(self.path, data + b" " * GROWTH_ROOM, mode=0o600)
+                atomic_write(self.path, data + b" " * GROWTH_ROOM, mode=CHECKPOINT_MODE)
         except BaseException:
             self.writes["error"] += 1
             raise

@@ -1,7 +1,8 @@
-"""Who may reach the plugin's sockets, and a plugin directory it cannot write.
+"""Who may reach the plugin's sockets and files, and a plugin directory it cannot write.
 
-The sockets' mode is set, not inherited from the umask: under umask 000 any local user could call
-prepare and unprepare. A read-only plugin directory at start is retried with the flag and the fix
+Modes are set, not inherited from the umask: under umask 000 any local user could call prepare and
+unprepare through the sockets. The checkpoint (every claim and its devices) is root's alone; CDI
+specs are 0644, what runtimes and operators' tools read (kubelet_plugin/cdi/spec_files.py says why). A read-only plugin directory at start is retried with the flag and the fix
 in the message; before, the retry's clean-up hit the same directory and the plugin crashed with a
 traceback.
 """
@@ -31,6 +32,27 @@ def test_both_sockets_are_0600_even_under_umask_000() -> None:
                 mode = os.stat(path).st_mode
                 assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600, (path, oct(mode))
             assert h.kubelet("open-umask").prepare([]) == {}  # the kubelet (root) still gets in
+    finally:
+        os.umask(old)
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o077])
+def test_the_checkpoint_is_0600_and_cdi_specs_0644_whatever_the_umask(umask: int) -> None:
+    old = os.umask(umask)
+    try:
+        with PluginHarness() as h:
+            plugin = h.start_plugin("modes", "sim:h100-80gb")
+            uid = h.create_claim("modes", [("gpu", "modes", "gpu-0")])
+            assert h.kubelet("modes").prepare([("default", "modes", uid)])[uid].ok
+            spec = os.path.join(h.node_dirs("modes").cdi, f"k8s.gpu.nvidia.com-claim_{uid}.json")
+            assert stat.S_IMODE(os.stat(spec).st_mode) == 0o644
+            assert stat.S_IMODE(os.stat(plugin.checkpoint.path).st_mode) == 0o600
+            # A checkpoint an older plugin or an operator left world-readable is restricted at start.
+            h.stop_plugin("modes")
+            os.chmod(plugin.checkpoint.path, 0o644)
+            restarted = h.start_plugin("modes", "sim:h100-80gb")
+            assert stat.S_IMODE(os.stat(restarted.checkpoint.path).st_mode) == 0o600
+            assert restarted.checkpoint.get(uid) is not None
     finally:
         os.umask(old)
 
