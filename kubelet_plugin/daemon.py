@@ -279,7 +279,9 @@ class KubeletPlugin:
                                        write_mig_status=cfg.write_mig_status, driver_root=cfg.driver_root), edits),
             self.checkpoint, self.kubelet.claim_reader(), self.inventory,
             mig=NvmlMigOps(self.nvml, on_change=self.inventory.stale.set, node=cfg.node_name)
-            if cfg.dynamic_mig else None)
+            if cfg.dynamic_mig else None,
+            on_double_booking=lambda message: emit_node_event(self.api_client, cfg.node_name,
+                                                              "DoubleBookingRefused", message))
         self.inventory.subscribe("driver reload", DriverReloadFollower(
             preparer, cfg.driver_root, cfg.cdi_driver_root, cfg.node_name,
             lambda reason, message, kind: emit_node_event(self.api_client, cfg.node_name, reason, message, kind)))

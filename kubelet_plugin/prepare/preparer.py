@@ -67,9 +67,13 @@ class Preparer:
 
     def __init__(self, settings: PrepareSettings, checkpoint: CheckpointStore, claim_status: ClaimStatus,
                  inventory: NodeInventory, mig: MigOps | None = None,
-                 on_change: Callable[[], None] | None = None, mps: MpsOps | None = None) -> None:
+                 on_change: Callable[[], None] | None = None, mps: MpsOps | None = None,
+                 on_double_booking: Callable[[str], None] | None = None) -> None:
         self.settings = settings
         self.checkpoint = checkpoint
+        # A refused double booking (a Node Event naming both claims), once per message.
+        self.on_double_booking = on_double_booking or (lambda message: None)
+        self._double_bookings: set[str] = set()
         # The node's view (its owner: what this node can prepare, and what it withholds now), read
         # once per claim: the view is immutable, so one claim sees one node throughout.
         self.inventory = inventory
@@ -141,6 +145,8 @@ class Preparer:
                     self.undo(stale)
                 return self._prepare_locked(plan)
         except PrepareError as exc:
+            if exc.reason == "device_in_use":
+                self._report_double_booking(f"ResourceClaim {namespace}/{name} ({uid}) refused: {exc}")
             return self._failed(ref, exc)
         except CheckpointWriteError as exc:  # nothing recorded (memory and disk as before): retryable
             return self._failed(ref, PrepareError("checkpoint_write_failed", f"ResourceClaim {namespace}/{name}: {exc}"))
@@ -148,6 +154,15 @@ class Preparer:
             log.error("claim_prepare_error", exc_info=True, claim_uid=uid, node=self.settings.pool)
             return ClaimOutcome(error=f"internal error preparing ResourceClaim {namespace}/{name}: {exc}",
                                 reason="internal")
+
+    def _report_double_booking(self, message: str) -> None:
+        """An Event for a refused double booking, once per message (the kubelet retries every few seconds)."""
+        if message in self._double_bookings:
+            return
+        if len(self._double_bookings) > 1000:
+            self._double_bookings.clear()
+        self._double_bookings.add(message)
+        self.on_double_booking(message)
 
     def _failed(self, ref: ClaimRef, exc: PrepareError) -> ClaimOutcome:
         log.warning("claim_prepare_failed", claim_uid=ref.uid, claim=f"{ref.namespace}/{ref.name}",
