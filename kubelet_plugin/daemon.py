@@ -275,7 +275,7 @@ class KubeletPlugin:
                                   self.inventory.current().devices.control_device_nodes, cfg.node_name)
         preparer = self.preparer = Preparer(
             with_edits(PrepareSettings(driver_name=cfg.driver_name, pool=cfg.node_name, cdi_root=cfg.cdi_root,
-                                       control_device_nodes=(), mps_root=cfg.mps_root,
+                                       control_device_nodes=(), mps_root=cfg.mps_root, mps_shm_size=cfg.mps_shm_size,
                                        write_mig_status=cfg.write_mig_status, driver_root=cfg.driver_root), edits),
             self.checkpoint, self.kubelet.claim_reader(), self.inventory,
             mig=NvmlMigOps(self.nvml, on_change=self.inventory.stale.set, node=cfg.node_name)

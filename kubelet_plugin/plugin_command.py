@@ -94,6 +94,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--mps-root", default=_env("MPS_ROOT", DEFAULT_MPS_ROOT),
       help="where MPS-shared claims' daemons keep pipes, logs and shared memory; every user must be able "
            "to reach it, since MPS runs each server as its pod's user (env MPS_ROOT)")
+    a("--mps-shm-size", default=_env("MPS_SHM_SIZE", "64Mi"),
+      help="size of each MPS claim's own /dev/shm, a tmpfs mounted for the claim and removed at unprepare "
+           "(a quantity such as 64Mi; 0: a plain directory under --mps-root with no limit of its own; needs a "
+           "privileged plugin, else it falls back to the directory with a warning) (env MPS_SHM_SIZE)")
     a("--driver-root", default=_env("NVIDIA_DRIVER_ROOT", "/"),
       help="where the NVIDIA driver files are: / or /run/nvidia/driver (env NVIDIA_DRIVER_ROOT)")
     a("--host-driver-root", default=_env("NVIDIA_DRIVER_ROOT_HOST", ""),
@@ -240,7 +244,20 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         hold_down=_number(args, "--hold-down"), proc_root=args.proc_root,
         vram_interval=_number(args, "--vram-interval"), dev_root=getattr(args, "dev_root", ""),
         pod_resources_socket=getattr(args, "pod_resources_socket", DEFAULT_POD_RESOURCES_SOCKET),
-        mps_root=getattr(args, "mps_root", DEFAULT_MPS_ROOT))
+        mps_root=getattr(args, "mps_root", DEFAULT_MPS_ROOT), mps_shm_size=_shm_size(getattr(args, "mps_shm_size", "64Mi")))
+
+
+def _shm_size(raw: str) -> int:
+    from dra_driver.quantity import parse_quantity
+
+    try:
+        size = parse_quantity(str(raw).strip())
+    except ValueError:
+        size = None
+    if size is None or size < 0 or size != int(size) or 0 < size < 1 << 20:
+        raise ValueError(f"--mps-shm-size (env MPS_SHM_SIZE) is {raw!r}: use a quantity of at least 1Mi such as "
+                         "64Mi, or 0 for a plain directory")
+    return int(size)
 
 
 def _port(port: int) -> int:

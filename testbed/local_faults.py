@@ -1,5 +1,6 @@
 """Local faults a node can have, made for real for a test: a file the plugin cannot write, a
-directory on a read-only mount. They need root (``chattr +i``, ``mount``): :func:`unavailable`
+directory on a read-only mount; and a shared mount (what a pod's ``mountPropagation: Bidirectional``
+volume is), where a mount the plugin makes reaches the host. They need root (``chattr +i``, ``mount``): :func:`unavailable`
 says why not, for a test to skip with.
 
 Root ignores a file's mode, so a read-only file is made immutable (``chattr +i``: every write,
@@ -56,3 +57,14 @@ def read_only(directory: str) -> Iterator[None]:
         yield
     finally:
         set_read_only(directory, False)
+
+
+@contextlib.contextmanager
+def shared_mount(directory: str) -> Iterator[None]:
+    """``directory`` on a shared bind mount of itself for the block (taken away lazily after)."""
+    subprocess.run(["mount", "--bind", directory, directory], check=True, capture_output=True)
+    try:
+        subprocess.run(["mount", "--make-shared", directory], check=True, capture_output=True)
+        yield
+    finally:
+        subprocess.run(["umount", "-l", directory], check=True, capture_output=True)

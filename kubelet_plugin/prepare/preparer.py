@@ -86,7 +86,8 @@ class Preparer:
         self.unpreparer = Unpreparer(settings, checkpoint, self.locks.hold, self.locks.lock_dir, self.mig, mps or MpsControl(MpsControlSettings(
             binary=settings.mps_control,
             driver_root=settings.driver_root or os.environ.get("NVIDIA_DRIVER_ROOT", "") or "/",
-            start_timeout=settings.mps_start_timeout, node=settings.pool)), self.mps_base, self.on_change)
+            start_timeout=settings.mps_start_timeout, node=settings.pool, shm_size=settings.mps_shm_size)),
+            self.mps_base, self.on_change)
         self._mps_private_shm = (settings.mps_private_shm if settings.mps_private_shm is not None
                                  else private_shm_default())
 
