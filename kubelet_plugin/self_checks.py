@@ -53,15 +53,25 @@ def fd_problem(usage: FdUsage, reserve: int = FD_RESERVE) -> str:
 
 
 def fd_usage(fd_dir: str = "/proc/self/fd") -> FdUsage:
-    """This process's open descriptors and soft limit."""
-    return FdUsage(len(os.listdir(fd_dir)), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    """This process's open descriptors and soft limit (every one in use when not even the listing
+    can get a descriptor)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    try:
+        return FdUsage(len(os.listdir(fd_dir)), soft)
+    except OSError as exc:
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            return FdUsage(soft, soft)
+        raise
 
 
 def checkpoint_problem(path: str) -> str:
     """Why the checkpoint file cannot be written now ("" when it can, or when it does not exist yet:
     its directory is the prerequisite watch's)."""
     if os.path.exists(path) and not os.access(path, os.W_OK):
-        code = errno.EROFS if os.statvfs(path).f_flag & os.ST_RDONLY else errno.EPERM
+        try:
+            code = errno.EROFS if os.statvfs(path).f_flag & os.ST_RDONLY else errno.EPERM
+        except OSError:  # gone meanwhile: nothing to say
+            return ""
         return (f"the checkpoint {path} cannot be written ({os.strerror(code)}): every prepare would fail; make "
                 f"it writable again (chattr -i, chmod 600, or remount {os.path.dirname(path)} read-write; "
                 "--plugin-dir)")
