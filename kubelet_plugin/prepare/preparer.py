@@ -74,6 +74,7 @@ class Preparer:
         # A refused double booking (a Node Event naming both claims), once per message.
         self.on_double_booking = on_double_booking or (lambda message: None)
         self._double_bookings: set[str] = set()
+        self._rollback_suspects: set[str] = set()  # PrepareStarted at the rollback watch's last run
         # The node's view (its owner: what this node can prepare, and what it withholds now), read
         # once per claim: the view is immutable, so one claim sees one node throughout.
         self.inventory = inventory
@@ -230,14 +231,18 @@ class Preparer:
         A prepare holds its claim's lock until it has completed or rolled back, so a record still
         ``PrepareStarted`` once the lock is free is one whose rollback failed (a read-only CDI
         directory or checkpoint): its MPS daemon, MIG instances and spec must not outlive it unseen.
+        Only records already ``PrepareStarted`` at the previous run are looked at: a burst of
+        prepares in flight never meets this loop on their claim locks (with it in the way, the 50
+        prepares at once of benchmarks/bench_prepare.py took 234-375 ms each, 152-210 ms without).
         Raises :class:`RollbackPending` naming the claims still half-prepared, so the loop counts the
         failure and ``/readyz`` names them after a few runs.
         """
+        started = {uid for uid, seen in self.checkpoint.records().items()
+                   if seen.state is ClaimState.PREPARE_STARTED and not seen.recovered}
+        suspects, self._rollback_suspects = started & self._rollback_suspects, started
         undone, pending = 0, []
-        for uid, seen in self.checkpoint.records().items():
-            if seen.state is not ClaimState.PREPARE_STARTED or seen.recovered:
-                continue
-            with self.claim_lock(uid):  # waits out a prepare of this claim in flight
+        for uid in sorted(suspects):
+            with self.claim_lock(uid):  # waits out a prepare of this claim still in flight
                 record = self.checkpoint.get(uid)
                 if record is None or record.state is not ClaimState.PREPARE_STARTED or record.recovered:
                     continue
