@@ -22,9 +22,10 @@ synchronous server woke every 200 ms), where the only plugin code is the health 
 the next change (coroutines: an open stream holds no thread). The health monitor, the inventory's
 refresh thread (a dynamic MIG change re-reads the node off the prepare path), the slice publisher,
 the claim prefetch (a watch of this node's pods), bind-time validation (a watch of claims and a few
-check workers), the VRAM accounting check, the MPS daemon watch, the prerequisite watch and the
-registration retry timer run their own daemon threads; /metrics scrapes run on the metrics server's
-thread. Shared state is guarded by locks: per-claim locks plus the checkpoint lock in the preparer,
+check workers), the VRAM accounting check, the MPS daemon watch, the prerequisite watch, the
+rollback watch and the registration retry timer run their own daemon threads (the four watches
+supervised: :mod:`kubelet_plugin.periodic`); /metrics scrapes and the probes' self-checks run on
+the metrics server's threads. Shared state is guarded by locks: per-claim locks plus the checkpoint lock in the preparer,
 the fan-out's delivery lock (health snapshots one at a time, newest last), the pool's publish lock,
 and the inventory's lock (one re-read of the node at a time; the view is immutable and swapped whole,
 so readers take no lock). Nothing blocks while holding a lock except the checkpoint write (a small
