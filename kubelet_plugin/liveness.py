@@ -6,7 +6,9 @@ on the v1 service, which prepares nothing and answers at once, through the same 
 dials) and every background loop is alive: the health monitor's, the slice publisher's, the
 inventory's refresh thread, the GPUReady writer and the supervised loops
 (:class:`kubelet_plugin.periodic.Periodic`: the MPS daemon watch, the prerequisite watch, VRAM
-accounting), which count as dead once they have failed every run for minutes. A wedged server, an
+accounting, the rollback watch), dead when their thread ended (one failing run after run is
+retried and makes the plugin NotReady instead: a restart cures neither a read-only directory nor an
+API server that is down). A wedged server, an
 exhausted worker pool or a dead loop fail it with a one-line reason; the kubelet restarts the
 container after a few failures. It never touches NVML or the API server: a hung GPU is the
 health monitor's business (the device is withdrawn), and a slow API server must not get every

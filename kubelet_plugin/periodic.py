@@ -10,16 +10,15 @@ the loop's state (:mod:`kubelet_plugin.liveness`):
 
 - :meth:`Periodic.failing`: the last :data:`NOT_READY_AFTER` ticks in a row failed; ``/readyz``
   fails with the loop's name and its last error until a tick succeeds;
-- :meth:`Periodic.dead_threads`: the thread is gone (a ``BaseException`` got past the supervision)
-  or the loop has failed every tick for :data:`GIVE_UP_AFTER_S`; ``/healthz`` fails, so the kubelet
-  restarts the container (a process that cannot do the job for minutes is better started afresh: a
-  leaked descriptor or a wedged library goes with it).
+- :meth:`Periodic.dead_threads`: the thread is gone (a ``BaseException`` got past the supervision),
+  so the loop cannot be restarted: ``/healthz`` fails and the kubelet restarts the container. A loop
+  that keeps failing is not dead: what makes it fail (a read-only directory, an API server down) is
+  not cured by a restart, and restarting every node's plugin over it would be a crash loop.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 
 from dra_driver.logs import get_logger
@@ -28,7 +27,6 @@ log = get_logger(__name__)
 
 FIRST_RETRY_S = 1.0  # the first retry after a failure; it doubles up to the loop's interval
 NOT_READY_AFTER = 3  # failures in a row that make the plugin NotReady
-GIVE_UP_AFTER_S = 300.0  # failing this long without one success: /healthz fails, the kubelet restarts us
 
 
 class Periodic:
@@ -39,19 +37,16 @@ class Periodic:
     """
 
     def __init__(self, name: str, interval: float, tick: Callable[[], object],
-                 on_failure: Callable[[str], None] | None = None, node: str = "",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 on_failure: Callable[[str], None] | None = None, node: str = "") -> None:
         self.name = name
         self.interval = interval
         self.tick = tick
         self.on_failure = on_failure or (lambda _name: None)
         self._node = node or None
-        self._clock = clock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.failures = 0  # failed ticks in a row (0 after a success)
         self.last_error = ""
-        self._failing_since: float | None = None
 
     def start(self) -> None:
         """Start the thread."""
@@ -69,14 +64,11 @@ class Periodic:
         return f"the {self.name} loop failed its last {self.failures} runs (last error: {self.last_error})"
 
     def dead_threads(self) -> list[str]:
-        """``[name]`` when the loop can no longer do its job (the thread ended, or it has failed every
-        tick for :data:`GIVE_UP_AFTER_S`), else ``[]``. A stopped or never started loop is not dead."""
-        if self._thread is None or self._stop.is_set():
+        """``[name]`` when the loop's thread ended (it cannot be restarted), else ``[]``. A stopped or
+        never started loop is not dead."""
+        if self._thread is None or self._stop.is_set() or self._thread.is_alive():
             return []
-        since = self._failing_since
-        if not self._thread.is_alive() or (since is not None and self._clock() - since >= GIVE_UP_AFTER_S):
-            return [self.name]
-        return []
+        return [self.name]
 
     def run_once(self) -> float:
         """One supervised tick; returns how long to wait before the next (the interval, or the back-off)."""
@@ -85,8 +77,6 @@ class Periodic:
         except Exception as exc:
             self.failures += 1
             self.last_error = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-            if self._failing_since is None:
-                self._failing_since = self._clock()
             retry = min(self.interval, FIRST_RETRY_S * 2 ** (self.failures - 1))
             log.error("loop_failed", loop=self.name, node=self._node, error=self.last_error,
                       failures_in_a_row=self.failures, retry_in_s=retry)
@@ -94,7 +84,7 @@ class Periodic:
             return retry
         if self.failures:
             log.info("loop_recovered", loop=self.name, node=self._node, after_failures=self.failures)
-        self.failures, self.last_error, self._failing_since = 0, "", None
+        self.failures, self.last_error = 0, ""
         return self.interval
 
     def _run(self) -> None:

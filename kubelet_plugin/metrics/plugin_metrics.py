@@ -131,7 +131,7 @@ class PluginMetrics(MetricSet):
     loop_failures = CounterFamily(
         "gpuready_plugin_loop_failures",
         "Failed runs of the plugin's supervised background loops, by loop (each is retried with back-off; "
-        "three in a row make /readyz fail, five minutes of failures /healthz).", ("node", "loop"))
+        "three in a row make /readyz fail until one succeeds).", ("node", "loop"))
     xid_errors = CounterFamily(
         "gpuready_xid_errors", "XID errors seen per device, by XID and the action taken (withdraw or ignore).",
         ("node", "device", "xid", "action"))
