@@ -9,7 +9,9 @@ a back-off that doubles from :data:`FIRST_RETRY_S` up to the loop's own interval
 the loop's state (:mod:`kubelet_plugin.liveness`):
 
 - :meth:`Periodic.failing`: the last :data:`NOT_READY_AFTER` ticks in a row failed; ``/readyz``
-  fails with the loop's name and its last error until a tick succeeds;
+  fails with the loop's name and its last error until a tick succeeds (only for loops a prepare
+  depends on, ``gates_readiness``: VRAM accounting failing while the API server is down must not
+  make every node's plugin unready);
 - :meth:`Periodic.dead_threads`: the thread is gone (a ``BaseException`` got past the supervision),
   so the loop cannot be restarted: ``/healthz`` fails and the kubelet restarts the container. A loop
   that keeps failing is not dead: what makes it fail (a read-only directory, an API server down) is
@@ -37,8 +39,10 @@ class Periodic:
     """
 
     def __init__(self, name: str, interval: float, tick: Callable[[], object],
-                 on_failure: Callable[[str], None] | None = None, node: str = "") -> None:
+                 on_failure: Callable[[str], None] | None = None, node: str = "",
+                 gates_readiness: bool = True) -> None:
         self.name = name
+        self.gates_readiness = gates_readiness
         self.interval = interval
         self.tick = tick
         self.on_failure = on_failure or (lambda _name: None)
@@ -59,7 +63,7 @@ class Periodic:
 
     def failing(self) -> str:
         """Why this loop makes the plugin NotReady ("" when it does not)."""
-        if self.failures < NOT_READY_AFTER or self._stop.is_set():
+        if self.failures < NOT_READY_AFTER or self._stop.is_set() or not self.gates_readiness:
             return ""
         return f"the {self.name} loop failed its last {self.failures} runs (last error: {self.last_error})"
 

@@ -350,7 +350,9 @@ class VramAccountant:
     # --- running ------------------------------------------------------------------------------
     def start(self, interval_s: float = 15.0, on_failure: Callable[[str], None] | None = None) -> Periodic:
         """Check every ``interval_s`` seconds on a supervised daemon thread until :meth:`stop`."""
-        self._loop = Periodic("vram-accounting", interval_s, self.check, on_failure, self._node or "")
+        # Metrics only: a failing check (the API server down) is counted and logged, never NotReady.
+        self._loop = Periodic("vram-accounting", interval_s, self.check, on_failure, self._node or "",
+                              gates_readiness=False)
         self._loop.start()
         return self._loop
 

@@ -53,6 +53,10 @@ def test_three_failures_in_a_row_make_it_not_ready_and_a_success_ready_again() -
                               "(last error: OSError: [Errno 24] Too many open files)")
     loop.run_once()
     assert loop.failing() == ""
+    metrics_only = Periodic("vram-accounting", 15.0, Flaky(5), gates_readiness=False)
+    for _ in range(5):
+        metrics_only.run_once()
+    assert metrics_only.failures == 5 and metrics_only.failing() == ""  # counted, never NotReady
 
 
 def test_the_loop_keeps_running_after_an_exception_on_its_thread() -> None:
