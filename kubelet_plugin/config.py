@@ -12,6 +12,7 @@ DEFAULT_PLUGINS_ROOT = "/var/lib/kubelet/plugins"
 DEFAULT_CDI_ROOT = "/var/run/cdi"
 # Not under the kubelet's 0750 root: MPS servers run as pods' users and must reach their pipe directories.
 DEFAULT_MPS_ROOT = "/run/gpuready/mps"
+DEFAULT_MPS_SHM_SIZE = 64 << 20
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
@@ -73,6 +74,9 @@ class PluginConfig:
     heartbeat_interval: float = 2.0
     heartbeat_threshold: float = 5.0
     pod_name: str = ""  # this instance's pod (the heartbeat's holder identity and its Lease's owner)
+    # Bytes of each MPS claim's own /dev/shm tmpfs (0: a plain directory, no limit of its own). 64 MiB
+    # is what a container's /dev/shm has by default; the MPS server's own segments are far smaller.
+    mps_shm_size: int = DEFAULT_MPS_SHM_SIZE
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -16,21 +16,18 @@ synchronous server woke every 200 ms), where the only plugin code is the health 
 the next change (coroutines: an open stream holds no thread). The health monitor, the inventory's
 refresh thread (a dynamic MIG change re-reads the node off the prepare path), the slice publisher,
 the claim prefetch (a watch of this node's pods), bind-time validation (a watch of claims and a few
-check workers), the VRAM accounting check, the MPS daemon watch, the prerequisite watch and the
-registration retry timer run their own daemon threads; /metrics scrapes run on the metrics server's
-thread. Shared state is guarded by locks: per-claim locks plus the checkpoint lock in the preparer,
+check workers), the VRAM accounting check, the MPS daemon watch, the prerequisite watch, the
+rollback watch and the registration retry timer run their own daemon threads (the four watches
+supervised: :mod:`kubelet_plugin.periodic`); /metrics scrapes and the probes' self-checks run on
+the metrics server's threads. Shared state is guarded by locks: per-claim locks plus the checkpoint lock in the preparer,
 the fan-out's delivery lock (health snapshots one at a time, newest last), the pool's publish lock,
 and the inventory's lock (one re-read of the node at a time; the view is immutable and swapped whole,
 so readers take no lock). Nothing blocks while holding a lock except the checkpoint write (a small
 file) and the inventory's re-read (NVML, milliseconds).
 
-Start order (:meth:`KubeletPlugin.start`; docs/architecture.md, "What does a plugin restart or rolling
-update do to the pool?"): the node's directories -> the node read -> health (probes run from here on;
-snapshots wait in the fan-out) -> is this node's pool already published (a restart holds it until
-validated) -> the slice publisher (gated on the kubelet's registration) and GPUReady -> the checkpoint
-(a corrupt one quarantined) and its recovery -> the DRA socket, then registration -> at most a second
-for the first slice -> node watches, metrics, the heartbeat. :meth:`stop` hands the heartbeat over and
-removes this instance's sockets only (another instance may run during a rolling update).
+Start order: :meth:`KubeletPlugin.start`, each step saying why (docs/architecture.md, "What does a
+plugin restart or rolling update do to the pool?"). :meth:`stop` hands the heartbeat over and removes
+this instance's sockets only (another instance may run during a rolling update).
 
 Several plugins can run in one process (one per simulated node): nothing here is global.
 """
@@ -46,7 +43,7 @@ from dra_driver.logs import get_logger
 from kubelet_plugin.checkpoint.boot_id import read_boot_id
 from kubelet_plugin.config import PluginConfig
 from kubelet_plugin.health.kubelet_health import KubeletHealthFeed
-from kubelet_plugin.health.mig_probe import destroy_leftover_probe_instances
+from kubelet_plugin.health.mig_probe import open_probe_journal
 from kubelet_plugin.health_fanout import HealthFanout
 from kubelet_plugin.inventory import NodeInventory
 from kubelet_plugin.kubelet.helper import KubeletHelper, KubeletSettings
@@ -60,8 +57,8 @@ from kubelet_plugin.node_prerequisites import (
     ensure_directories,
     node_directories,
 )
-from kubelet_plugin.nvml.mig_lifecycle import mig_gate
 from kubelet_plugin.periodic import Periodic
+from kubelet_plugin.self_checks import PrepareReadiness
 
 if TYPE_CHECKING:
     from kubelet_plugin.bind_validation import BindTimeValidator
@@ -85,6 +82,7 @@ class KubeletPlugin:
     first_slice_wait_s = 1.0  # how long start-up defers its slow half to the first ResourceSlice
     mps_watch_interval_s = 30.0  # how often dead MPS daemons of prepared claims are looked for
     prerequisite_interval_s = 10.0  # how often the node's directories are checked again
+    rollback_retry_interval_s = 10.0  # how often claims a failed rollback left PrepareStarted are undone again
 
     def __init__(self, config: PluginConfig, api_client: Any, nvml: Any,
                  metrics: PluginMetrics | None = None) -> None:
@@ -118,12 +116,17 @@ class KubeletPlugin:
         self.pod_resources: PodResourcesCache | None = None  # the kubelet's PodResources API, cached
         self.vram: VramAccountant | None = None
         self.allocations: PluginAllocations | None = None
-        self._watches: list[Periodic] = []  # the MPS daemon watch and the prerequisite watch
+        self._watches: list[Periodic] = []  # the supervised loops: MPS daemon watch, prerequisites, rollbacks, VRAM
         self.bind_validator: BindTimeValidator | None = None
         self._metrics_server: Any = None
         self.heartbeat: HeartbeatRenewer | None = None  # the node's heartbeat Lease, once the plugin serves
-        # /healthz and /readyz on the metrics port (kubelet_plugin.liveness): DRA socket, loops, registration.
-        self.probes = PluginProbes(self.kubelet, lambda: self.health_monitor, node=config.node_name)
+        # /healthz, /readyz (kubelet_plugin.liveness): the DRA socket, every loop, registration, and
+        # whether a prepare could succeed now (kubelet_plugin.self_checks).
+        inventory = self.inventory
+        self.probes = PluginProbes(
+            self.kubelet, lambda: (self.health_monitor, inventory, self.node_status, *self._watches),
+            PrepareReadiness(config.checkpoint_path, config.cdi_root, lambda: inventory.current().prerequisite,
+                             lambda: self._watches), node=config.node_name)
         self._directories = node_directories(config)
 
     @property
@@ -155,13 +158,8 @@ class KubeletPlugin:
         self.inventory.set_prerequisite(problem)
         log.info("devices_discovered", node=cfg.node_name, gpus=len(view.devices.gpus),
                  preparable=len(view.index), mig_mode=cfg.mig_mode)
-        if cfg.dynamic_mig:
-            # Temporary probe instances are journalled here; a plugin killed mid-probe left its
-            # instance behind, which would pass for a claim's and block prepares on that GPU.
-            journal = os.path.join(cfg.plugin_data_dir, "probe-instances")
-            mig_gate(self.nvml).journal_dir = journal
-            if destroy_leftover_probe_instances(self.nvml, journal, cfg.node_name):
-                self.inventory.refresh()
+        if cfg.dynamic_mig and open_probe_journal(self.nvml, cfg.plugin_data_dir, cfg.node_name):
+            self.inventory.refresh()  # a killed plugin's temporary probe instance was destroyed
         self.inventory.start()
         # Validation first (the probes are the slowest step before a device may be published). A pool
         # already published (a restart, a rolling update) is kept as it is until every device has a
@@ -177,13 +175,11 @@ class KubeletPlugin:
             self.node_status.start()
         assert self.fanout.source is not None
         self.fanout.deliver_current(self.fanout.source)  # the health known now, to every reporter
-        # Registration comes before the first slice (a pod bound before it fails and backs off ~10 s),
-        # and the kubelet's plugin manager looks for new sockets once a second: serve and register as
-        # early as prepare can be answered, while the probes run.
+        # Registration comes before the first slice (a pod bound before it backs off ~10 s): serve and
+        # register as early as prepare can be answered, while the probes run.
         preparer = self._start_preparer()
         self.kubelet.serve(preparer, self.metrics)
-        # The first publish gets the CPU: the rest of start-up, and its imports (metrics collectors,
-        # node watches), waits for it, at most a second.
+        # The first publish gets the CPU: the rest of start-up waits for it, at most a second.
         self.kubelet.publisher.wait_first_pass(self.first_slice_wait_s)
         self._start_node_watches(preparer)
         self._start_metrics()
@@ -263,11 +259,13 @@ class KubeletPlugin:
                                   self.inventory.current().devices.control_device_nodes, cfg.node_name)
         preparer = self.preparer = Preparer(
             with_edits(PrepareSettings(driver_name=cfg.driver_name, pool=cfg.node_name, cdi_root=cfg.cdi_root,
-                                       control_device_nodes=(), mps_root=cfg.mps_root,
+                                       control_device_nodes=(), mps_root=cfg.mps_root, mps_shm_size=cfg.mps_shm_size,
                                        write_mig_status=cfg.write_mig_status, driver_root=cfg.driver_root), edits),
             self.checkpoint, self.kubelet.claim_reader(), self.inventory,
             mig=NvmlMigOps(self.nvml, on_change=self.inventory.stale.set, node=cfg.node_name)
-            if cfg.dynamic_mig else None)
+            if cfg.dynamic_mig else None,
+            on_double_booking=lambda message: emit_node_event(self.api_client, cfg.node_name,
+                                                              "DoubleBookingRefused", message))
         self.inventory.subscribe("driver reload", DriverReloadFollower(
             preparer, cfg.driver_root, cfg.cdi_driver_root, cfg.node_name,
             lambda reason, message, kind: emit_node_event(self.api_client, cfg.node_name, reason, message, kind)))
@@ -276,7 +274,7 @@ class KubeletPlugin:
         return preparer
 
     def _start_node_watches(self, preparer: Preparer) -> None:
-        """The MPS daemon watch, the prerequisite watch and per-claim VRAM accounting."""
+        """The MPS daemon watch, the prerequisite watch, the rollback watch and per-claim VRAM accounting."""
         from kubelet_plugin.metrics.plugin_allocations import PluginAllocations
         from kubelet_plugin.metrics.prepared_claims import PreparedClaims
         from kubelet_plugin.metrics.vram_accounting import VramAccountant
@@ -286,8 +284,10 @@ class KubeletPlugin:
         mps = functools.partial(revive_dead_daemons, self.checkpoint, preparer.revive_all_mps)
         prerequisites = PrerequisiteWatch(self._directories, self.inventory.current().prerequisite,
                                           self.inventory.set_prerequisite)
-        self._watches = [Periodic("mps-watch", self.mps_watch_interval_s, mps),
-                         Periodic("node-prerequisites", self.prerequisite_interval_s, prerequisites.check)]
+        supervised = functools.partial(Periodic, on_failure=self.metrics.loop_failed, node=cfg.node_name)
+        self._watches = [supervised("mps-watch", self.mps_watch_interval_s, mps),
+                         supervised("node-prerequisites", self.prerequisite_interval_s, prerequisites.check),
+                         supervised("rollback-retry", self.rollback_retry_interval_s, preparer.retry_rollbacks)]
         for watch in self._watches:
             watch.start()
         if cfg.bind_time_validation and self.health_monitor is not None and self.kubelet.claims is not None:
@@ -314,7 +314,7 @@ class KubeletPlugin:
                                    core_api=PodEventsApi(self.api_client), proc_root=cfg.proc_root,
                                    node=cfg.node_name, pod_resources=self.pod_resources)
         if cfg.vram_interval > 0:
-            self.vram.start(cfg.vram_interval)
+            self._watches.append(self.vram.start(cfg.vram_interval, self.metrics.loop_failed))
 
     def _start_heartbeat(self) -> None:
         """Renew the node's heartbeat Lease (the controller's sign that this node's plugin is alive) from

@@ -184,9 +184,13 @@ class NodeInventory:
         if self._thread is not None:
             self._thread.join(timeout=5.0)
 
-    def alive(self) -> bool:
-        """Whether the refresh thread runs (``/healthz``); True when it was never started."""
-        return self._thread is None or self._stop.is_set() or self._thread.is_alive()
+    def dead_threads(self) -> list[str]:
+        """The refresh thread's name if it died while the inventory runs (``/healthz``: a dynamic MIG
+        change would never be read again), else ``[]``; never started or stopped is not dead."""
+        thread = self._thread
+        if thread is None or self._stop.is_set() or thread.is_alive():
+            return []
+        return [thread.name]
 
     def _refresh_loop(self) -> None:
         failures = 0

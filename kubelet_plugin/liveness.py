@@ -3,16 +3,24 @@
 ``/healthz`` answers one question: would restarting this process help? It is 200 only when the
 plugin's own DRA gRPC service answers over its real Unix socket (an empty ``NodePrepareResources``
 on the v1 service, which prepares nothing and answers at once, through the same socket the kubelet
-dials) and the background loops that must run (health monitor, slice publisher) are alive. A wedged
-server, an exhausted worker pool or a dead loop fail it with a one-line reason; the kubelet restarts
-the container after a few failures. It never touches NVML or the API server: a hung GPU is the
+dials) and every background loop is alive: the health monitor's, the slice publisher's, the
+inventory's refresh thread, the GPUReady writer and the supervised loops
+(:class:`kubelet_plugin.periodic.Periodic`: the MPS daemon watch, the prerequisite watch, VRAM
+accounting, the rollback watch), dead when their thread ended (one failing run after run is
+retried and makes the plugin NotReady instead: a restart cures neither a read-only directory nor an
+API server that is down). A wedged server, an
+exhausted worker pool or a dead loop fail it with a one-line reason; the kubelet restarts the
+container after a few failures. It never touches NVML or the API server: a hung GPU is the
 health monitor's business (the device is withdrawn), and a slow API server must not get every
 node's plugin killed at once. The answer is cached for ``cache_s`` so a burst of probes (startup,
 liveness and readiness together) costs one gRPC call.
 
 ``/readyz``: the kubelet can use this instance: it is live, the kubelet accepted its registration
-(``NotifyRegistrationStatus``), and the first ResourceSlice publish reached the API server, so the
-scheduler sees this node's devices. During a rolling update (``maxSurge``) the old pod is removed
+(``NotifyRegistrationStatus``), the first ResourceSlice publish reached the API server, so the
+scheduler sees this node's devices, and a prepare could succeed now
+(:class:`kubelet_plugin.self_checks.PrepareReadiness`: directories and checkpoint writable, room on
+disk, file descriptors to spare, no supervised loop failing run after run). Those checks are cached
+with the liveness answer, so a prepare never waits for them. During a rolling update (``maxSurge``) the old pod is removed
 only once the new one is ready, which is what makes the hand-over gap-free.
 
 Both run on the metrics server's request threads and only read state (Events, thread handles,
@@ -23,8 +31,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Protocol
 
 from dra_driver.logs import get_logger
 
@@ -119,21 +127,35 @@ def publish_problem(publisher: SlicePublisher | None) -> str:
         f" (last error: {' '.join(stats.last_error.split())[:200]})" if stats.last_error else "")
 
 
-class PluginProbes:
-    """The ``health`` callable for :func:`kubelet_plugin.metrics.serve_metrics`: path -> (status, reason)."""
+class Loop(Protocol):
+    """A background loop /healthz watches: the names of its threads that died (``[]`` when alive)."""
 
-    def __init__(self, kubelet: ProbedKubeletSide, health_monitor: Callable[[], Any],
+    def dead_threads(self) -> list[str]: ...
+
+
+class PluginProbes:
+    """The ``health`` callable for :func:`kubelet_plugin.metrics.serve_metrics`: path -> (status, reason).
+
+    ``loops()``: every background loop running now (None for one not started); ``can_prepare()``:
+    why a prepare would fail now ("" when it would not; :class:`~kubelet_plugin.self_checks.PrepareReadiness`).
+    """
+
+    def __init__(self, kubelet: ProbedKubeletSide, loops: Callable[[], Iterable[Loop | None]],
+                 can_prepare: Callable[[], str] = lambda: "",
                  timeout_s: float = DEFAULT_TIMEOUT_S, cache_s: float = DEFAULT_CACHE_S,
                  clock: Callable[[], float] = time.monotonic, node: str = "") -> None:
         self.kubelet = kubelet
-        self.health_monitor = health_monitor  # the HealthMonitor (has dead_threads()) or None
+        self.loops = loops
+        self.can_prepare = can_prepare
         self.cache_s = cache_s
         self.dra = DraSocketCheck(kubelet.paths.dra, timeout_s)
         self._clock = clock
         self._node = node or None
         self._lock = threading.Lock()  # one check at a time: a burst waits for it and reads its answer
         self._cached: tuple[float, str] | None = None
+        self._cached_prepare: tuple[float, str] | None = None
         self._last_problem: str | None = None  # what was last logged ("" = healthy)
+        self._last_prepare_problem = ""
 
     def __call__(self, path: str) -> tuple[int, str]:
         """Answer ``/healthz`` or ``/readyz``: 200 with "ok...", else 503 with the reason."""
@@ -157,10 +179,27 @@ class PluginProbes:
             return problem
 
     def readiness_problem(self) -> str:
-        """Why /readyz fails ("" when ready): not live, not registered, or slices not published yet."""
+        """Why /readyz fails ("" when ready): not live, not registered, slices not published yet, or
+        a prepare could not succeed now."""
         problems = [self.liveness_problem(), registration_problem(self.kubelet.registration),
-                    publish_problem(self.kubelet.publisher)]
+                    publish_problem(self.kubelet.publisher), self.prepare_problem()]
         return "; ".join(p for p in problems if p)
+
+    def prepare_problem(self) -> str:
+        """Why a prepare would fail now ("" when it would not); cached for ``cache_s``, logged on change."""
+        with self._lock:
+            now = self._clock()
+            if self._cached_prepare is not None and now - self._cached_prepare[0] < self.cache_s:
+                return self._cached_prepare[1]
+            problem = self.can_prepare()
+            self._cached_prepare = (self._clock(), problem)
+            if problem != self._last_prepare_problem:
+                if problem:
+                    log.error("plugin_not_ready", node=self._node, reason=problem)
+                else:
+                    log.info("plugin_ready_again", node=self._node)
+                self._last_prepare_problem = problem
+            return problem
 
     def close(self) -> None:
         """Close the probe's gRPC channel."""
@@ -169,7 +208,7 @@ class PluginProbes:
 
     def _check_live(self) -> str:
         dead: list[str] = []
-        for part in (self.health_monitor(), self.kubelet.publisher):
+        for part in (*self.loops(), self.kubelet.publisher):
             if part is not None:
                 dead.extend(part.dead_threads())
         if dead:

@@ -11,6 +11,7 @@ import threading
 from typing import Any
 
 from dra_driver.devices import NodeDevices
+from dra_driver.fd_budget import raise_nofile_limit
 from dra_driver.logs import get_logger, set_process_fields
 from dra_driver.slices.shared_gpus import SharedGpuNames, check_shared_gpu_names
 from kubelet_plugin.config import (
@@ -96,6 +97,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--mps-root", default=_env("MPS_ROOT", DEFAULT_MPS_ROOT),
       help="where MPS-shared claims' daemons keep pipes, logs and shared memory; every user must be able "
            "to reach it, since MPS runs each server as its pod's user (env MPS_ROOT)")
+    a("--mps-shm-size", default=_env("MPS_SHM_SIZE", "64Mi"),
+      help="size of each MPS claim's own /dev/shm, a tmpfs mounted for the claim and removed at unprepare "
+           "(a quantity such as 64Mi; 0: a plain directory under --mps-root with no limit of its own; needs a "
+           "privileged plugin, else it falls back to the directory with a warning) (env MPS_SHM_SIZE)")
     a("--driver-root", default=_env("NVIDIA_DRIVER_ROOT", "/"),
       help="where the NVIDIA driver files are: / or /run/nvidia/driver (env NVIDIA_DRIVER_ROOT)")
     a("--host-driver-root", default=_env("NVIDIA_DRIVER_ROOT_HOST", ""),
@@ -153,6 +158,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--vram-interval", default=_env("VRAM_CHECK_INTERVAL", "15") or "15",
       help="check per-claim VRAM use against requests this often, seconds; 0 = only at scrape time "
            "(env VRAM_CHECK_INTERVAL)")
+    a("--metrics-bind-address", default=_env("METRICS_BIND_ADDRESS", "0.0.0.0") or "0.0.0.0",
+      help="address /metrics, /healthz and /readyz listen on (env METRICS_BIND_ADDRESS)")
     a("--heartbeat-namespace", default=_env("HEARTBEAT_NAMESPACE", ""),
       help="renew this node's heartbeat Lease gpuready-plugin-<node> in this namespace; empty = no heartbeat "
            "(env HEARTBEAT_NAMESPACE)")
@@ -254,7 +261,30 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         heartbeat_namespace=getattr(args, "heartbeat_namespace", ""),
         heartbeat_interval=_number(args, "--heartbeat-interval") if hasattr(args, "heartbeat_interval") else 2.0,
         heartbeat_threshold=_number(args, "--heartbeat-threshold") if hasattr(args, "heartbeat_threshold") else 5.0,
-        pod_name=getattr(args, "pod_name", ""))
+        pod_name=getattr(args, "pod_name", ""), metrics_host=_bind_address(getattr(args, "metrics_bind_address", "0.0.0.0")), mps_shm_size=_shm_size(getattr(args, "mps_shm_size", "64Mi")))
+
+
+def _bind_address(raw: str) -> str:
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(raw.strip()))
+    except ValueError:
+        raise ValueError(f"--metrics-bind-address (env METRICS_BIND_ADDRESS) is {raw!r}: use an IP address such as "
+                         "0.0.0.0 (IPv4), :: (IPv6 and both on dual-stack nodes) or 127.0.0.1") from None
+
+
+def _shm_size(raw: str) -> int:
+    from dra_driver.quantity import parse_quantity
+
+    try:
+        size = parse_quantity(str(raw).strip())
+    except ValueError:
+        size = None
+    if size is None or size < 0 or size != int(size) or 0 < size < 1 << 20:
+        raise ValueError(f"--mps-shm-size (env MPS_SHM_SIZE) is {raw!r}: use a quantity of at least 1Mi such as "
+                         "64Mi, or 0 for a plain directory")
+    return int(size)
 
 
 def _port(port: int) -> int:
@@ -298,7 +328,9 @@ def _start(config: PluginConfig, kubeconfig: str, stop: threading.Event, delay: 
     """
     from dra_driver.kube_api import connect
     from dra_driver.kube_connection import KubeConfigError
+    from kubelet_plugin.checkpoint.store import CheckpointWriteError
     from kubelet_plugin.daemon import KubeletPlugin
+    from kubelet_plugin.kubelet.sockets import SocketDirError
     from kubelet_plugin.node_prerequisites import NodePrerequisiteError
     from kubelet_plugin.nvml import open_nvml
 
@@ -315,10 +347,14 @@ def _start(config: PluginConfig, kubeconfig: str, stop: threading.Event, delay: 
             raise ValueError(str(exc)) from exc
         except Exception as exc:
             # A named node problem (a directory) is said in words; anything else keeps its traceback.
-            log.error("plugin_start_failed", exc_info=not isinstance(exc, NodePrerequisiteError),
-                      node=config.node_name, error=str(exc), retry_in_s=delay)
+            named = isinstance(exc, (NodePrerequisiteError, SocketDirError, CheckpointWriteError))
+            log.error("plugin_start_failed", exc_info=not named, node=config.node_name, error=str(exc),
+                      retry_in_s=delay)
             if plugin is not None:
-                plugin.stop()
+                try:  # the retry must come: a stop on the same broken directory never ends the loop
+                    plugin.stop()
+                except Exception as stop_exc:
+                    log.error("plugin_stop_failed", node=config.node_name, error=str(stop_exc))
         stop.wait(delay)
         delay = min(delay * 2, 60.0)
     return None
@@ -345,6 +381,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _invalid_configuration(exc, args.node_name or None)
     _limit_malloc_arenas()
+    raise_nofile_limit()  # the descriptors a flood of scrapes cannot take are the prepare path's
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

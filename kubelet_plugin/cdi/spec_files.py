@@ -53,13 +53,23 @@ def read_spec(path: str) -> Any:
 # 10-15 ms at the 90th percentile on a busy one, for nothing a node could use after it reboots.
 # ``durable=True`` is there for a file that must outlive a reboot.
 
-def atomic_write(path: str, data: bytes, mode: int = 0o644, durable: bool = False) -> None:
-    """Replace ``path`` with ``data`` atomically; ``durable`` also survives a power loss (fsync)."""
+# CDI specs are 0644: the container runtime reads them (as root), and so do the tools operators use
+# to look at a node's CDI devices (``nvidia-ctk cdi list``, ``crictl``/``ctr`` as a non-root user in
+# some setups). A spec holds nothing secret (device node paths, a GPU UUID, an MPS pipe directory's
+# path; that directory's own permissions guard the daemon), and the directory is root's to write.
+SPEC_MODE = 0o644
+
+
+def atomic_write(path: str, data: bytes, mode: int = SPEC_MODE, durable: bool = False) -> None:
+    """Replace ``path`` with ``data`` atomically; ``durable`` also survives a power loss (fsync).
+
+    The file gets exactly ``mode``, set explicitly, not what the umask leaves of it."""
     directory = os.path.dirname(path) or "."
     # A dot-prefixed name without the final suffix: CDI scanners only read *.json / *.yaml.
     tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}-{threading.get_ident()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode & 0o600)  # never wider while written
     try:
+        os.fchmod(fd, mode)
         view = memoryview(data)
         while view:
             written = os.write(fd, view)

@@ -89,6 +89,21 @@ class CheckpointCorrupt(Exception):
         self.newer = newer  # written by a newer plugin in a version this one cannot read
 
 
+class CheckpointWriteError(OSError):
+    """The checkpoint could not be written (read-only or full disk): nothing changed, on disk or in
+    memory. The message names the file, the flag and the fix; the kubelet retries the prepare."""
+
+    def __init__(self, path: str, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror)
+        self.path = path
+        self.message = (f"cannot write the checkpoint {path} ({cause.strerror or cause}); nothing was recorded "
+                        f"and the kubelet retries. Make {os.path.dirname(path) or '.'} (--plugin-dir) writable "
+                        "and give it free space")
+
+    def __str__(self) -> str:
+        return self.message
+
+
 def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
@@ -192,8 +207,9 @@ def decode(data: bytes) -> tuple[str, dict[str, ClaimRecord]]:
     return boot_id, records
 
 
-__all__ = ["BOOT_ID_PATH", "CheckpointStore", "read_boot_id"]
+__all__ = ["BOOT_ID_PATH", "CheckpointStore", "CheckpointWriteError", "read_boot_id"]
 
+CHECKPOINT_MODE = 0o600  # the records name every claim and its devices: root's alone
 READ_RETRIES = 3  # a file another instance left unreadable is read again this many times before salvage
 COMPACT_SLACK = 64 * 1024  # trailing padding tolerated before the file is rewritten at its real size
 # Spaces a file written by rename is given past its content, so the next few prepares (each adds a
@@ -262,12 +278,22 @@ class CheckpointStore:
                 return
             try:
                 self.file_boot_id, self._claims, self._extra = decode_full(data)
+                self._restrict()
                 self._signature = self._stat()
             except CheckpointCorrupt as exc:
                 self._claims = {}
                 self._quarantine(exc)
                 self.file_boot_id = exc.salvage.boot_id
                 self._write()
+
+    def _restrict(self) -> None:
+        """Make the file :data:`CHECKPOINT_MODE` (one an older plugin or an operator left wider)."""
+        try:
+            if os.stat(self.path).st_mode & 0o777 != CHECKPOINT_MODE:
+                os.chmod(self.path, CHECKPOINT_MODE)
+                log.warning("checkpoint_mode_restricted", path=self.path, node=self.node, mode=oct(CHECKPOINT_MODE))
+        except OSError as exc:  # read-only: /readyz says so (kubelet_plugin.self_checks)
+            log.warning("checkpoint_mode_not_restricted", path=self.path, node=self.node, error=str(exc))
 
     def _quarantine(self, exc: CheckpointCorrupt) -> None:
         """Move the bad file aside (kept for people) and take in what was salvaged from it.
@@ -311,21 +337,25 @@ class CheckpointStore:
 
     @contextlib.contextmanager
     def update(self) -> Iterator[dict[str, ClaimRecord]]:
-        """Lock, refresh from disk if another instance wrote it, yield the records, then save them.
+        """Lock, refresh from disk if another instance wrote it, yield a working copy of the records,
+        write it, and only then make it the records in memory: a transaction.
 
-        If the body raises, nothing is written and the in-memory records are restored. A file that
-        another instance left unreadable is never simply overwritten: it is quarantined and its
-        records salvaged into ours first.
+        If the body raises, nothing is written and memory is as before. If the write fails (a
+        read-only or full disk), memory is as before too and :class:`CheckpointWriteError` says why:
+        a change that never reached disk must not linger in memory, where the next successful write
+        of an unrelated claim would put it on disk (a phantom ``PrepareStarted`` refusing its GPU to
+        every later claim). A file that another instance left unreadable is never simply
+        overwritten: it is quarantined and its records salvaged into ours first.
         """
         with self._locked():
             self._refresh(writing=True)
-            before = dict(self._claims)
+            working = dict(self._claims)
+            yield working
             try:
-                yield self._claims
-            except BaseException:
-                self._claims = before
-                raise
-            self._write()
+                self._write(working)
+            except OSError as exc:
+                raise CheckpointWriteError(self.path, exc) from exc
+            self._claims = working
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -383,11 +413,11 @@ class CheckpointStore:
                              "file and salvages its records")
         self._unreadable = signature
 
-    def _write(self) -> None:
+    def _write(self, claims: dict[str, ClaimRecord] | None = None) -> None:
         try:
-            data = encode(self.boot_id, self._claims, self._encoded, self._extra)
+            data = encode(self.boot_id, self._claims if claims is None else claims, self._encoded, self._extra)
             if not overwrite_in_place(self.path, data):
-                atomic_write(self.path, data + b" " * GROWTH_ROOM, mode=0o600)
+                atomic_write(self.path, data + b" " * GROWTH_ROOM, mode=CHECKPOINT_MODE)
         except BaseException:
             self.writes["error"] += 1
             raise

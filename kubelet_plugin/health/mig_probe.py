@@ -88,6 +88,15 @@ def _journal_clear(directory: str, gpu_uuid: str) -> None:
             os.unlink(_journal_path(directory, gpu_uuid))
 
 
+def open_probe_journal(nvml: Any, plugin_data_dir: str, node: str = "") -> bool:
+    """Journal temporary probe instances under ``plugin_data_dir`` from now on, and destroy those a
+    plugin killed mid-probe left behind (one would pass for a claim's and block prepares on its GPU).
+    True when one was destroyed (the node is then re-read)."""
+    journal = os.path.join(plugin_data_dir, "probe-instances")
+    mig_gate(nvml).journal_dir = journal
+    return bool(destroy_leftover_probe_instances(nvml, journal, node))
+
+
 def destroy_leftover_probe_instances(nvml: Any, directory: str, node: str = "") -> list[str]:
     """Destroy the temporary probe instances a killed plugin left behind (those its journal names).
 

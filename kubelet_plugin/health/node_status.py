@@ -103,8 +103,20 @@ def _unlisted_note(names: list[str]) -> str:
             f"{'its' if one else 'their'} MIG devices are)")
 
 
+def _nothing_to_offer(hidden: list[str]) -> str:
+    """Why a node with GPUs publishes no device, and what to do about it."""
+    if not hidden:
+        return "NVML lists GPUs but this node publishes no device; see the plugin's log (devices_discovered)"
+    one = len(hidden) == 1
+    return (f"this node offers no device: {', '.join(hidden)} {'has' if one else 'have'} MIG mode on and no MIG "
+            f"devices, so under --mig-mode static nothing is published; create MIG instances "
+            f"(nvidia-smi mig -cgi <profiles> -C), turn MIG mode off (nvidia-smi -mig 0 and a GPU reset), "
+            "or run the plugin with --mig-mode dynamic")
+
+
 def gpu_ready_condition(snapshot: HealthSnapshot) -> NodeCondition:
-    """GPUReady: True only when NVML answers, the node can prepare, and every GPU device is Healthy.
+    """GPUReady: True only when NVML answers, the node can prepare, it offers at least one device, and
+    every GPU device is Healthy.
 
     The counts are of what the ResourceSlices hold when every device is healthy: a GPU in MIG mode
     under static MIG is not published itself (its MIG devices are) and is named apart, not counted.
@@ -120,6 +132,10 @@ def gpu_ready_condition(snapshot: HealthSnapshot) -> NodeCondition:
     hidden = [n for n in _unlisted_gpus(snapshot) if n not in counted]
     bad = [(n, d) for n, d in counted.items() if not d.healthy]
     unreadable = [f"NVML index {i}: unreadable ({why})" for i, why in snapshot.unreadable]
+    if not counted and not unreadable:
+        # GPUs, but nothing the ResourceSlices list: True here opened a node (readiness taint) whose
+        # GPUs no claim can get ("all 0 GPU devices passed validation").
+        return NodeCondition("False", "NoPublishableDevices", _cap(_nothing_to_offer(hidden)))
     if not bad and not unreadable:
         # Devices published on NVML checks alone (no CUDA could reach them) are healthy as far as
         # anyone can tell, but the condition must not claim they were probed.
@@ -294,6 +310,14 @@ class NodeStatusReporter:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+
+    def dead_threads(self) -> list[str]:
+        """The writer thread's name if it died while the reporter runs (``/healthz``: GPUReady and the
+        node's Events would never change again), else ``[]``."""
+        thread = self._thread
+        if thread is None or self._stop.is_set() or thread.is_alive():
+            return []
+        return [thread.name]
 
     def update(self, snapshot: HealthSnapshot) -> None:
         """Record a snapshot: never blocks on the API server (safe from the monitor's hot path)."""

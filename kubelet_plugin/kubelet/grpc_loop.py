@@ -22,6 +22,7 @@ from typing import Any
 import grpc
 
 from dra_driver.logs import get_logger
+from kubelet_plugin.kubelet.sockets import restrict_socket
 
 log = get_logger(__name__)
 
@@ -72,6 +73,10 @@ class GrpcLoop:
             add_servicers(server)
             server.add_insecure_port(f"unix://{socket_path}")
             await server.start()
+            # Explicitly, not from the umask. The bind is grpc's, so the socket exists for the
+            # moment before this under the umask's mode: the chart's umask (022) leaves it unwritable
+            # by others meanwhile.
+            restrict_socket(socket_path)
             return server
 
         server: grpc.aio.Server = self._run(start(), START_TIMEOUT_S)

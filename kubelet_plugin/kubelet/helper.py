@@ -25,7 +25,7 @@ from dra_driver.logs import get_logger
 from kubelet_plugin.kubelet.health_stream import HealthBroadcaster
 from kubelet_plugin.kubelet.slice_publisher import SlicePublisher
 from kubelet_plugin.kubelet.slice_requests import pool_has_devices
-from kubelet_plugin.kubelet.sockets import SocketPaths, remove_stale_socket
+from kubelet_plugin.kubelet.sockets import SocketPaths, discard_socket
 
 if TYPE_CHECKING:
     import grpc
@@ -128,7 +128,8 @@ class KubeletHelper:
         if self._grpc_loop is not None:
             self._grpc_loop.close()
             self._grpc_loop = None
-        remove_stale_socket(self.paths.dra)
+        discard_socket(self.paths.dra, lambda why: log.warning("socket_not_removed", socket=self.paths.dra,
+                                                                reason=why, node=self.settings.node_name))
         if self.claim_prefetch is not None:
             self.claim_prefetch.stop()
         self.publisher.stop()

@@ -18,7 +18,7 @@ import grpc
 
 from dra_driver.logs import get_logger
 from kubelet_plugin.kubelet.grpc_loop import GrpcLoop
-from kubelet_plugin.kubelet.sockets import remove_stale_socket
+from kubelet_plugin.kubelet.sockets import discard_socket, remove_stale_socket
 from proto import pluginregistration_pb2, pluginregistration_pb2_grpc
 
 log = get_logger(__name__)
@@ -73,7 +73,8 @@ class RegistrationServer(pluginregistration_pb2_grpc.RegistrationServicer):
         if server is not None:
             self.loop.stop(server, grace=None)
         # Only our own socket: another instance (rolling update) has a different file name.
-        remove_stale_socket(self.socket_path)
+        discard_socket(self.socket_path, lambda why: log.warning("socket_not_removed", socket=self.socket_path,
+                                                                 reason=why, node=self.node))
 
     def stop(self) -> None:
         """Remove the socket (the kubelet deregisters this instance)."""

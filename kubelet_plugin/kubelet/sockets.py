@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # sun_path is 108 bytes including the terminating NUL that gRPC's C core writes.
@@ -66,9 +67,47 @@ class SocketPaths:
         return paths
 
 
+SOCKET_MODE = 0o600  # only root (the kubelet) may call prepare and unprepare
+
+
+class SocketDirError(OSError):
+    """A socket's directory cannot be written (read-only, not permitted): the message names the flag
+    and the fix. The start is retried; the directory may be remounted read-write meanwhile."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def _flag_for(path: str) -> str:
+    return "--registrar-dir" if path.endswith("-reg.sock") else "--plugin-dir"
+
+
 def remove_stale_socket(path: str) -> None:
-    """Remove a socket file left by a crashed run of *this* instance before binding it again."""
+    """Remove a socket file left by a crashed run of *this* instance before binding it again.
+
+    Raises :class:`SocketDirError` naming the flag when the directory cannot be written (a raw
+    ``OSError`` from here once crashed the plugin on a read-only plugin dir).
+    """
     try:
         os.unlink(path)
     except FileNotFoundError:
         pass
+    except OSError as exc:
+        raise SocketDirError(exc.errno, (
+            f"cannot replace the socket {path} ({exc.strerror or exc}): mount {os.path.dirname(path)} "
+            f"({_flag_for(path)}) read-write for the plugin, which runs as root")) from exc
+
+
+def discard_socket(path: str, log_event: Callable[[str], None]) -> None:
+    """At stop: remove this instance's socket if it can; a failure is reported, never raised (a stop
+    must finish: it runs in the start's retry loop too)."""
+    try:
+        remove_stale_socket(path)
+    except OSError as exc:
+        log_event(str(exc))
+
+
+def restrict_socket(path: str) -> None:
+    """Set the socket's mode to :data:`SOCKET_MODE` explicitly, not from the umask (under umask 000
+    any local user could otherwise call prepare). Called right after the bind."""
+    os.chmod(path, SOCKET_MODE)

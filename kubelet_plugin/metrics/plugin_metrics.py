@@ -130,6 +130,10 @@ class PluginMetrics(MetricSet):
     health_stream_clients_gauge = GaugeFamily(
         "gpuready_health_stream_clients", "Open kubelet health streams (NodeWatchResources) on this plugin.",
         ("node",))
+    loop_failures = CounterFamily(
+        "gpuready_plugin_loop_failures",
+        "Failed runs of the plugin's supervised background loops, by loop (each is retried with back-off; "
+        "three in a row make /readyz fail until one succeeds).", ("node", "loop"))
     xid_errors = CounterFamily(
         "gpuready_xid_errors", "XID errors seen per device, by XID and the action taken (withdraw or ignore).",
         ("node", "device", "xid", "action"))
@@ -255,6 +259,10 @@ class PluginMetrics(MetricSet):
     def checkpoint_quarantined_once(self) -> None:
         """Count a corrupt checkpoint moved aside."""
         self.checkpoint_quarantined.labels(self.node).inc()
+
+    def loop_failed(self, loop: str) -> None:
+        """Count one failed run of a supervised background loop (:class:`kubelet_plugin.periodic.Periodic`)."""
+        self.loop_failures.labels(self.node, loop).inc()
 
     def health_stream_clients(self, delta: int) -> None:
         """Add ``delta`` (+1 on stream open, -1 on close) to the open health stream count."""

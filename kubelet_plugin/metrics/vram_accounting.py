@@ -35,6 +35,7 @@ from kubelet_plugin.metrics.plugin_metrics import (
     UNATTRIBUTED_VRAM_USED,
 )
 from kubelet_plugin.metrics.pod_resources_client import ContainerMap, containers_of_pod, single_pod_users
+from kubelet_plugin.periodic import Periodic
 
 log = get_logger(__name__)
 
@@ -228,7 +229,7 @@ class VramAccountant:
         self._reported: set[tuple[str, str]] = set()  # (claim uid, device) currently warned about
         self._container_names: dict[str, dict[str, str]] = {}  # pod uid -> container id -> name
         self._lock = threading.Lock()
-        self._stop = threading.Event()
+        self._loop: Periodic | None = None  # the check's loop, once started
 
     # --- reading ------------------------------------------------------------------------------
     def device_processes(self) -> dict[str, list[ProcessVram]]:
@@ -347,22 +348,18 @@ class VramAccountant:
         return names.get(container_id, "")
 
     # --- running ------------------------------------------------------------------------------
-    def start(self, interval_s: float = 15.0) -> threading.Thread:
-        """Check every ``interval_s`` seconds on a daemon thread until :meth:`stop`."""
-        def loop() -> None:
-            while not self._stop.wait(interval_s):
-                try:
-                    self.check()
-                except Exception as exc:
-                    log.error("vram_check_failed", node=self._node, error=str(exc))
-
-        thread = threading.Thread(target=loop, name="vram-accounting", daemon=True)
-        thread.start()
-        return thread
+    def start(self, interval_s: float = 15.0, on_failure: Callable[[str], None] | None = None) -> Periodic:
+        """Check every ``interval_s`` seconds on a supervised daemon thread until :meth:`stop`."""
+        # Metrics only: a failing check (the API server down) is counted and logged, never NotReady.
+        self._loop = Periodic("vram-accounting", interval_s, self.check, on_failure, self._node or "",
+                              gates_readiness=False)
+        self._loop.start()
+        return self._loop
 
     def stop(self) -> None:
         """Stop the loop started by :meth:`start`."""
-        self._stop.set()
+        if self._loop is not None:
+            self._loop.stop()
 
     def collector(self) -> Collector:
         """A collector exporting per-claim VRAM at scrape time (register it in the plugin's registry)."""

@@ -46,6 +46,7 @@ from kubelet_plugin.cdi.driver_files import find_driver_binary
 from kubelet_plugin.checkpoint.records import MpsRecord
 from kubelet_plugin.mps.mps_dirs import daemon_alive, names_pipe_dir
 from kubelet_plugin.mps.mps_plan import MpsError, control_commands
+from kubelet_plugin.mps.shm_mount import mount_tmpfs, propagation_problem, unmount
 from kubelet_plugin.nvml.driver_libraries import driver_library_dirs
 
 log = get_logger(__name__)
@@ -70,6 +71,7 @@ class MpsControlSettings:
     start_timeout: float = 10.0
     stop_timeout: float = 10.0
     node: str = ""  # for log lines
+    shm_size: int = 0  # bytes of a claim's own /dev/shm tmpfs (kubelet_plugin.mps.shm_mount); 0: a plain directory
 
 
 def private_shm_default() -> bool:
@@ -162,6 +164,13 @@ class MpsControl:
         for path in (record.pipe_dir, record.log_dir, *([record.shm_dir] if record.shm_dir else [])):
             os.makedirs(path, exist_ok=True)
             os.chmod(path, 0o1777)
+        if record.shm_dir and self.settings.shm_size > 0 and not os.path.ismount(record.shm_dir):
+            # Unprivileged, or a mount that would not reach the host: today's plain directory.
+            why = propagation_problem(record.shm_dir) or mount_tmpfs(record.shm_dir, self.settings.shm_size)
+            if why:
+                log.warning("mps_shm_not_limited", node=self.settings.node or None, shm_dir=record.shm_dir,
+                            reason=why, fallback="a plain directory with no size limit of its own; run the "
+                                                 "plugin privileged, or set --mps-shm-size 0 to silence this")
         command = [binary, "-d", *(["-M"] if self.multiuser(binary) else [])]
         if record.shm_dir:
             unshare = shutil.which("unshare")
@@ -263,6 +272,11 @@ class MpsControl:
                                    "instance started it); it is retried at the next unprepare")
                 time.sleep(0.05)
             log.info("mps_daemon_stopped", node=self.settings.node or None, pid=",".join(map(str, pids)), pipe_dir=record.pipe_dir)
+        if record.shm_dir:
+            why = unmount(record.shm_dir)
+            if why:
+                raise MpsError("mps_stop_failed", f"the claim's /dev/shm tmpfs stays mounted: {why}; it is retried "
+                               "at the next unprepare")
         shutil.rmtree(record.root, ignore_errors=True)
 
     def _find(self) -> str | None:

@@ -53,6 +53,7 @@ class PrepareSettings:
     driver_root: str = ""
     mps_start_timeout: float = 10.0
     mps_private_shm: bool | None = None  # None: MPS_PRIVATE_SHM (default true)
+    mps_shm_size: int = 0  # bytes of a claim's own /dev/shm tmpfs (kubelet_plugin.mps.shm_mount); 0: none
     # Where claims' MPS directories go ("" = <data dir>/mps). The plugin's default is under /run: the
     # kubelet's root directory is 0750, so an MPS server running as a pod's non-root user could not
     # reach a pipe directory below it (CUDA_ERROR_MPS_CONNECTION_FAILED in the container).

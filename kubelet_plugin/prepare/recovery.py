@@ -19,6 +19,13 @@
 - CDI specs of this driver with no record (the record was lost with a corrupt checkpoint, or dropped
   as malformed): a record is rebuilt from the spec (:mod:`kubelet_plugin.prepare.spec_recovery`), so the
   devices a running pod holds stay taken and unprepare cleans everything, MIG instances included.
+- Records salvaged from a checkpoint that failed its checksum are not trusted
+  (:func:`reverify_salvaged`): a hand-edited but well-formed record once moved its claim onto another
+  GPU, so the real one lost its protection and a second claim was prepared on a GPU whose spec still
+  granted the first. A salvaged record whose claim has a CDI spec is rebuilt from the spec (and NVML's
+  MIG instances); one without a spec keeps its devices taken but is never used to write a spec.
+  Until the kubelet prepares the claim again (which checks its allocation), a prepare that would
+  double-book one of its devices is refused, with an Event naming both claims.
 
 Nothing here raises for one bad record: it is logged and the rest still recovers.
 """
@@ -26,7 +33,7 @@ Nothing here raises for one bad record: it is logged and the rest still recovers
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dra_driver.logs import get_logger
@@ -52,6 +59,7 @@ class RecoveryReport:
     specs_rebuilt: list[str] = field(default_factory=list)
     specs_refreshed: list[str] = field(default_factory=list)  # rewritten for the driver files found now
     records_rebuilt: list[str] = field(default_factory=list)  # from CDI specs whose record was lost
+    records_reverified: list[str] = field(default_factory=list)  # salvaged, then rebuilt from their spec
     temp_files_removed: int = 0
     failures: list[str] = field(default_factory=list)
 
@@ -76,6 +84,7 @@ def recover(preparer: Preparer, boot_id: str) -> RecoveryReport:
     report = RecoveryReport()
     store = preparer.checkpoint
     previous_boot = store.file_boot_id is not None and store.file_boot_id != boot_id
+    report.records_reverified = reverify_salvaged(preparer, report)
     report.records_rebuilt = rebuild_from_specs(preparer, report)
     for uid in store.records():
         try:
@@ -113,6 +122,7 @@ def recover(preparer: Preparer, boot_id: str) -> RecoveryReport:
              previous_boot_dropped=len(report.previous_boot_dropped), rolled_back=len(report.rolled_back),
              specs_rebuilt=len(report.specs_rebuilt), specs_refreshed=len(report.specs_refreshed),
              unprepares_finished=len(report.unprepares_finished), records_rebuilt=len(report.records_rebuilt),
+             records_reverified=len(report.records_reverified),
              temp_files_removed=report.temp_files_removed,
              node=preparer.settings.pool)
     return report
@@ -122,6 +132,42 @@ def _mig_gone(preparer: Preparer, record: ClaimRecord) -> bool:
     """Whether a MIG instance the record created no longer exists (only unprepare destroys one)."""
     ops = preparer.mig.ops
     return ops is not None and any(ops.existing(m) is None for m in record.mig)
+
+
+def reverify_salvaged(preparer: Preparer, report: RecoveryReport) -> list[str]:
+    """Replace each record salvaged from a corrupt checkpoint by what the node can verify: the record
+    rebuilt from the claim's CDI spec; without a spec, the record loses its spec copy (nothing
+    unverified is ever written as a spec) and keeps its devices taken. The UIDs rebuilt from specs."""
+    store, settings = preparer.checkpoint, preparer.settings
+    found = store.salvaged
+    if found is None:
+        return []
+    rebuilt = []
+    for uid, salvaged in found.records.items():
+        try:
+            with preparer.claim_lock(uid):
+                if store.get(uid) is not salvaged:  # changed since (another instance's prepare or unprepare)
+                    continue
+                path = preparer.spec_path(uid)
+                if salvaged.state is not ClaimState.PREPARE_COMPLETED:
+                    continue  # rolled back below: the kubelet never saw it prepared
+                if os.path.exists(path):
+                    record = record_from_spec(read_spec(path), path, uid, settings.driver_name,
+                                              preparer.inventory.current().index, preparer.mps_base,
+                                              preparer.mig.ops is not None, settings.pool)
+                    rebuilt.append(uid)
+                else:
+                    record = replace(salvaged, cdi_spec=None)
+                with store.update() as records:
+                    records[uid] = record
+            if sorted(record.devices) != sorted(salvaged.devices):
+                log.warning("claim_record_contradicted_by_spec", claim_uid=uid, node=settings.pool,
+                            recorded=",".join(salvaged.devices), spec=",".join(record.devices),
+                            reason="the salvaged record failed its checksum; the CDI spec's devices are kept taken")
+        except Exception as exc:
+            report.failures.append(f"{uid}: re-verifying its salvaged record: {exc}")
+            log.error("claim_record_reverify_failed", claim_uid=uid, node=settings.pool, error=str(exc))
+    return rebuilt
 
 
 def rebuild_from_specs(preparer: Preparer, report: RecoveryReport) -> list[str]:

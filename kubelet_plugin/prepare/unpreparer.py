@@ -12,6 +12,7 @@ owner file names this very UID.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -31,6 +32,14 @@ from kubelet_plugin.prepare.spec_recovery import mismatch_problem
 from kubelet_plugin.prepare.whole_gpu_instance import gpu_locks, other_users
 
 log = get_logger(__name__)
+
+
+class UndoIncomplete(RuntimeError):
+    """Some steps of undoing a claim failed; its record is kept so the undo is tried again."""
+
+    def __init__(self, uid: str, failed: list[str]) -> None:
+        super().__init__(f"could not {'; '.join(failed)} (the record is kept and the undo is retried)")
+        self.uid = uid
 
 
 class Unpreparer:
@@ -89,11 +98,25 @@ class Unpreparer:
 
     def undo(self, record: ClaimRecord) -> None:
         """Remove a claim's CDI spec, stop its MPS daemon, destroy the MIG instances it created, then drop
-        its record (a failure raises and keeps the record, so the kubelet's retry tries again). Each write
-        is one step of :data:`kubelet_plugin.prepare.steps.UNPREPARE_STEPS`."""
-        self.remove_spec(record)
+        its record. Each write is one step of :data:`kubelet_plugin.prepare.steps.UNPREPARE_STEPS`.
+
+        Every step is tried even when an earlier one fails: a read-only CDI directory once kept a
+        rolled-back claim's MPS daemon running. The record is dropped only when every step succeeded;
+        otherwise it is kept and :class:`UndoIncomplete` names what failed, so the kubelet's retry, an
+        unprepare or the rollback watch (:meth:`~kubelet_plugin.prepare.preparer.Preparer.retry_rollbacks`)
+        tries again.
+        """
+        failed: list[str] = []
+
+        def attempt(what: str, step: Callable[[], object]) -> None:
+            try:
+                step()
+            except Exception as exc:
+                failed.append(f"{what}: {exc}")
+
+        attempt("remove the CDI spec", lambda: self.remove_spec(record))
         if record.mps is not None:  # before MIG: the daemon's server holds contexts on the instance
-            self.stop_mps(record)
+            attempt("stop the MPS daemon", lambda: self.stop_mps(record))
         # A whole GPU's full-size instance is shared: decide, destroy and drop the record under its
         # GPU lock, so a prepare reusing it never sees it half-gone.
         with gpu_locks(self.lock_dir, [m.device for m in record.mig if m.whole_gpu]):
@@ -108,7 +131,9 @@ class Unpreparer:
                     log.warning("mig_instance_not_destroyed", claim_uid=record.uid, device=mig.device,
                                 node=self.settings.pool, reason="no MIG support in this plugin instance")
                     continue
-                self.destroy_mig(record, mig)
+                attempt(f"destroy MIG instance {mig.uuid}", functools.partial(self.destroy_mig, record, mig))
+            if failed:
+                raise UndoIncomplete(record.uid, failed)
             self.drop_record(record.uid)
 
     def remove_spec(self, record: ClaimRecord) -> None:

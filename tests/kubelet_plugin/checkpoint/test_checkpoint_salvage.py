@@ -273,3 +273,40 @@ def test_a_record_naming_foreign_mps_dirs_never_removes_them(tmp_path: Path) -> 
         _, kubelet = _restart(h, before)
         assert kubelet.unprepare([("default", "c1", uid)]) == {uid: ""}
         assert (victim / "data").read_text() == "keep me" and (victim / "pipe").is_dir()
+
+
+def _double_booking_events(h: PluginHarness) -> list[str]:
+    items = json.loads(h.core.list_namespaced_event("default", _preload_content=False).data)["items"]
+    return [e["message"] for e in items if e.get("reason") == "DoubleBookingRefused"]
+
+
+def test_a_hand_edited_record_failing_its_checksum_is_rebuilt_from_its_cdi_spec_not_trusted() -> None:
+    """The record is moved to another GPU by hand (well-formed, but the checksum no longer matches):
+    salvaged as is, gpu-0 lost its protection while c1's spec still granted it /dev/nvidia0."""
+    with PluginHarness() as h:
+        before, uid, path, _ = _prepare_c1_and_stop(h)
+        raw = json.loads(Path(path).read_text())
+        raw["claims"][uid]["devices"] = ["gpu-3"]  # checksum left as it was: it fails
+        Path(path).write_text(json.dumps(raw))
+
+        plugin, kubelet = _restart(h, before)
+        assert plugin.checkpoint.quarantined is not None
+        record = plugin.checkpoint.get(uid)
+        assert record is not None and record.devices == ["gpu-0"]  # what the spec on disk grants
+        assert plugin.recovery is not None and plugin.recovery.records_reverified == [uid]
+        # A second claim on c1's real GPU is refused until the kubelet reconciles c1, with an Event
+        # naming both claims (once, however often the kubelet retries).
+        c2 = h.create_claim("c2", [("gpu", NODE, "gpu-0")])
+        for _ in range(2):
+            refused = kubelet.prepare([("default", "c2", c2)])[c2]
+            assert not refused.ok and f"already prepared for the ResourceClaim with UID {uid}" in refused.error
+        events = _double_booking_events(h)
+        assert len(events) == 1 and f"ResourceClaim default/c2 ({c2}) refused" in events[0] and uid in events[0]
+        # The GPU the edit named is free: nothing on disk grants it to anyone.
+        c3 = h.create_claim("c3", [("gpu", NODE, "gpu-3")])
+        assert kubelet.prepare([("default", "c3", c3)])[c3].ok
+        # The kubelet's repeated prepare of c1 checks its allocation and completes the record.
+        again = kubelet.prepare([("default", "c1", uid)])[uid]
+        assert again.ok, again.error
+        completed = plugin.checkpoint.get(uid)
+        assert completed is not None and (completed.namespace, completed.name) == ("default", "c1")

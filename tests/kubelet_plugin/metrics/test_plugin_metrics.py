@@ -108,7 +108,7 @@ def test_vram_per_claim_and_pod_labels_on_dcgm_series_with_an_event_over_request
         assert (_value(m, "gpuready_slice_publish_duration_seconds_count", node=node, result="success") or 0) >= 1
         vram = plugin.vram
         h.stop_plugin(node)
-        assert vram is not None and vram._stop.is_set()
+        assert vram is not None and vram._loop is not None and vram._loop._stop.is_set()
 
 
 def test_xids_and_validation_probes_are_counted() -> None:
