@@ -92,6 +92,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="directory holding tls.crt and tls.key [WEBHOOK_CERT_DIR]")
     parser.add_argument("--webhook-cert", default=_env("WEBHOOK_CERT", ""), help="certificate file (PEM) [WEBHOOK_CERT]")
     parser.add_argument("--webhook-key", default=_env("WEBHOOK_KEY", ""), help="private key file (PEM) [WEBHOOK_KEY]")
+    parser.add_argument("--timeslice-interval", choices=("ignore", "apply"), default=_env("TIMESLICE_INTERVAL", "ignore"),
+                        help="a claim's sharing time-slice interval other than Default changes a GPU-wide setting: "
+                             "ignore admits such claims with a warning that the GPU keeps its time slice; apply "
+                             "admits them silently (only where the kubelet plugins apply it; the chart's "
+                             "sharing.timeSliceInterval sets both) [TIMESLICE_INTERVAL]")
     parser.add_argument("--metrics-port", type=int, default=_env("METRICS_PORT", "8080"),
                         help="Prometheus /metrics port; 0 turns it off [METRICS_PORT]")
     parser.add_argument("--health-port", type=int, default=_env("HEALTH_PORT", "8081"),
@@ -140,6 +145,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         allocate=args.allocate, placement_mode=args.placement_mode,
         on_device_failure=args.on_device_failure, resync_s=args.resync,
         readiness_taint_mode=args.readiness_taint_mode, readiness_taint_key=args.readiness_taint,
+        timeslice_interval=args.timeslice_interval,
     )
 
 

@@ -13,8 +13,10 @@ a warning naming the largest device. Failing open: any error admits the object u
 warning (the chart's failurePolicy is Ignore for the same reason: shaping is an optimisation).
 
 Validating (ResourceClaim, ResourceClaimTemplate, DeviceClass CREATE/UPDATE): every opaque config
-for this driver must parse (:func:`dra_driver.opaque_config.parse_config`); a bad one is refused
-with a message naming the field and the fix. Failing closed: an internal error refuses.
+for this driver must parse and fit the devices of its requests' classes
+(:mod:`controller.webhooks.config_admission`); a bad one is refused with a message naming the field
+and the fix, a setting the cluster does not apply is admitted with a warning. Failing closed: an
+internal error refuses.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 
 from controller.planning import Inventory, shape_vram_request
 from controller.planning.shaping import ORIGINAL_ANNOTATION
-from dra_driver.opaque_config import OpaqueConfigError, parse_config
+from controller.webhooks.config_admission import check_configs
 
 MUTATE_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
 VALIDATE_KINDS = ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass")
@@ -148,36 +150,13 @@ def _mutate(request: dict[str, Any], kind: str, inventory: Inventory | None, mem
     return Answer(response, "mutated", kind, warnings)
 
 
-def _configs(kind: str, obj: dict[str, Any]) -> tuple[str, list[Any]]:
-    """Field path prefix and the opaque config list of a claim, template or class."""
-    spec = obj.get("spec") or {}
-    if kind == "DeviceClass":
-        return "spec.config", list(spec.get("config") or [])
-    if kind == "ResourceClaimTemplate":
-        return "spec.spec.devices.config", list((((spec.get("spec") or {}).get("devices") or {}).get("config")) or [])
-    return "spec.devices.config", list(((spec.get("devices") or {}).get("config")) or [])
-
-
-def config_errors(kind: str, obj: dict[str, Any], driver: str) -> list[str]:
-    """Every problem with this driver's opaque configs in ``obj``, each naming its field."""
-    prefix, configs = _configs(kind, obj)
-    errors: list[str] = []
-    for i, entry in enumerate(configs):
-        opaque = entry.get("opaque") if isinstance(entry, dict) else None
-        if not isinstance(opaque, dict) or opaque.get("driver") != driver:
-            continue  # another driver's config: its own webhook checks it
-        try:
-            parse_config(opaque.get("parameters"), f"{prefix}[{i}].opaque.parameters")
-        except OpaqueConfigError as exc:
-            errors.append(str(exc))
-    return errors
-
-
-def validate(request: dict[str, Any], driver: str) -> Answer:
-    """Check this driver's opaque configs. Fails closed: an internal error refuses the object."""
+def validate(request: dict[str, Any], driver: str, inventory: Inventory | None = None,
+             allow_timeslice: bool = False) -> Answer:
+    """Check this driver's opaque configs (:func:`controller.webhooks.config_admission.check_configs`,
+    against ``inventory`` when there is one). Fails closed: an internal error refuses the object."""
     kind = _kind(request)
     try:
-        return _validate(request, kind, driver)
+        return _validate(request, kind, driver, inventory, allow_timeslice)
     except Exception as exc:
         message = (f"gpuready: the validating webhook failed internally ({type(exc).__name__}: {exc}); "
                    "retry, and report this if it persists")
@@ -186,7 +165,8 @@ def validate(request: dict[str, Any], driver: str) -> Answer:
         return Answer(response, "error", kind)
 
 
-def _validate(request: dict[str, Any], kind: str, driver: str) -> Answer:
+def _validate(request: dict[str, Any], kind: str, driver: str, inventory: Inventory | None,
+              allow_timeslice: bool) -> Answer:
     obj = request.get("object")
     if kind not in VALIDATE_KINDS or request.get("operation") not in ("CREATE", "UPDATE") or not isinstance(obj, dict):
         return Answer(_base(request, True, []), "allowed", kind)
@@ -194,9 +174,11 @@ def _validate(request: dict[str, Any], kind: str, driver: str) -> Answer:
         old = request.get("oldObject") or {}
         if old.get("spec") == obj.get("spec"):
             return Answer(_base(request, True, []), "allowed", kind)  # metadata/status writes pass
-    errors = config_errors(kind, obj, driver)
+    findings = check_configs(kind, obj, driver, inventory, allow_timeslice)
+    errors = findings.errors
     if not errors:
-        return Answer(_base(request, True, []), "allowed", kind)
+        warnings = findings.warnings
+        return Answer(_base(request, True, warnings), "warned" if warnings else "allowed", kind, warnings)
     name = (obj.get("metadata") or {}).get("name") or (obj.get("metadata") or {}).get("generateName") or ""
     message = f"{kind} {name}: invalid {driver} configuration: " + "; ".join(errors)
     response = _base(request, False, [])
