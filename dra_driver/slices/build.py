@@ -36,6 +36,7 @@ from .attributes import (
     mig_capacity,
     mig_device_attributes,
     placement_attributes,
+    within_limit,
 )
 from .counters import gpu_counter_set, placement_consumption, whole_gpu_consumption
 from .model import Capacity, CounterSet, DeviceSpec, DeviceTaint, SliceSpec
@@ -151,7 +152,7 @@ class _Entry:
 
 def _whole_gpu(gpu: Gpu, devices: NodeDevices, options: SliceOptions, counter_set: CounterSet | None
                ) -> _Entry:
-    capacity = gpu_capacity(gpu)
+    capacity = gpu_capacity(gpu, engines=counter_set is not None)
     shared = options.is_shared(gpu)
     if shared:
         # default = the whole GPU (stepped): a claim that asks no memory (gpu.nvidia.com) gets all of it.
@@ -200,10 +201,11 @@ def _gpu_entries(gpu: Gpu, devices: NodeDevices, options: SliceOptions
     if options.mig_mode == "static" and gpu.mig_mode == MigMode.ENABLED:
         entries = []
         for mig in gpu.mig_devices:
+            capacity = mig_capacity(mig.profile, mig.memory_bytes, mig.placement.memory_slices)
             device = DeviceSpec(
                 name=mig.name,
-                attributes=mig_device_attributes(gpu, mig, devices),
-                capacity=mig_capacity(mig.profile, mig.memory_bytes),
+                attributes=within_limit(mig_device_attributes(gpu, mig, devices), capacity),
+                capacity=capacity,
                 memory_bytes=mig.memory_bytes,
             )
             key = best_fit_key(mig.memory_bytes, whole_gpu=False, multiprocessors=mig.profile.multiprocessors,
