@@ -96,7 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a claim's sharing time-slice interval other than Default changes a GPU-wide setting: "
                              "ignore admits such claims with a warning that the GPU keeps its time slice; apply "
                              "admits them silently (only where the kubelet plugins apply it; the chart's "
-                             "sharing.timeSliceInterval sets both) [TIMESLICE_INTERVAL]")
+                             "timeSliceInterval sets both) [TIMESLICE_INTERVAL]")
     parser.add_argument("--metrics-port", type=int, default=_env("METRICS_PORT", "8080"),
                         help="Prometheus /metrics port; 0 turns it off [METRICS_PORT]")
     parser.add_argument("--health-port", type=int, default=_env("HEALTH_PORT", "8081"),

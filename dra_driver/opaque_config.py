@@ -51,7 +51,7 @@ What the settings do (see :mod:`kubelet_plugin.cdi.cdi_spec` and :mod:`kubelet_p
   NVIDIA's driver, gpuready does not switch the GPU to compute mode EXCLUSIVE_PROCESS.
 - ``sharing.strategy: TimeSlicing``: the processes of claims sharing a GPU are time-sliced by the
   GPU's scheduler. The interval (``Default``, ``Short``, ``Medium``, ``Long``) is GPU-wide, so
-  whether a claim may change it is the admin's choice (the chart value ``sharing.timeSliceInterval``);
+  whether a claim may change it is the admin's choice (the chart value ``timeSliceInterval``);
   where it is not allowed the claim is admitted with a warning and runs at the GPU's current slice.
 
 Pure: no I/O.

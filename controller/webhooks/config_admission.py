@@ -128,7 +128,7 @@ def check_configs(kind: str, obj: dict[str, Any], driver: str, inventory: Invent
             findings.warnings.append(
                 f"gpuready: {path}.sharing.{sharing.timeslice_field}.interval: {sharing.interval} is not applied "
                 "on this cluster (the admin has not allowed claims to change the GPU-wide time slice: chart value "
-                "sharing.timeSliceInterval); the claim runs at the GPU's current time slice")
+                "timeSliceInterval); the claim runs at the GPU's current time slice")
         if inventory is None:
             continue
         requests = [str(r) for r in entry.get("requests") or []]
