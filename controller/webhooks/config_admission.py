@@ -14,6 +14,9 @@ Pure: the object under review, the driver name and the controller's current inve
 - A time-slice interval other than ``Default`` changes a GPU-wide setting: where the admin has not
   allowed that (``allow_timeslice``), the claim is admitted with a warning that the GPU keeps its
   current time slice.
+- NVIDIA's ``defaultPerDevicePinnedMemoryLimit`` and ``multiUser`` are parsed and carried to prepare,
+  but this version's kubelet plugin does not apply them yet: such a claim is admitted with a warning
+  saying so, rather than letting the user believe the limit holds.
 """
 
 from __future__ import annotations
@@ -129,6 +132,15 @@ def check_configs(kind: str, obj: dict[str, Any], driver: str, inventory: Invent
                 f"gpuready: {path}.sharing.{sharing.timeslice_field}.interval: {sharing.interval} is not applied "
                 "on this cluster (the admin has not allowed claims to change the GPU-wide time slice: chart value "
                 "timeSliceInterval); the claim runs at the GPU's current time slice")
+        if sharing is not None and sharing.mps.per_device_pinned_limits:
+            findings.warnings.append(
+                f"gpuready: {path}.sharing.{sharing.mps_field}.defaultPerDevicePinnedMemoryLimit is not applied by "
+                "this version's kubelet plugin yet: every device of the claim gets defaultPinnedDeviceMemoryLimit "
+                "(or no limit)")
+        if sharing is not None and sharing.mps.multi_user:
+            findings.warnings.append(
+                f"gpuready: {path}.sharing.{sharing.mps_field}.multiUser is not applied by this version's kubelet "
+                "plugin yet: the claim's MPS control daemon starts as it does without it")
         if inventory is None:
             continue
         requests = [str(r) for r in entry.get("requests") or []]
