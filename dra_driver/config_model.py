@@ -14,7 +14,8 @@ What prepare reads from it:
 - ``MpsSettings``: the daemon's default active thread percentage and pinned memory limit, the
   per-device pinned limits keyed by the device's index within the claim or its UUID
   (:meth:`MpsSettings.pinned_limits` resolves them once the claim's devices are known), and
-  ``multi_user`` (a control daemon that serves clients of any user);
+  ``multi_user`` (NVIDIA's ``multiUser``: a control daemon that serves clients of any user; gpuready's
+  plugin decides that per node today, see :mod:`kubelet_plugin.mps.control_daemon`);
 - ``env`` and ``visible_devices_env``.
 
 Pure: no I/O.
@@ -61,7 +62,7 @@ class MpsSettings:
     pinned_memory_limit_bytes: int | None = None
     # NVIDIA's defaultPerDevicePinnedMemoryLimit: (device index within the claim as text, or a UUID) -> bytes.
     per_device_pinned_limits: tuple[tuple[str, int], ...] = ()
-    multi_user: bool = False
+    multi_user: bool | None = None  # NVIDIA's multiUser as written (None: not set)
 
     def pinned_limits(self, uuids: Sequence[str], path: str = "mps") -> dict[str, int]:
         """The pinned limit of each of the claim's devices (``uuids`` in the claim's order), in bytes.

@@ -190,8 +190,9 @@ def _parse_mps(raw: Any, path: str, dialect: Dialect) -> MpsSettings:
                                         "key each limit by the device's index within the claim (0, 1, ...) "
                                         "or by its UUID (GPU-... or MIG-...)")
             per_device.append((key, parse_pinned_limit(value, f"{where}.{key}")))
-    multi_user = raw.get("multiUser", False)
-    expect_type(multi_user, bool, f"{path}.multiUser", "true or false")
+    multi_user = raw.get("multiUser")
+    if multi_user is not None:
+        expect_type(multi_user, bool, f"{path}.multiUser", "true or false")
     return MpsSettings(active_thread_percentage=pct, pinned_memory_limit_bytes=limit_bytes,
                        per_device_pinned_limits=tuple(per_device), multi_user=multi_user)
 

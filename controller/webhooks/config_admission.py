@@ -15,8 +15,9 @@ Pure: the object under review, the driver name and the controller's current inve
   allowed that (``allow_timeslice``), the claim is admitted with a warning that the GPU keeps its
   current time slice.
 - NVIDIA's ``defaultPerDevicePinnedMemoryLimit`` and ``multiUser`` are parsed and carried to prepare,
-  but this version's kubelet plugin does not apply them yet: such a claim is admitted with a warning
-  saying so, rather than letting the user believe the limit holds.
+  but this version's kubelet plugin does not apply them per claim (per-device limits not at all;
+  multi-user mode is a node setting): such a claim is admitted with a warning saying so, rather than
+  letting the user believe the setting holds.
 """
 
 from __future__ import annotations
@@ -137,10 +138,10 @@ def check_configs(kind: str, obj: dict[str, Any], driver: str, inventory: Invent
                 f"gpuready: {path}.sharing.{sharing.mps_field}.defaultPerDevicePinnedMemoryLimit is not applied by "
                 "this version's kubelet plugin yet: every device of the claim gets defaultPinnedDeviceMemoryLimit "
                 "(or no limit)")
-        if sharing is not None and sharing.mps.multi_user:
+        if sharing is not None and sharing.mps.multi_user is not None:
             findings.warnings.append(
-                f"gpuready: {path}.sharing.{sharing.mps_field}.multiUser is not applied by this version's kubelet "
-                "plugin yet: the claim's MPS control daemon starts as it does without it")
+                f"gpuready: {path}.sharing.{sharing.mps_field}.multiUser is decided per node on gpuready, not per "
+                "claim: MPS daemons serve any user where the node's driver can (plugin MPS_MULTIUSER, default on)")
         if inventory is None:
             continue
         requests = [str(r) for r in entry.get("requests") or []]

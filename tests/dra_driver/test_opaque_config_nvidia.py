@@ -57,7 +57,7 @@ def test_gpu_mps_with_every_field() -> None:
 
 def test_mps_without_config_and_multi_user_default_off() -> None:
     sharing = parse_config(_nv(sharing={"strategy": "MPS"})).config.sharing
-    assert sharing is not None and sharing.mps.multi_user is False
+    assert sharing is not None and sharing.mps.multi_user is None  # not set: the node decides
     assert sharing.mps.pinned_memory_limit_bytes is None and sharing.mps.active_thread_percentage is None
 
 

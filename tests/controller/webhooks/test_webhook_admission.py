@@ -194,7 +194,7 @@ def test_mps_settings_prepare_does_not_apply_yet_are_admitted_with_a_warning_eac
     assert resp["allowed"] is True
     per_device, multi_user = resp["warnings"]
     assert "sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit is not applied" in per_device
-    assert "sharing.mpsConfig.multiUser is not applied" in multi_user
+    assert "sharing.mpsConfig.multiUser is decided per node" in multi_user and "MPS_MULTIUSER" in multi_user
 
 
 @pytest.mark.parametrize("interval", ["Short", "Medium", "Long"])
