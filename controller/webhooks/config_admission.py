@@ -104,7 +104,8 @@ def _fit_errors(config: DeviceConfig, path: str, request: str, class_name: str, 
     field_name, limit = largest_limit
     if Fraction(limit) <= biggest:
         return []
-    return [f"{path}.sharing.{config.sharing.mps_field}.{field_name}: {human_bytes(limit)} is more memory than any "
+    shown = human_bytes(limit) if limit < 1024**5 else "over 1 PiB"  # 1e30 would print as 18 digits of TiB
+    return [f"{path}.sharing.{config.sharing.mps_field}.{field_name}: {shown} is more memory than any "
             f"device of DeviceClass {class_name} (request {request!r}) has, the largest being "
             f"{human_bytes(biggest)}, so every prepare would fail; set at most {int(biggest) // MIB}Mi"]
 
