@@ -33,7 +33,7 @@ ATTR_NUMA_NODE = STANDARD_PREFIX + "numaNode"
 
 MAX_STRING_LENGTH = 64  # string and version attribute values
 MAX_ATTRIBUTES_AND_CAPACITIES = 32  # per device
-DROPPED_FIRST = ("minor", "index")
+DROPPED_FIRST = ("index", "minor")
 
 _SEMVER = re.compile(
     r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"

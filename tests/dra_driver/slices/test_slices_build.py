@@ -111,14 +111,14 @@ def test_addressing_mode_is_published_on_gpus_and_their_mig_devices_where_known(
 
 def test_a_full_gpu_mig_device_stays_within_the_apis_32_names() -> None:
     # 7g.141gb occupies all 8 memory slices: with NUMA, PCIe root and addressing mode known it
-    # would carry 33 names; the API refuses the whole slice then. minor goes (parentUUID and the
-    # name say the same); index stays for old NVIDIA selectors.
+    # would carry 33 names; the API refuses the whole slice then. index goes (parentUUID and the
+    # name say the same); minor stays: the best-fit order read back from the slice uses it.
     parent = replace(h200(0, MigMode.ENABLED), addressing_mode="HMM")
     parent = replace(parent, mig_devices=(mig_device(parent, "7g.141gb", 0, gi=1),))
     objs = k8s(build_pool(node(parent), "n", DRIVER))
     (mig,) = all_devices(objs)
     assert len(mig["attributes"]) + len(mig["capacity"]) == 32
-    assert "minor" not in mig["attributes"] and mig["attributes"]["index"] == {"int": 0}
+    assert "index" not in mig["attributes"] and mig["attributes"]["minor"] == {"int": 0}
     assert [k for k in mig["capacity"] if k.startswith("memorySlice")] == [f"memorySlice{i}" for i in range(8)]
     assert api_problems(objs) == []
 
