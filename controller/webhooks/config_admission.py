@@ -6,8 +6,8 @@ Pure: the object under review, the driver name and the controller's current inve
 - Every config for this driver must parse (:func:`dra_driver.opaque_config.parse_config`, the
   parser the kubelet plugin runs at prepare): unknown fields, values out of NVIDIA's or gpuready's
   ranges, dialects mixed, control characters in env values.
-- A config must fit the devices of the class its requests ask for, when the inventory knows that
-  class and its devices: a ``MigDeviceConfig`` on a request whose class holds only whole GPUs (or a
+- A config must fit the devices of the class its requests ask for (a DeviceClass's own config: the
+  devices its selectors select), when the inventory knows that class and its devices: a ``MigDeviceConfig`` on a request whose class holds only whole GPUs (or a
   ``GpuConfig`` on MIG devices) would fail every prepare, and so would an MPS pinned memory limit
   larger than every device of the class. A class that also holds fitting devices passes (the
   allocation may well land on one); a class the inventory does not know yet is not judged.
@@ -22,7 +22,7 @@ Pure: the object under review, the driver name and the controller's current inve
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -70,30 +70,43 @@ def _request_classes(devices: dict[str, Any]) -> Iterator[tuple[str, str]]:
                 yield f"{name}/{sub.get('name') or ''}", str(sub["deviceClassName"])
 
 
+def _matching(inventory: Inventory, selectors: Sequence[str], driver: str) -> list[DeviceView]:
+    """This driver's devices that every selector matches ([] when one does not compile)."""
+    try:
+        compiled = [compile_selector(s) for s in selectors]
+    except CelCompileError:
+        return []  # a broken class: the API server or the scheduler reports that, not this webhook
+    return [d for d in inventory.devices.values() if d.driver == driver and all(s.matches(d) for s in compiled)]
+
+
 def _class_devices(inventory: Inventory, class_name: str, driver: str) -> list[DeviceView]:
     """This driver's devices that the class's selectors match ([] when the class is unknown)."""
     view = inventory.classes.get(class_name)
-    if view is None:
-        return []
-    try:
-        selectors = [compile_selector(s) for s in view.selectors]
-    except CelCompileError:
-        return []  # the class is broken: the scheduler reports that, not this webhook
-    return [d for d in inventory.devices.values()
-            if d.driver == driver and all(s.matches(d) for s in selectors)]
+    return [] if view is None else _matching(inventory, view.selectors, driver)
 
 
-def _fit_errors(config: DeviceConfig, path: str, request: str, class_name: str, devices: list[DeviceView],
+def _own_selectors(obj: dict[str, Any]) -> list[str]:
+    """The CEL expressions of a DeviceClass under review (its config applies to what they select)."""
+    return [str(((s or {}).get("cel") or {}).get("expression") or "")
+            for s in ((obj.get("spec") or {}).get("selectors") or []) if isinstance(s, dict)]
+
+
+def _fit_errors(config: DeviceConfig, path: str, request: str | None, class_name: str, devices: list[DeviceView],
                 driver: str) -> list[str]:
+    """Why ``config`` fits no device of the class (``request`` None: the DeviceClass's own config)."""
     wanted = "mig" if config.kind == KIND_MIG else "gpu"
     types = sorted({str(d.attr(f"{driver}/type")) for d in devices})
     fitting = [d for d in devices if d.attr(f"{driver}/type") == wanted]
     if not fitting:
         other = "GpuConfig" if wanted == "mig" else "MigDeviceConfig"
-        return [f"{path}.kind: {config.kind} applies to request {request!r}, whose DeviceClass {class_name} holds "
-                f"only {'/'.join(types)} devices, so every prepare would fail; use kind: {other}, or list in the "
-                "config's requests only requests of a class with "
-                f"{'MIG devices (mig.nvidia.com)' if wanted == 'mig' else 'whole GPUs (gpu.nvidia.com)'}"]
+        if request is None:
+            scope, alternative = f"every request of DeviceClass {class_name}, which", ""
+        else:
+            scope = f"request {request!r}, whose DeviceClass {class_name}"
+            alternative = (", or list in the config's requests only requests of a class with "
+                           f"{'MIG devices (mig.nvidia.com)' if wanted == 'mig' else 'whole GPUs (gpu.nvidia.com)'}")
+        return [f"{path}.kind: {config.kind} applies to {scope} holds only {'/'.join(types)} devices, so every "
+                f"prepare would fail; use kind: {other}{alternative}"]
     largest_limit = config.sharing.mps.largest_pinned_limit if config.sharing else None
     if config.sharing is None or largest_limit is None:
         return []
@@ -106,8 +119,8 @@ def _fit_errors(config: DeviceConfig, path: str, request: str, class_name: str, 
         return []
     shown = human_bytes(limit) if limit < 1024**5 else "over 1 PiB"  # 1e30 would print as 18 digits of TiB
     return [f"{path}.sharing.{config.sharing.mps_field}.{field_name}: {shown} is more memory than any "
-            f"device of DeviceClass {class_name} (request {request!r}) has, the largest being "
-            f"{human_bytes(biggest)}, so every prepare would fail; set at most {int(biggest) // MIB}Mi"]
+            f"device of DeviceClass {class_name}{'' if request is None else f' (request {request!r})'} has, the "
+            f"largest being {human_bytes(biggest)}, so every prepare would fail; set at most {int(biggest) // MIB}Mi"]
 
 
 def check_configs(kind: str, obj: dict[str, Any], driver: str, inventory: Inventory | None = None,
@@ -144,6 +157,12 @@ def check_configs(kind: str, obj: dict[str, Any], driver: str, inventory: Invent
                 f"gpuready: {path}.sharing.{sharing.mps_field}.multiUser is decided per node on gpuready, not per "
                 "claim: MPS daemons serve any user where the node's driver can (plugin MPS_MULTIUSER, default on)")
         if inventory is None:
+            continue
+        if kind == "DeviceClass":
+            own = _matching(inventory, _own_selectors(obj), driver)
+            if own:
+                name = str((obj.get("metadata") or {}).get("name") or "")
+                findings.errors += _fit_errors(config, path, None, name, own, driver)
             continue
         requests = [str(r) for r in entry.get("requests") or []]
         for request, class_name in targets:

@@ -258,6 +258,29 @@ def test_config_prepare_would_refuse_is_refused_at_admission(world: dict[str, An
         assert fragment in message, message
 
 
+def test_a_device_classs_own_config_must_fit_the_devices_it_selects(world: dict[str, Any]) -> None:
+    def device_class(parameters: dict[str, Any], device_type: str = "gpu") -> dict[str, Any]:
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "team-gpus"},
+                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "gpu.nvidia.com" && '
+                                                              f'device.attributes["gpu.nvidia.com"].type == "{device_type}"'}}],
+                         "config": [{"opaque": {"driver": "gpu.nvidia.com", "parameters": parameters}}]}}
+
+    resp = response(world, "/validate", device_class({"apiVersion": NV, "kind": "MigDeviceConfig"}))
+    assert resp["allowed"] is False
+    message = resp["status"]["message"]
+    assert "spec.config[0].opaque.parameters.kind: MigDeviceConfig applies to every request of DeviceClass " \
+           "team-gpus, which holds only gpu devices" in message and "use kind: GpuConfig" in message
+    resp = response(world, "/validate", device_class({"apiVersion": NV, "kind": "MigDeviceConfig", "sharing": {
+        "strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "200Gi"}}}, "mig"))
+    assert resp["allowed"] is False  # the largest MIG device here is node-a's 7g.141gb placement
+    message = resp["status"]["message"]
+    assert "spec.config[0].opaque.parameters.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: 200 GiB is more " \
+           "memory than any device of DeviceClass team-gpus has" in message, message
+    ok = response(world, "/validate", device_class({"apiVersion": NV, "kind": "GpuConfig", "sharing": {
+        "strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "8Gi"}}}))
+    assert ok["allowed"] is True
+
+
 def test_a_class_holding_fitting_devices_is_not_refused(world: dict[str, Any]) -> None:
     # The VRAM class holds whole GPUs and MIG devices: a MigDeviceConfig may well land on a MIG device.
     resp = response(world, "/validate", class_claim(VRAM, {"apiVersion": NV, "kind": "MigDeviceConfig"}))
