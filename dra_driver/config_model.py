@@ -141,6 +141,9 @@ class ParsedConfig:
     config: DeviceConfig
     fields_set: frozenset[str]
     api_version: str = ""
+    # Values accepted (the dialect allows them) that have no effect, each "<field path>: why": the
+    # webhook sends them as warnings.
+    notes: tuple[str, ...] = ()
 
 
 def expect_type(value: Any, kind: type | tuple[type, ...], path: str, what: str) -> None:

@@ -171,12 +171,19 @@ NVIDIA = Dialect(
 DIALECTS: tuple[Dialect, ...] = (GPUREADY, NVIDIA)
 
 
-def _parse_mps(raw: Any, path: str, dialect: Dialect) -> MpsSettings:
+def _parse_mps(raw: Any, path: str, dialect: Dialect, notes: list[str]) -> MpsSettings:
     expect_type(raw, dict, path, "an object")
     check_fields(raw, dialect.mps_fields, path, dialect.foreign)
     pct = raw.get("defaultActiveThreadPercentage")
     if pct is not None:
         pct = parse_percentage(pct, f"{path}.defaultActiveThreadPercentage", dialect.min_percentage)
+        if pct == 0:
+            # NVIDIA's API allows 0, but nvidia-cuda-mps-control refuses it ("Invalid percentage, expected
+            # between (0.0, 100.0]", 580.159.04) and keeps its default; exported to a client it is no limit
+            # either. So 0 sets nothing, and the user is told.
+            pct = None
+            notes.append(f"{path}.defaultActiveThreadPercentage: 0 sets no limit (the MPS control daemon takes "
+                         "more than 0 up to 100 and keeps its default, 100%); set 1 to 100 for a limit")
     limit = raw.get("defaultPinnedDeviceMemoryLimit")
     limit_bytes = None if limit is None else parse_pinned_limit(limit, f"{path}.defaultPinnedDeviceMemoryLimit")
     per_device: list[tuple[str, int]] = []
@@ -197,7 +204,7 @@ def _parse_mps(raw: Any, path: str, dialect: Dialect) -> MpsSettings:
                        per_device_pinned_limits=tuple(per_device), multi_user=multi_user)
 
 
-def _parse_sharing(raw: Any, path: str, dialect: Dialect, kind: str) -> Sharing:
+def _parse_sharing(raw: Any, path: str, dialect: Dialect, kind: str, notes: list[str]) -> Sharing:
     expect_type(raw, dict, path, "an object")
     elsewhere = dict(dialect.foreign)
     if kind == KIND_MIG and not dialect.mig_has_timeslice:
@@ -231,7 +238,7 @@ def _parse_sharing(raw: Any, path: str, dialect: Dialect, kind: str) -> Sharing:
         if strategy != "MPS":
             raise OpaqueConfigError(f"{path}.{mps_field}", f"set while strategy is {strategy}",
                                     f"remove {mps_field} or set strategy: MPS")
-        mps = _parse_mps(raw[mps_field], f"{path}.{mps_field}", dialect)
+        mps = _parse_mps(raw[mps_field], f"{path}.{mps_field}", dialect, notes)
     return Sharing(strategy=strategy, mps=mps, interval=interval, mps_field=mps_field, timeslice_field=ts_field)
 
 
@@ -261,14 +268,15 @@ def parse_config(parameters: Any, path: str = "parameters") -> ParsedConfig:
     if kind not in KINDS:
         raise OpaqueConfigError(f"{path}.kind", "missing" if kind is None else f"unknown kind {kind!r}",
                                 f"use one of {', '.join(KINDS)}")
-    sharing = (_parse_sharing(parameters["sharing"], f"{path}.sharing", dialect, kind)
+    notes: list[str] = []
+    sharing = (_parse_sharing(parameters["sharing"], f"{path}.sharing", dialect, kind, notes)
                if "sharing" in parameters else None)
     env = parse_env(parameters["env"], f"{path}.env") if "env" in parameters else ()
     visible = (parse_visible_env(parameters["visibleDevicesEnv"], f"{path}.visibleDevicesEnv")
                if "visibleDevicesEnv" in parameters else ())
     fields_set = frozenset(k for k in ("sharing", "env", "visibleDevicesEnv") if k in parameters)
     return ParsedConfig(DeviceConfig(kind=kind, sharing=sharing, env=env, visible_devices_env=visible),
-                        fields_set, dialect.api_version)
+                        fields_set, dialect.api_version, tuple(notes))
 
 
 def check_applies(config: DeviceConfig, device_type: str, device_name: str, memory_bytes: int,

@@ -136,10 +136,12 @@ def check_configs(kind: str, obj: dict[str, Any], driver: str, inventory: Invent
             continue  # another driver's config: its own webhook checks it
         path = f"{prefix}[{i}].opaque.parameters"
         try:
-            config = parse_config(opaque.get("parameters"), path).config
+            parsed = parse_config(opaque.get("parameters"), path)
         except OpaqueConfigError as exc:
             findings.errors.append(str(exc))
             continue
+        config = parsed.config
+        findings.warnings += [f"gpuready: {note}" for note in parsed.notes]
         sharing = config.sharing
         if sharing is not None and sharing.strategy == "TimeSlicing" and sharing.interval != "Default" \
                 and not allow_timeslice:

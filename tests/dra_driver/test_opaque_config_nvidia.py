@@ -67,8 +67,18 @@ def test_mig_device_config_forms() -> None:
     assert ts is not None and ts.strategy == "TimeSlicing" and ts.interval == "Default"
     mps = parse_config(_nv("MigDeviceConfig", sharing={"strategy": "MPS", "mpsConfig": {
         "defaultActiveThreadPercentage": 0, "defaultPinnedDeviceMemoryLimit": "4Gi"}})).config.sharing
-    assert mps is not None and mps.mps.active_thread_percentage == 0  # NVIDIA allows 0; gpuready's own 1
-    assert mps.mps.pinned_memory_limit_bytes == 4 * GIB
+    assert mps is not None and mps.mps.pinned_memory_limit_bytes == 4 * GIB
+
+
+def test_zero_percent_is_accepted_as_nvidia_allows_but_sets_no_limit_and_says_so() -> None:
+    # nvidia-cuda-mps-control (580.159.04, H100) answers "Invalid percentage, expected between (0.0, 100.0]"
+    # to 0 and keeps 100: the model carries no limit (nothing sent to the daemon or the client), and a note.
+    parsed = parse_config(_nv("MigDeviceConfig", sharing={"strategy": "MPS", "mpsConfig": {
+        "defaultActiveThreadPercentage": 0}}), path="p")
+    assert parsed.config.sharing is not None and parsed.config.sharing.mps.active_thread_percentage is None
+    (note,) = parsed.notes
+    assert note.startswith("p.sharing.mpsConfig.defaultActiveThreadPercentage: 0 sets no limit")
+    assert parse_config(_nv(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 1}})).notes == ()
 
 
 def test_a_config_without_sharing_is_exclusive() -> None:

@@ -171,7 +171,7 @@ NVIDIA_FORMS = [
     ("gpu.nvidia.com", {"apiVersion": NV, "kind": "GpuConfig", "sharing": {
         "strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Default"}}}),
     ("gpu.nvidia.com", {"apiVersion": NV, "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": {
-        "defaultActiveThreadPercentage": 0, "defaultPinnedDeviceMemoryLimit": "10Gi"}}}),
+        "defaultActiveThreadPercentage": 30, "defaultPinnedDeviceMemoryLimit": "10Gi"}}}),
     ("mig.nvidia.com", {"apiVersion": NV, "kind": "MigDeviceConfig", "sharing": {"strategy": "TimeSlicing"}}),
     ("mig.nvidia.com", {"apiVersion": NV, "kind": "MigDeviceConfig", "sharing": {"strategy": "MPS", "mpsConfig": {
         "defaultActiveThreadPercentage": 100, "defaultPinnedDeviceMemoryLimit": "4Gi"}}}),
@@ -184,6 +184,15 @@ def test_every_nvidia_config_form_is_admitted_without_a_warning(world: dict[str,
     resp = response(world, "/validate", class_claim(device_class, parameters))
     assert resp["allowed"] is True, resp
     assert "warnings" not in resp
+
+
+def test_nvidias_zero_percent_is_admitted_with_a_warning_that_it_sets_no_limit(world: dict[str, Any]) -> None:
+    parameters = {"apiVersion": NV, "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": {
+        "defaultActiveThreadPercentage": 0}}}
+    resp = response(world, "/validate", class_claim("gpu.nvidia.com", parameters))
+    assert resp["allowed"] is True
+    [warning] = resp["warnings"]
+    assert "sharing.mpsConfig.defaultActiveThreadPercentage: 0 sets no limit" in warning
 
 
 def test_mps_settings_prepare_does_not_apply_yet_are_admitted_with_a_warning_each(world: dict[str, Any]) -> None:

@@ -66,6 +66,18 @@ def test_nvidia_mps_config_sets_the_claims_daemon_like_gpureadys_own(h: PluginHa
     assert "quit" in [e["command"] for e in events(fake) if e["kind"] == "command"]
 
 
+def test_nvidias_zero_percent_sends_the_daemon_no_percentage(h: PluginHarness, fake: str) -> None:
+    # The real daemon refuses 0 and keeps 100 (580.159.04); a client told 0 would get no limit either.
+    uid, result = _prepare(h, "nv-zero", "gpu-3", {"apiVersion": NV, "kind": "GpuConfig", "sharing": {
+        "strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 0}}})
+    assert result.ok, result.error
+    assert not any(e["command"].startswith("set_default_active_thread_percentage")
+                   for e in events(fake) if e["kind"] == "command")
+    env = h.read_spec(NODE, uid)["devices"][0]["containerEdits"]["env"]
+    assert not any(e.startswith("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=") for e in env)
+    assert h.kubelet(NODE).unprepare([("default", "nv-zero", uid)]) == {uid: ""}
+
+
 def test_nvidia_time_slicing_claims_prepare(h: PluginHarness, fake: str) -> None:
     for i, sharing in enumerate(({"strategy": "TimeSlicing"},
                                  {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})):
