@@ -92,6 +92,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="directory holding tls.crt and tls.key [WEBHOOK_CERT_DIR]")
     parser.add_argument("--webhook-cert", default=_env("WEBHOOK_CERT", ""), help="certificate file (PEM) [WEBHOOK_CERT]")
     parser.add_argument("--webhook-key", default=_env("WEBHOOK_KEY", ""), help="private key file (PEM) [WEBHOOK_KEY]")
+    parser.add_argument("--timeslice-interval", choices=("ignore", "apply"), default=_env("TIMESLICE_INTERVAL", "ignore"),
+                        help="a claim's sharing time-slice interval other than Default changes a GPU-wide setting: "
+                             "ignore admits such claims with a warning that the GPU keeps its time slice; apply "
+                             "admits them silently (only where the kubelet plugins apply it; the chart's "
+                             "timeSliceInterval sets both) [TIMESLICE_INTERVAL]")
     parser.add_argument("--metrics-port", type=int, default=_env("METRICS_PORT", "8080"),
                         help="Prometheus /metrics port; 0 turns it off [METRICS_PORT]")
     parser.add_argument("--health-port", type=int, default=_env("HEALTH_PORT", "8081"),
@@ -161,6 +166,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         readiness_taint_mode=args.readiness_taint_mode, readiness_taint_key=args.readiness_taint,
         plugin_heartbeat_threshold=args.plugin_heartbeat_threshold,
         plugin_handover_grace=args.plugin_handover_grace, taint_rule_owner=args.taint_rule_owner,
+        timeslice_interval=args.timeslice_interval,
     )
 
 

@@ -102,10 +102,13 @@ class ControllerConfig:
     plugin_heartbeat_threshold: float = 0.0
     plugin_handover_grace: float = 30.0
     taint_rule_owner: str = ""  # the ClusterRole that owns the plugin-down DeviceTaintRules (uninstall GC)
+    timeslice_interval: str = "ignore"  # ignore | apply: may a claim's interval change the GPU's time slice
 
     def __post_init__(self) -> None:
         if self.policy not in ("binpack", "spread"):
             raise ValueError(f"--policy {self.policy!r}: use binpack or spread")
+        if self.timeslice_interval not in ("ignore", "apply"):
+            raise ValueError(f"--timeslice-interval {self.timeslice_interval!r}: use ignore or apply")
         if self.placement_mode not in PLACEMENT_MODES:
             raise ValueError(f"--placement-mode {self.placement_mode!r}: use off or gated")
         if self.on_device_failure not in (NONE, EVICT):
@@ -221,7 +224,7 @@ class Controller:
         if cfg.webhook_port is not None:
             self.webhook = WebhookServer(cfg.webhook_host, cfg.webhook_port, cfg.cert_file, cfg.key_file,
                                          self.cache.inventory, cfg.driver_name, cfg.memory_class_name,
-                                         self.metrics).start()
+                                         self.metrics, allow_timeslice=cfg.timeslice_interval == "apply").start()
         if cfg.metrics_port is not None:
             self._metrics_server, _ = serve_metrics(self.metrics.registry, cfg.metrics_host or cfg.bind_host,
                                                     cfg.metrics_port)

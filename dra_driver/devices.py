@@ -146,6 +146,9 @@ class Gpu:
     numa_node: int | None = None
     memory_slice_count: int = 0  # MIG memory slices (8 on A100/H100/H200); 0 if not MIG-capable
     compute_slice_count: int = 0  # MIG compute slices (7 on A100/H100/H200)
+    # How the GPU shares the CPU's address space, as NVML reports it ("HMM", "ATS" or "None";
+    # nvmlDeviceGetAddressingMode); None where the driver does not report it.
+    addressing_mode: str | None = None
 
     @property
     def name(self) -> str:

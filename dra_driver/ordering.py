@@ -51,11 +51,14 @@ def published_fit_key(memory: int | Fraction, attributes: Mapping[str, Any], cap
     """
     if attributes.get("type") not in ("gpu", "mig"):
         return (Fraction(memory), 0, 0, 0, 0, 0, "")
+    mig = attributes.get("type") == "mig"
+    # Engine counts rank MIG profiles only: a whole GPU under dynamic MIG publishes them too (NVIDIA's
+    # names), and the plugin sorted it without them.
     return best_fit_key(
         memory,
-        whole_gpu=attributes.get("type") != "mig",
-        multiprocessors=_int(capacity.get("multiprocessors")),
-        media_engines=_int(capacity.get("encoders")) + _int(capacity.get("ofaEngines")),
+        whole_gpu=not mig,
+        multiprocessors=_int(capacity.get("multiprocessors")) if mig else 0,
+        media_engines=_int(capacity.get("encoders")) + _int(capacity.get("ofaEngines")) if mig else 0,
         minor=_int(attributes.get("minor")),
         placement_start=_int(attributes.get("placementStart")),
         name=name,

@@ -13,10 +13,12 @@ a warning naming the largest device. Failing open: any error admits the object u
 warning (the chart's failurePolicy is Ignore for the same reason: shaping is an optimisation).
 
 Validating (ResourceClaim, ResourceClaimTemplate, DeviceClass CREATE/UPDATE): every opaque config
-for this driver must parse (:func:`dra_driver.opaque_config.parse_config`), and a request of one of
-this driver's DeviceClasses that states ``capacity.requests.memory`` must ask for a positive amount
-(``-1Gi`` or ``0`` would otherwise be allocated as "at least nothing"); anything else is refused with
-a message naming the field and the fix. Failing closed: an internal error refuses.
+for this driver must parse and fit the devices of its requests' classes
+(:mod:`controller.webhooks.config_admission`), and a request of one of this driver's DeviceClasses that
+states ``capacity.requests.memory`` must ask for a positive amount (``-1Gi`` or ``0`` would otherwise be
+allocated as "at least nothing"); a bad one is refused with a message naming the field and the fix,
+a setting the cluster does not apply is admitted with a warning. Failing closed: an internal error
+refuses.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 
 from controller.planning import Inventory, shape_vram_request
 from controller.planning.shaping import ORIGINAL_ANNOTATION, vram_request_error
-from dra_driver.opaque_config import OpaqueConfigError, parse_config
+from controller.webhooks.config_admission import check_configs
 
 MUTATE_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
 VALIDATE_KINDS = ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass")
@@ -153,31 +155,6 @@ def _mutate(request: dict[str, Any], kind: str, inventory: Inventory | None, mem
     return Answer(response, "mutated", kind, warnings)
 
 
-def _configs(kind: str, obj: dict[str, Any]) -> tuple[str, list[Any]]:
-    """Field path prefix and the opaque config list of a claim, template or class."""
-    spec = obj.get("spec") or {}
-    if kind == "DeviceClass":
-        return "spec.config", list(spec.get("config") or [])
-    if kind == "ResourceClaimTemplate":
-        return "spec.spec.devices.config", list((((spec.get("spec") or {}).get("devices") or {}).get("config")) or [])
-    return "spec.devices.config", list(((spec.get("devices") or {}).get("config")) or [])
-
-
-def config_errors(kind: str, obj: dict[str, Any], driver: str) -> list[str]:
-    """Every problem with this driver's opaque configs in ``obj``, each naming its field."""
-    prefix, configs = _configs(kind, obj)
-    errors: list[str] = []
-    for i, entry in enumerate(configs):
-        opaque = entry.get("opaque") if isinstance(entry, dict) else None
-        if not isinstance(opaque, dict) or opaque.get("driver") != driver:
-            continue  # another driver's config: its own webhook checks it
-        try:
-            parse_config(opaque.get("parameters"), f"{prefix}[{i}].opaque.parameters")
-        except OpaqueConfigError as exc:
-            errors.append(str(exc))
-    return errors
-
-
 def driver_classes(inventory: Inventory | None, driver: str, memory_class: str) -> frozenset[str]:
     """The DeviceClasses whose requests are this driver's to check: the memory class, the class named
     like the driver, and every class a selector of which names the driver (``device.driver == "..."``)."""
@@ -220,12 +197,14 @@ def memory_request_errors(kind: str, obj: dict[str, Any], classes: frozenset[str
     return errors
 
 
-def validate(request: dict[str, Any], driver: str, classes: frozenset[str] = frozenset()) -> Answer:
-    """Check this driver's opaque configs and the memory requests of ``classes`` (see
+def validate(request: dict[str, Any], driver: str, inventory: Inventory | None = None,
+             allow_timeslice: bool = False, classes: frozenset[str] = frozenset()) -> Answer:
+    """Check this driver's opaque configs (:func:`controller.webhooks.config_admission.check_configs`,
+    against ``inventory`` when there is one) and the memory requests of ``classes`` (see
     :func:`driver_classes`). Fails closed: an internal error refuses the object."""
     kind = _kind(request)
     try:
-        return _validate(request, kind, driver, classes)
+        return _validate(request, kind, driver, inventory, allow_timeslice, classes)
     except Exception as exc:
         message = (f"gpuready: the validating webhook failed internally ({type(exc).__name__}: {exc}); "
                    "retry, and report this if it persists")
@@ -234,7 +213,8 @@ def validate(request: dict[str, Any], driver: str, classes: frozenset[str] = fro
         return Answer(response, "error", kind)
 
 
-def _validate(request: dict[str, Any], kind: str, driver: str, classes: frozenset[str]) -> Answer:
+def _validate(request: dict[str, Any], kind: str, driver: str, inventory: Inventory | None,
+              allow_timeslice: bool, classes: frozenset[str]) -> Answer:
     obj = request.get("object")
     if kind not in VALIDATE_KINDS or request.get("operation") not in ("CREATE", "UPDATE") or not isinstance(obj, dict):
         return Answer(_base(request, True, []), "allowed", kind)
@@ -242,10 +222,12 @@ def _validate(request: dict[str, Any], kind: str, driver: str, classes: frozense
         old = request.get("oldObject") or {}
         if old.get("spec") == obj.get("spec"):
             return Answer(_base(request, True, []), "allowed", kind)  # metadata/status writes pass
-    errors = config_errors(kind, obj, driver)
+    findings = check_configs(kind, obj, driver, inventory, allow_timeslice)
+    errors = findings.errors
     memory = memory_request_errors(kind, obj, classes)
     if not errors and not memory:
-        return Answer(_base(request, True, []), "allowed", kind)
+        warnings = findings.warnings
+        return Answer(_base(request, True, warnings), "warned" if warnings else "allowed", kind, warnings)
     name = (obj.get("metadata") or {}).get("name") or (obj.get("metadata") or {}).get("generateName") or ""
     parts = ([f"invalid {driver} configuration: " + "; ".join(errors)] if errors else []) + memory
     message = f"{kind} {name}: " + "; ".join(parts)

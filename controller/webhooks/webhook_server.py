@@ -157,8 +157,9 @@ class WebhookServer:
 
     def __init__(self, host: str, port: int, cert_file: str, key_file: str,
                  inventory: Callable[[], Inventory | None], driver: str, memory_class: str,
-                 metrics: ControllerMetrics | None = None) -> None:
+                 metrics: ControllerMetrics | None = None, allow_timeslice: bool = False) -> None:
         self.inventory, self.driver, self.memory_class, self.metrics = inventory, driver, memory_class, metrics
+        self.allow_timeslice = allow_timeslice  # claims may change the GPU-wide time slice
         self.cert_file, self.key_file = cert_file, key_file
         for flag, path in (("--webhook-cert", cert_file), ("--webhook-key", key_file)):
             if not os.path.isfile(path):
@@ -236,10 +237,13 @@ class WebhookServer:
                 return mutation_failed(request, exc)
             return mutate(request, inventory, self.memory_class)
         try:
-            classes = driver_classes(self.inventory(), self.driver, self.memory_class)
-        except Exception:  # the inventory is only needed to find renamed classes: check the default ones
-            classes = driver_classes(None, self.driver, self.memory_class)
-        return validate(request, self.driver, classes)
+            known: Inventory | None = self.inventory()
+        except Exception as exc:  # validation still runs; only the class-aware checks are skipped
+            log.warning("webhook_inventory_unavailable", error=str(exc))
+            known = None
+        # The inventory also finds renamed classes; without it the default ones are checked.
+        classes = driver_classes(known, self.driver, self.memory_class)
+        return validate(request, self.driver, known, self.allow_timeslice, classes)
 
     def start(self) -> WebhookServer:
         """Serve in a daemon thread."""

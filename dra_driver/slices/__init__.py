@@ -33,7 +33,13 @@ from .model import (
     node_owner_reference,
 )
 from .pool_view import complete_pool_devices
-from .shared_gpus import SharedGpuNames, check_shared_gpu_names, shared_memory_policy
+from .shared_gpus import (
+    SHARE_MODES,
+    SharedGpuNames,
+    check_shared_gpu_names,
+    parse_share_mode,
+    shared_memory_policy,
+)
 
 __all__ = [
     "ATTR_NUMA_NODE",
@@ -43,6 +49,7 @@ __all__ = [
     "MAX_COUNTER_SETS_PER_SLICE",
     "MAX_DEVICES_PER_SLICE",
     "MAX_LIMITED_DEVICES_PER_SLICE",
+    "SHARE_MODES",
     "AttributeValue",
     "Capacity",
     "CounterConsumption",
@@ -62,6 +69,7 @@ __all__ = [
     "listed_device_names",
     "memory_slice_counter",
     "node_owner_reference",
+    "parse_share_mode",
     "semver",
     "shared_memory_policy",
     "slice_name",

@@ -5,6 +5,17 @@ standard ones carry ``resource.kubernetes.io/``. Values respect the API's limits
 versions at most 64 characters, versions are semver 2.0.0 (NVIDIA's ``580.159.04`` becomes
 ``580.159.4``: semver forbids leading zeros), and a value that cannot be expressed is left out
 rather than failing the whole slice.
+
+The names NVIDIA's DRA driver publishes are here with the same types, so selectors written for it
+match: ``addressingMode`` (where NVML reports one, GPU and MIG), ``resource.kubernetes.io/pciBusID``
+on MIG devices too (the parent's: a MIG device is not a PCI function of its own, but alignment with
+NICs and CPUs keys on it), ``memorySlice<N>`` = 1 for each memory slice a static MIG device occupies,
+and the six engine capacities on a whole MIG-capable GPU under dynamic MIG.
+
+At most 32 attributes and capacities per device (the API's limit): a MIG device on every one of its
+GPU's 8 memory slices, with NUMA, PCIe root and addressing mode known, would have 33, so
+:func:`within_limit` drops the optional names in ``DROPPED_FIRST`` order (``minor``, then ``index``:
+the name and ``parentUUID`` say the same; NVIDIA publishes neither).
 """
 
 from __future__ import annotations
@@ -21,6 +32,8 @@ ATTR_PCIE_ROOT = STANDARD_PREFIX + "pcieRoot"
 ATTR_NUMA_NODE = STANDARD_PREFIX + "numaNode"
 
 MAX_STRING_LENGTH = 64  # string and version attribute values
+MAX_ATTRIBUTES_AND_CAPACITIES = 32  # per device
+DROPPED_FIRST = ("index", "minor")
 
 _SEMVER = re.compile(
     r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
@@ -53,6 +66,8 @@ def _common(gpu: Gpu, devices: NodeDevices) -> list[tuple[str, AttributeValue]]:
         ("index", gpu.index),
         ("minor", gpu.minor),
     ]
+    if gpu.addressing_mode:
+        attrs.append(("addressingMode", clip(gpu.addressing_mode)))
     for name, raw in (
         ("cudaComputeCapability", gpu.cuda_compute_capability),
         ("driverVersion", devices.driver_version),
@@ -64,11 +79,10 @@ def _common(gpu: Gpu, devices: NodeDevices) -> list[tuple[str, AttributeValue]]:
     return attrs
 
 
-def _topology(gpu: Gpu, with_bus_id: bool) -> list[tuple[str, AttributeValue]]:
+def _topology(gpu: Gpu) -> list[tuple[str, AttributeValue]]:
+    """PCI and NUMA placement: a MIG device reports its parent's."""
     attrs: list[tuple[str, AttributeValue]] = []
-    # A MIG device is not a PCI function of its own: only the whole GPU claims the bus ID, while
-    # pcieRoot and numaNode (what alignment with NICs and CPUs keys on) hold for both.
-    if with_bus_id and gpu.pci_bus_id:
+    if gpu.pci_bus_id:
         attrs.append((ATTR_PCI_BUS_ID, clip(gpu.pci_bus_id)))
     if gpu.pcie_root:
         attrs.append((ATTR_PCIE_ROOT, clip(gpu.pcie_root)))
@@ -81,13 +95,30 @@ def gpu_attributes(gpu: Gpu, devices: NodeDevices) -> tuple[tuple[str, Attribute
     """A whole GPU's attributes."""
     attrs: list[tuple[str, AttributeValue]] = [("type", "gpu"), ("uuid", clip(gpu.uuid))]
     attrs += _common(gpu, devices)
-    attrs += _topology(gpu, with_bus_id=True)
+    attrs += _topology(gpu)
     return tuple(attrs)
 
 
-def gpu_capacity(gpu: Gpu) -> tuple[tuple[str, Capacity], ...]:
-    """A whole GPU's capacity: its memory exactly as NVML reports it."""
-    return (("memory", Capacity(gpu.memory_bytes, binary=True)),)
+ENGINE_CAPACITIES: tuple[tuple[str, str], ...] = (
+    ("multiprocessors", "multiprocessors"),
+    ("copyEngines", "copy_engines"),
+    ("decoders", "decoders"),
+    ("encoders", "encoders"),
+    ("jpegEngines", "jpeg_engines"),
+    ("ofaEngines", "ofa_engines"),
+)
+
+
+def gpu_capacity(gpu: Gpu, engines: bool = False) -> tuple[tuple[str, Capacity], ...]:
+    """A whole GPU's capacity: its memory exactly as NVML reports it; with ``engines`` (a MIG-capable
+    GPU under dynamic MIG) also the six engine counts, each the most any of its MIG profiles has (the
+    full-GPU profile's: what NVIDIA publishes there)."""
+    capacity = [("memory", Capacity(gpu.memory_bytes, binary=True))]
+    if engines:
+        for name, field in ENGINE_CAPACITIES:
+            capacity.append((name, Capacity(max((getattr(p, field) for p in gpu.mig_profiles), default=0))))
+    return tuple(capacity)
+
 
 
 def _mig_attributes(
@@ -103,21 +134,27 @@ def _mig_attributes(
         ("placementStart", start),
     ]
     attrs += _common(gpu, devices)
-    attrs += _topology(gpu, with_bus_id=False)
+    attrs += _topology(gpu)
     return tuple(attrs)
 
 
-def mig_capacity(profile: MigProfile, memory_bytes: int) -> tuple[tuple[str, Capacity], ...]:
-    """A MIG device's capacity: memory plus the engines its profile owns."""
-    return (
-        ("memory", Capacity(memory_bytes, binary=True)),
-        ("multiprocessors", Capacity(profile.multiprocessors)),
-        ("copyEngines", Capacity(profile.copy_engines)),
-        ("decoders", Capacity(profile.decoders)),
-        ("encoders", Capacity(profile.encoders)),
-        ("jpegEngines", Capacity(profile.jpeg_engines)),
-        ("ofaEngines", Capacity(profile.ofa_engines)),
-    )
+def mig_capacity(profile: MigProfile, memory_bytes: int,
+                 memory_slices: range | None = None) -> tuple[tuple[str, Capacity], ...]:
+    """A MIG device's capacity: memory plus the engines its profile owns; for an existing (static)
+    MIG device also ``memorySlice<N>`` = 1 for each memory slice it occupies."""
+    capacity = [("memory", Capacity(memory_bytes, binary=True))]
+    capacity += [(name, Capacity(int(getattr(profile, field)))) for name, field in ENGINE_CAPACITIES]
+    capacity += [(f"memorySlice{i}", Capacity(1)) for i in memory_slices or ()]
+    return tuple(capacity)
+
+
+def within_limit(attributes: tuple[tuple[str, AttributeValue], ...], capacity: tuple[tuple[str, Capacity], ...]
+                 ) -> tuple[tuple[str, AttributeValue], ...]:
+    """``attributes`` without the ``DROPPED_FIRST`` names the API's 32 per device leave no room for."""
+    excess = len(attributes) + len(capacity) - MAX_ATTRIBUTES_AND_CAPACITIES
+    present = [name for name in DROPPED_FIRST if any(n == name for n, _ in attributes)]
+    drop = set(present[:max(excess, 0)])
+    return tuple((n, v) for n, v in attributes if n not in drop)
 
 
 def mig_device_attributes(

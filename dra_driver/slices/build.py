@@ -36,10 +36,11 @@ from .attributes import (
     mig_capacity,
     mig_device_attributes,
     placement_attributes,
+    within_limit,
 )
 from .counters import gpu_counter_set, placement_consumption, whole_gpu_consumption
-from .model import Capacity, CounterSet, DeviceSpec, DeviceTaint, SliceSpec
-from .shared_gpus import shared_memory_policy
+from .model import CounterSet, DeviceSpec, DeviceTaint, SliceSpec
+from .shared_gpus import parse_share_mode, shared_capacity
 
 MAX_DEVICES_PER_SLICE = 128
 MAX_LIMITED_DEVICES_PER_SLICE = 64  # when a device in the slice has taints or consumesCounters
@@ -62,9 +63,12 @@ class SliceOptions:
     :func:`~dra_driver.slices.shared_gpus.check_shared_gpu_names`. A shared GPU is not partitioned:
     in dynamic MIG mode it is published whole, without placements.
 
-    A shared GPU's ``memory`` policy (:func:`~dra_driver.slices.shared_gpus.shared_memory_policy`):
-    ``min`` = ``shared_memory_min_bytes``, ``step`` = ``shared_memory_step_bytes``, ``default`` = the
-    whole memory rounded down to the step, so a claim that asks no memory takes the whole GPU.
+    ``share_mode`` is how shared GPUs are shared (``memory``, ``unlimited`` or a number of shares:
+    :mod:`dra_driver.slices.shared_gpus`); ``gpu_share_modes`` overrides it per GPU name. In
+    ``memory`` mode a shared GPU's ``memory`` policy
+    (:func:`~dra_driver.slices.shared_gpus.shared_memory_policy`) has ``min`` =
+    ``shared_memory_min_bytes``, ``step`` = ``shared_memory_step_bytes``, ``default`` = the whole
+    memory rounded down to the step, so a claim that asks no memory takes the whole GPU.
     """
 
     mig_mode: Literal["static", "dynamic"] = "static"
@@ -72,6 +76,8 @@ class SliceOptions:
     shared_memory_min_bytes: int = GIB
     shared_memory_step_bytes: int = GIB
     health_mode: Literal["withdraw", "taint"] = "withdraw"
+    share_mode: str = "memory"
+    gpu_share_modes: tuple[tuple[str, str], ...] = ()
     # Bind-time validation: every device carries these binding conditions (None: no conditions).
     binding_conditions: BindingConditions | None = None
 
@@ -88,6 +94,13 @@ class SliceOptions:
             raise ValueError(
                 f"shared_memory_step_bytes={self.shared_memory_step_bytes}: must be a positive byte count"
             )
+        parse_share_mode(self.share_mode, "share_mode")
+        for name, mode in self.gpu_share_modes:
+            parse_share_mode(mode, f"gpu_share_modes[{name}]")
+
+    def share_mode_of(self, gpu: Gpu) -> str:
+        """How this GPU is shared when it is (the per-GPU override, else the node's mode)."""
+        return str(parse_share_mode(dict(self.gpu_share_modes).get(gpu.name, self.share_mode)))
 
     def is_shared(self, gpu: Gpu) -> bool:
         """Whether this GPU is published as a shareable device."""
@@ -151,13 +164,13 @@ class _Entry:
 
 def _whole_gpu(gpu: Gpu, devices: NodeDevices, options: SliceOptions, counter_set: CounterSet | None
                ) -> _Entry:
-    capacity = gpu_capacity(gpu)
+    capacity = gpu_capacity(gpu, engines=counter_set is not None)
     shared = options.is_shared(gpu)
     if shared:
-        # default = the whole GPU (stepped): a claim that asks no memory (gpu.nvidia.com) gets all of it.
-        policy = shared_memory_policy(gpu.memory_bytes, options.shared_memory_min_bytes,
-                                      options.shared_memory_step_bytes)
-        capacity = (("memory", Capacity(gpu.memory_bytes, binary=True, request_policy=policy)),)
+        # memory mode: default = the whole GPU (stepped), so a claim that asks no memory (gpu.nvidia.com)
+        # gets all of it; unlimited and <N> shares: a claim takes no memory (one share) unless it asks.
+        capacity = shared_capacity(gpu.memory_bytes, options.share_mode_of(gpu), options.shared_memory_min_bytes,
+                                   options.shared_memory_step_bytes)
     device = DeviceSpec(
         name=gpu.name,
         attributes=gpu_attributes(gpu, devices),
@@ -200,10 +213,11 @@ def _gpu_entries(gpu: Gpu, devices: NodeDevices, options: SliceOptions
     if options.mig_mode == "static" and gpu.mig_mode == MigMode.ENABLED:
         entries = []
         for mig in gpu.mig_devices:
+            capacity = mig_capacity(mig.profile, mig.memory_bytes, mig.placement.memory_slices)
             device = DeviceSpec(
                 name=mig.name,
-                attributes=mig_device_attributes(gpu, mig, devices),
-                capacity=mig_capacity(mig.profile, mig.memory_bytes),
+                attributes=within_limit(mig_device_attributes(gpu, mig, devices), capacity),
+                capacity=capacity,
                 memory_bytes=mig.memory_bytes,
             )
             key = best_fit_key(mig.memory_bytes, whole_gpu=False, multiprocessors=mig.profile.multiprocessors,

@@ -1,4 +1,18 @@
-"""Shared GPUs (consumable ``memory``, Kubernetes 1.36+): the request policy and the name check. Pure.
+"""Shared GPUs (consumable capacity, Kubernetes 1.36+): the share modes, their request policies and
+the name check. Pure.
+
+Share modes (the admin picks one per node, and may override it per GPU; NVIDIA's driver calls them
+``--consumable-shares``, with the same published form):
+
+- ``memory`` (gpuready's VRAM-consumable GPUs): claims consume ``memory``, by default all of it;
+- ``unlimited``: any number of claims share the GPU; a claim consumes no ``memory`` unless it asks
+  (``default`` 0, ``min`` 0, ``step`` 1Mi, ``max`` the memory rounded down to 1Mi);
+- ``<N>`` (a positive integer): the GPU carries a ``shares`` capacity of N; a claim consumes one
+  share unless it asks for more (``default`` 1, ``min`` 1, ``max`` N, ``step`` 1) and ``memory``
+  as in ``unlimited``, so at most N claims share it.
+
+The scheduler does the counting; what a claim gets at prepare (a share of the GPU with no runtime
+isolation, like NVIDIA's) is the kubelet plugin's business.
 
 Request policy. A request that does not name a consumable capacity consumes the policy's
 ``default`` (the DeviceCapacity requestPolicy of resource.k8s.io/v1, consumable capacity; the kube-scheduler and the planner both do this). The
@@ -22,7 +36,43 @@ from dataclasses import dataclass
 
 from dra_driver.devices import Gpu, MigMode, NodeDevices
 
-from .model import RequestPolicy
+from .model import Capacity, RequestPolicy
+
+MIB = 1024**2
+SHARE_MODES = ("memory", "unlimited")  # or a positive integer: a `shares` capacity of that many
+MAX_SHARES = 1_000_000
+
+
+def parse_share_mode(text: str, where: str = "--share-mode") -> str:
+    """``memory``, ``unlimited`` or a positive integer (as text); ValueError naming ``where`` and the fix."""
+    value = text.strip()
+    if value in SHARE_MODES:
+        return value
+    if value.isdigit() and 1 <= int(value) <= MAX_SHARES:
+        return str(int(value))
+    raise ValueError(f"{where} {text!r}: use memory, unlimited, or a number of shares from 1 to {MAX_SHARES}")
+
+
+def _unlimited_memory_policy(memory_bytes: int) -> RequestPolicy:
+    """``memory`` that claims consume only when they ask: default 0, in whole MiB up to the GPU's."""
+    ceiling = memory_bytes // MIB * MIB
+    return RequestPolicy(default=0, min=0, step=MIB if memory_bytes >= MIB else None, max=ceiling)
+
+
+def shared_capacity(memory_bytes: int, mode: str, min_bytes: int, step_bytes: int
+                    ) -> tuple[tuple[str, Capacity], ...]:
+    """The capacity a shared whole GPU publishes in ``mode`` (see the module's docstring)."""
+    if mode == "memory":
+        return (("memory", Capacity(memory_bytes, binary=True,
+                                    request_policy=shared_memory_policy(memory_bytes, min_bytes, step_bytes))),)
+    memory = ("memory", Capacity(memory_bytes, binary=True, request_policy=_unlimited_memory_policy(memory_bytes)))
+    if mode == "unlimited":
+        return (memory,)
+    count = int(parse_share_mode(mode))
+    # A step that does not fit once above min is rejected upstream ("one step is larger than the
+    # capacity value"): one share has none.
+    shares = RequestPolicy(default=1, min=1, step=1 if count >= 2 else None, max=count)
+    return (memory, ("shares", Capacity(count, request_policy=shares)))
 
 
 def shared_memory_policy(memory_bytes: int, min_bytes: int, step_bytes: int) -> RequestPolicy:

@@ -56,6 +56,9 @@ class CdiDevice:
     # and in the container) and the directory its clients must see as /dev/shm ("" = none).
     mps_pipe_dir: str = ""
     mps_shm_dir: str = ""
+    # The pinned memory limit the claim's MPS daemon has for this device, in MiB (its config's default,
+    # or a per-device entry: NVIDIA's defaultPerDevicePinnedMemoryLimit); None = no limit set.
+    mps_pinned_mib: int | None = None
 
 
 def cdi_vendor(driver_name: str) -> str:
@@ -184,11 +187,13 @@ def _device_env(device: CdiDevice, request_devices: Sequence[CdiDevice]) -> list
         mps = cfg.sharing.mps
         if mps.active_thread_percentage is not None:
             env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mps.active_thread_percentage)
-        if mps.pinned_memory_limit_bytes is not None:
-            # Per visible-device ordinal, in MiB: the CUDA MPS client syntax "0=1024M,1=1024M".
-            mib = mps.pinned_memory_limit_bytes // 1024**2
-            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(
-                f"{i}={mib}M" for i in range(len(request_devices)))
+        # Per visible-device ordinal, in MiB: the CUDA MPS client syntax "0=1024M,1=1024M". The daemon's
+        # own limit of each device when one was set (per device), else the config's default for all.
+        limits = [(i, d.mps_pinned_mib) for i, d in enumerate(request_devices) if d.mps_pinned_mib is not None]
+        if not limits and mps.pinned_memory_limit_bytes is not None:
+            limits = [(i, mps.pinned_memory_limit_bytes // 1024**2) for i in range(len(request_devices))]
+        if limits:
+            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(f"{i}={mib}M" for i, mib in limits)
     env.update(cfg.env)
     return [f"{k}={v}" for k, v in env.items()]
 

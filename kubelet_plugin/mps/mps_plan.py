@@ -72,9 +72,17 @@ def claim_defaults(devices: Sequence[MpsDevice], where: str) -> int | None:
 
 def with_devices(record: MpsRecord, uuids: Sequence[str], settings: Mapping[str, MpsSettings],
                  thread_percentage: int | None) -> MpsRecord:
-    """The record completed with the device UUIDs (known once MIG instances exist) and the limits."""
-    pinned = {uuid: s.pinned_memory_limit_bytes // 1024**2 for uuid, s in settings.items()
-              if s.pinned_memory_limit_bytes is not None}
+    """The record completed with the device UUIDs (known once MIG instances exist) and the limits.
+
+    Each device's pinned limit is its config's default, overridden by a per-device entry keyed by the
+    device's index in ``uuids`` or its UUID (NVIDIA's ``defaultPerDevicePinnedMemoryLimit``); a key
+    that names no device of the claim raises :class:`~dra_driver.opaque_config.OpaqueConfigError`.
+    """
+    pinned: dict[str, int] = {}
+    for uuid, s in settings.items():
+        limit = s.pinned_limits(list(uuids)).get(uuid)
+        if limit is not None:
+            pinned[uuid] = limit // 1024**2
     return replace(record, device_uuids=list(uuids), active_thread_percentage=thread_percentage,
                    pinned_limits_mib=pinned)
 

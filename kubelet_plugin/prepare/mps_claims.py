@@ -14,6 +14,7 @@ from contextlib import AbstractContextManager
 from dataclasses import replace
 
 from dra_driver.logs import get_logger
+from dra_driver.opaque_config import OpaqueConfigError
 from kubelet_plugin.checkpoint.records import ClaimState, MpsRecord
 from kubelet_plugin.checkpoint.store import CheckpointStore
 from kubelet_plugin.kubelet.driver import PrepareError
@@ -39,8 +40,11 @@ def start_for_claim(ops: MpsOps, plan: ClaimPlan, planned: MpsRecord, uuids: Map
     """
     devices = list(plan.mps_devices)
     ref = f"ResourceClaim {plan.namespace}/{plan.name}"
-    record = with_devices(planned, [uuids[d.name] for d in devices], {uuids[d.name]: d.settings for d in devices},
-                          claim_defaults(devices, ref))
+    try:
+        record = with_devices(planned, [uuids[d.name] for d in devices],
+                              {uuids[d.name]: d.settings for d in devices}, claim_defaults(devices, ref))
+    except OpaqueConfigError as exc:  # a per-device limit keyed by an index or UUID the claim does not hold
+        raise PrepareError("invalid_config", f"{ref}: {exc}") from exc
     save(record)
     write_owner(record, plan.uid)
     try:

@@ -221,7 +221,8 @@ class Preparer:
         log.info("claim_mps_started", claim_uid=plan.uid, claim=f"{plan.namespace}/{plan.name}",
                  node=self.settings.pool, device=",".join(started.device_uuids), pid=started.pid,
                  pipe_dir=started.pipe_dir)
-        return {name: replace(d, mps_pipe_dir=started.pipe_dir, mps_shm_dir=started.shm_dir)
+        return {name: replace(d, mps_pipe_dir=started.pipe_dir, mps_shm_dir=started.shm_dir,
+                              mps_pinned_mib=started.pinned_limits_mib.get(d.uuid))
                 if d.uuid in started.device_uuids else d for name, d in cdi_devices.items()}
 
     def retry_rollbacks(self) -> int:

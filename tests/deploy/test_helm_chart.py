@@ -437,6 +437,20 @@ def test_device_classes_select_this_drivers_devices(values_name: str, driver: st
         assert "nvidia" not in json.dumps([c["spec"] for c in classes.values()])
 
 
+def test_defaults_map_nvidia_gpu_to_the_gpu_class_and_warn_on_timeslice_intervals() -> None:
+    # A pod asking nvidia.com/gpu: 1 gets a DRA GPU on a default install, as with NVIDIA's chart.
+    classes = {c["metadata"]["name"]: c for c in objects({}) if c["kind"] == "DeviceClass"}
+    assert classes["gpu.nvidia.com"]["spec"]["extendedResourceName"] == "nvidia.com/gpu"
+    assert "extendedResourceName" not in classes["mig.nvidia.com"]["spec"]
+    assert "extendedResourceName" not in classes["vram.gpu.nvidia.com"]["spec"]
+    off = {c["metadata"]["name"]: c for c in objects({"deviceClasses": {"extendedResourceName": ""}})
+           if c["kind"] == "DeviceClass"}
+    assert "extendedResourceName" not in off["gpu.nvidia.com"]["spec"]
+    controller = next(o for o in objects({}) if o["kind"] == "Deployment")
+    env = {e["name"]: e.get("value") for e in controller["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["TIMESLICE_INTERVAL"] == "ignore"
+
+
 def test_chart_device_classes_are_the_ones_in_deploy_deviceclasses() -> None:
     # One definition: the chart reads deploy/deviceclasses through a link, so kubectl users and Helm
     # users get the same classes.
@@ -444,8 +458,9 @@ def test_chart_device_classes_are_the_ones_in_deploy_deviceclasses() -> None:
     for path in sorted((CHART.parent.parent / "deviceclasses").glob("*.yaml")):
         obj = yaml.safe_load(path.read_text())
         shipped[obj["metadata"]["name"]] = obj["spec"]
-    rendered = {c["metadata"]["name"]: c["spec"] for c in find({}, "DeviceClass")}
-    assert shipped and rendered == shipped
+    rendered = {c["metadata"]["name"]: c["spec"] for c in find({"deviceClasses": {"extendedResourceName": ""}},
+                                                                 "DeviceClass")}
+    assert shipped and rendered == shipped  # the chart adds only its extendedResourceName value (default on)
     # The controller shapes requests of the vram class the chart created.
     env = _env(one({}, "Deployment")["spec"]["template"]["spec"]["containers"][0])
     assert env["MEMORY_DEVICE_CLASS"] in rendered
@@ -537,6 +552,7 @@ def test_grafana_dashboard_is_valid_json_over_exported_metrics() -> None:
     ({"kubeletPlugin": {"podResources": {"hostPath": "var/lib/kubelet/pod-resources"}}},
      "/kubeletPlugin/podResources/hostPath"),
     ({"kubeletPlugin": {"podResources": {"enabled": "yes"}}}, "/kubeletPlugin/podResources/enabled"),
+    ({"timeSliceInterval": "Long"}, "/timeSliceInterval"),
 ])
 def test_schema_rejects_wrong_values_naming_the_field(bad: dict[str, Any], field: str) -> None:
     with pytest.raises(helm.HelmValuesError) as info:
@@ -551,6 +567,8 @@ def test_schema_rejects_wrong_values_naming_the_field(bad: dict[str, Any], field
      "leaseDurationSeconds (5) must be greater than renewDeadlineSeconds (10)"),
     ({"controller": {"healthPort": 8080}}, "controller.healthPort and controller.metrics.port are both 8080"),
     ({"webhook": {"port": 8081}}, "controller.healthPort and webhook.port are both 8081"),
+    # The plugin cannot change a GPU's time slice yet: "apply" would silently not apply.
+    ({"timeSliceInterval": "apply"}, "set timeSliceInterval: ignore"),
 ])
 def test_contradictory_values_fail_with_a_message_naming_them(bad: dict[str, Any], message: str) -> None:
     with pytest.raises(helm.HelmRenderError) as info:

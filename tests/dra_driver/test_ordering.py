@@ -49,6 +49,10 @@ NODES = {
     "8xH200 dynamic MIG": (eight_h200(MigMode.ENABLED), SliceOptions(mig_mode="dynamic")),
     "H200 static MIG mix": (node(_static_mig_gpu(), h200(1)), SliceOptions()),
     "H100 and H200 whole": (node(h200(0), h100(1), h200(2), h100(3)), SliceOptions()),
+    # A whole GPU under dynamic MIG publishes engine counts (NVIDIA's names), a shared one does not:
+    # both still rank by memory, then minor.
+    "dynamic MIG beside a shared GPU": (node(h200(0, MigMode.ENABLED), h200(1, MigMode.ENABLED)),
+                                        SliceOptions(mig_mode="dynamic", shared_gpus=frozenset({"gpu-1"}))),
 }
 
 

@@ -1,13 +1,16 @@
 """A pod that asks for ``nvidia.com/gpu: 1`` the device-plugin way, served by DRA (Kubernetes 1.37
 GA: a DeviceClass with ``extendedResourceName``). The real scheduler makes and allocates the claim
-itself, the kubelet prepares it through the gpuready plugin, and the container gets the GPU."""
+itself, the kubelet prepares it through the gpuready plugin, and the container gets the GPU.
+
+Chart mode: on the chart's defaults (its gpu.nvidia.com class maps nvidia.com/gpu, as NVIDIA's chart
+does). Process mode: deploy/deviceclasses has no mapping, so the test adds a class of its own."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from e2e_support import DRIVER, E2E, wait_for
+from e2e_support import DRIVER, E2E, MODE, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("realcluster")]  # one real cluster per run
 
@@ -46,7 +49,13 @@ spec:
 
 @pytest.fixture
 def extended_class(e2e: E2E) -> object:
-    """The DeviceClass mapping nvidia.com/gpu to whole GPUs, removed after the test."""
+    """The DeviceClass mapping nvidia.com/gpu to whole GPUs: the chart's own in chart mode, else one
+    added for the test and removed after it."""
+    if MODE == "chart":
+        chart_class = e2e.resource.read_device_class("gpu.nvidia.com")
+        assert chart_class.spec.extended_resource_name == "nvidia.com/gpu"
+        yield
+        return
     e2e.apply(DEVICE_CLASS)
     yield
     e2e.cluster.kubectl("delete", "deviceclass", "extended.e2e.gpu.nvidia.com", "--ignore-not-found")

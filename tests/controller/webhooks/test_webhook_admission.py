@@ -20,7 +20,7 @@ import pytest
 from controller.api_client import RESOURCE_V1
 from controller.daemon import Controller
 from controller.planning.shaping import ORIGINAL_ANNOTATION
-from controller.webhooks import admission_decisions as admission
+from controller.webhooks import config_admission
 from testbed.controller_harness import (
     ReviewClient,
     admission_review,
@@ -153,6 +153,149 @@ def test_good_and_foreign_opaque_configs_are_allowed(world: dict[str, Any]) -> N
     assert response(world, "/validate", vram_claim("15Gi", config=config))["allowed"] is True
 
 
+NV = "resource.nvidia.com/v1beta1"
+
+
+def class_claim(device_class: str, parameters: dict[str, Any], name: str = "nv") -> dict[str, Any]:
+    """A claim for one device of ``device_class`` with one opaque config for gpu.nvidia.com."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}],
+                                 "config": [{"requests": ["gpu"], "opaque": {"driver": "gpu.nvidia.com",
+                                                                             "parameters": parameters}}]}}}
+
+
+NVIDIA_FORMS = [
+    ("gpu.nvidia.com", {"apiVersion": NV, "kind": "GpuConfig"}),
+    ("gpu.nvidia.com", {"apiVersion": NV, "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing"}}),
+    ("gpu.nvidia.com", {"apiVersion": NV, "kind": "GpuConfig", "sharing": {
+        "strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Default"}}}),
+    ("gpu.nvidia.com", {"apiVersion": NV, "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": {
+        "defaultActiveThreadPercentage": 30, "defaultPinnedDeviceMemoryLimit": "10Gi"}}}),
+    ("mig.nvidia.com", {"apiVersion": NV, "kind": "MigDeviceConfig", "sharing": {"strategy": "TimeSlicing"}}),
+    ("mig.nvidia.com", {"apiVersion": NV, "kind": "MigDeviceConfig", "sharing": {"strategy": "MPS", "mpsConfig": {
+        "defaultActiveThreadPercentage": 100, "defaultPinnedDeviceMemoryLimit": "4Gi"}}}),
+]
+
+
+@pytest.mark.parametrize(("device_class", "parameters"), NVIDIA_FORMS)
+def test_every_nvidia_config_form_is_admitted_without_a_warning(world: dict[str, Any], device_class: str,
+                                                                parameters: dict[str, Any]) -> None:
+    resp = response(world, "/validate", class_claim(device_class, parameters))
+    assert resp["allowed"] is True, resp
+    assert "warnings" not in resp
+
+
+def test_nvidias_zero_percent_is_admitted_with_a_warning_that_it_sets_no_limit(world: dict[str, Any]) -> None:
+    parameters = {"apiVersion": NV, "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": {
+        "defaultActiveThreadPercentage": 0}}}
+    resp = response(world, "/validate", class_claim("gpu.nvidia.com", parameters))
+    assert resp["allowed"] is True
+    [warning] = resp["warnings"]
+    assert "sharing.mpsConfig.defaultActiveThreadPercentage: 0 sets no limit" in warning
+
+
+def test_a_per_claim_multi_user_setting_is_admitted_with_a_warning_and_per_device_limits_without(
+        world: dict[str, Any]) -> None:
+    parameters = {"apiVersion": NV, "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": {
+        "defaultPinnedDeviceMemoryLimit": "10Gi", "defaultPerDevicePinnedMemoryLimit": {"0": "5Gi"},
+        "multiUser": True}}}
+    resp = response(world, "/validate", class_claim("gpu.nvidia.com", parameters))
+    assert resp["allowed"] is True
+    multi_user, = resp["warnings"]  # per-device limits are applied at prepare: nothing to warn about
+    assert "sharing.mpsConfig.multiUser is decided per node" in multi_user and "MPS_MULTIUSER" in multi_user
+
+
+@pytest.mark.parametrize("interval", ["Short", "Medium", "Long"])
+def test_a_timeslice_interval_the_admin_has_not_allowed_is_admitted_with_a_warning(
+        world: dict[str, Any], interval: str) -> None:
+    parameters = {"apiVersion": NV, "kind": "GpuConfig",
+                  "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}}}
+    resp = response(world, "/validate", class_claim("gpu.nvidia.com", parameters))
+    assert resp["allowed"] is True
+    [warning] = resp["warnings"]
+    assert "spec.devices.config[0].opaque.parameters.sharing.timeSlicingConfig.interval" in warning
+    assert f"{interval} is not applied" in warning and "timeSliceInterval" in warning
+    webhook = world["ctrl"].webhook
+    webhook.allow_timeslice = True  # the chart's timeSliceInterval: apply
+    try:
+        resp = response(world, "/validate", class_claim("gpu.nvidia.com", parameters))
+    finally:
+        webhook.allow_timeslice = False
+    assert resp["allowed"] is True and "warnings" not in resp
+
+
+@pytest.mark.parametrize(
+    ("device_class", "parameters", "fragments"),
+    [
+        # issue 40: values no device of the class can honour
+        ("gpu.nvidia.com", {"apiVersion": NV, "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": {
+            "defaultPinnedDeviceMemoryLimit": "1e30"}}},
+         ("sharing.mpsConfig.defaultPinnedDeviceMemoryLimit", "more memory than any device of DeviceClass "
+          "gpu.nvidia.com", "set at most 143771Mi")),
+        ("mig.nvidia.com", {"apiVersion": NV, "kind": "MigDeviceConfig", "sharing": {"strategy": "MPS", "mpsConfig": {
+            "defaultPerDevicePinnedMemoryLimit": {"0": "200Gi"}}}},
+         ("sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit.0", "DeviceClass mig.nvidia.com")),
+        ("gpu.nvidia.com", {"apiVersion": "gpu.nvidia.com/v1alpha1", "kind": "GpuConfig", "sharing": {
+            "strategy": "MPS", "mps": {"defaultPinnedDeviceMemoryLimit": "1e30"}}},
+         ("sharing.mps.defaultPinnedDeviceMemoryLimit", "set at most")),
+        # issue 40: a config kind that does not fit the request's class
+        ("gpu.nvidia.com", {"apiVersion": NV, "kind": "MigDeviceConfig"},
+         ("parameters.kind: MigDeviceConfig applies to request 'gpu'", "only gpu devices", "use kind: GpuConfig")),
+        ("mig.nvidia.com", {"apiVersion": NV, "kind": "GpuConfig"},
+         ("only mig devices", "use kind: MigDeviceConfig")),
+        # issue 40: control characters in env values
+        ("gpu.nvidia.com", {"apiVersion": "gpu.nvidia.com/v1alpha1", "kind": "GpuConfig", "env": {"A": "x\u0000"}},
+         ("parameters.env.A", "control character U+0000")),
+        # NVIDIA's field names and ranges
+        ("gpu.nvidia.com", {"apiVersion": NV, "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": {
+            "defaultActiveThreadPercentage": 101}}},
+         ("sharing.mpsConfig.defaultActiveThreadPercentage", "101 is out of range", "0 to 100")),
+        # dialects mixed
+        ("gpu.nvidia.com", {"apiVersion": NV, "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mps": {}}},
+         ("parameters.sharing.mps", "other configuration dialect", "spells it sharing.mpsConfig")),
+    ],
+)
+def test_config_prepare_would_refuse_is_refused_at_admission(world: dict[str, Any], device_class: str,
+                                                             parameters: dict[str, Any],
+                                                             fragments: tuple[str, ...]) -> None:
+    resp = response(world, "/validate", class_claim(device_class, parameters))
+    assert resp["allowed"] is False and resp["status"]["code"] == 422
+    message = resp["status"]["message"]
+    assert "spec.devices.config[0].opaque.parameters" in message
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+def test_a_device_classs_own_config_must_fit_the_devices_it_selects(world: dict[str, Any]) -> None:
+    def device_class(parameters: dict[str, Any], device_type: str = "gpu") -> dict[str, Any]:
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "team-gpus"},
+                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "gpu.nvidia.com" && '
+                                                              f'device.attributes["gpu.nvidia.com"].type == "{device_type}"'}}],
+                         "config": [{"opaque": {"driver": "gpu.nvidia.com", "parameters": parameters}}]}}
+
+    resp = response(world, "/validate", device_class({"apiVersion": NV, "kind": "MigDeviceConfig"}))
+    assert resp["allowed"] is False
+    message = resp["status"]["message"]
+    assert "spec.config[0].opaque.parameters.kind: MigDeviceConfig applies to every request of DeviceClass " \
+           "team-gpus, which holds only gpu devices" in message and "use kind: GpuConfig" in message
+    resp = response(world, "/validate", device_class({"apiVersion": NV, "kind": "MigDeviceConfig", "sharing": {
+        "strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "200Gi"}}}, "mig"))
+    assert resp["allowed"] is False  # the largest MIG device here is node-a's 7g.141gb placement
+    message = resp["status"]["message"]
+    assert "spec.config[0].opaque.parameters.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: 200 GiB is more " \
+           "memory than any device of DeviceClass team-gpus has" in message, message
+    ok = response(world, "/validate", device_class({"apiVersion": NV, "kind": "GpuConfig", "sharing": {
+        "strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "8Gi"}}}))
+    assert ok["allowed"] is True
+
+
+def test_a_class_holding_fitting_devices_is_not_refused(world: dict[str, Any]) -> None:
+    # The VRAM class holds whole GPUs and MIG devices: a MigDeviceConfig may well land on a MIG device.
+    resp = response(world, "/validate", class_claim(VRAM, {"apiVersion": NV, "kind": "MigDeviceConfig"}))
+    assert resp["allowed"] is True
+
+
 def test_mutation_fails_open_on_an_internal_error(world: dict[str, Any]) -> None:
     ctrl: Controller = world["ctrl"]
     assert ctrl.webhook is not None
@@ -174,7 +317,7 @@ def test_mutation_fails_open_on_an_internal_error(world: dict[str, Any]) -> None
 def test_validation_fails_closed_on_an_internal_error(world: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(*_a: Any, **_k: Any) -> Any:
         raise RuntimeError("validator exploded")
-    monkeypatch.setattr(admission, "parse_config", broken)
+    monkeypatch.setattr(config_admission, "parse_config", broken)
     config = [{"opaque": {"driver": "gpu.nvidia.com", "parameters": {}}}]
     resp = response(world, "/validate", vram_claim("15Gi", config=config))
     assert resp["allowed"] is False and resp["status"]["code"] == 500

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from itertools import combinations
 from typing import Any
 
@@ -83,12 +84,56 @@ def test_static_mig_publishes_existing_instances_and_hides_the_parent() -> None:
     assert mig["attributes"]["profile"] == {"string": "1g.18gb"}
     assert mig["attributes"]["giProfileId"] == {"int": 19}
     assert mig["attributes"]["placementStart"] == {"int": 0}
-    assert "resource.kubernetes.io/pciBusID" not in mig["attributes"]  # not a PCI function
+    # NVIDIA's selectors key on the parent's bus ID on MIG devices too.
+    assert mig["attributes"]["resource.kubernetes.io/pciBusID"] == {"string": parent.pci_bus_id}
     assert mig["attributes"]["resource.kubernetes.io/pcieRoot"] == {"string": "pci0000:10"}
     assert mig["capacity"] == {
         "memory": {"value": "16382Mi"}, "multiprocessors": {"value": "16"},
         "copyEngines": {"value": "1"}, "decoders": {"value": "1"}, "encoders": {"value": "0"},
-        "jpegEngines": {"value": "1"}, "ofaEngines": {"value": "0"}}
+        "jpegEngines": {"value": "1"}, "ofaEngines": {"value": "0"}, "memorySlice0": {"value": "1"}}
+    # memorySlice<N> = 1 for exactly the slices each instance occupies.
+    slices_of = {d["name"]: sorted(k for k in d["capacity"] if k.startswith("memorySlice")) for d in devices[:3]}
+    assert slices_of == {"gpu-0-mig-1g18gb-19-0": ["memorySlice0"],
+                         "gpu-0-mig-2g35gb-14-2": ["memorySlice2", "memorySlice3"],
+                         "gpu-0-mig-3g71gb-9-4": [f"memorySlice{i}" for i in range(4, 8)]}
+    assert api_problems(objs) == []
+
+
+def test_addressing_mode_is_published_on_gpus_and_their_mig_devices_where_known() -> None:
+    parent = replace(h200(0, MigMode.ENABLED), addressing_mode="HMM")
+    parent = replace(parent, mig_devices=(mig_device(parent, "1g.18gb", 0, gi=7),))
+    devices = {d["name"]: d for d in all_devices(k8s(build_pool(node(parent, h100(1)), "n", DRIVER)))}
+    assert devices["gpu-0-mig-1g18gb-19-0"]["attributes"]["addressingMode"] == {"string": "HMM"}
+    assert "addressingMode" not in devices["gpu-1"]["attributes"]  # NVML reported none: left out
+    whole = all_devices(k8s(build_pool(node(replace(h100(0), addressing_mode="ATS")), "n", DRIVER)))[0]
+    assert whole["attributes"]["addressingMode"] == {"string": "ATS"}
+
+
+def test_a_full_gpu_mig_device_stays_within_the_apis_32_names() -> None:
+    # 7g.141gb occupies all 8 memory slices: with NUMA, PCIe root and addressing mode known it
+    # would carry 33 names; the API refuses the whole slice then. index goes (parentUUID and the
+    # name say the same); minor stays: the best-fit order read back from the slice uses it.
+    parent = replace(h200(0, MigMode.ENABLED), addressing_mode="HMM")
+    parent = replace(parent, mig_devices=(mig_device(parent, "7g.141gb", 0, gi=1),))
+    objs = k8s(build_pool(node(parent), "n", DRIVER))
+    (mig,) = all_devices(objs)
+    assert len(mig["attributes"]) + len(mig["capacity"]) == 32
+    assert "index" not in mig["attributes"] and mig["attributes"]["minor"] == {"int": 0}
+    assert [k for k in mig["capacity"] if k.startswith("memorySlice")] == [f"memorySlice{i}" for i in range(8)]
+    assert api_problems(objs) == []
+
+
+def test_whole_mig_capable_gpus_carry_the_engine_capacities_under_dynamic_mig() -> None:
+    objs = k8s(build_pool(node(h200(0, MigMode.ENABLED), h100(1)), "n", DRIVER, SliceOptions(mig_mode="dynamic")))
+    devices = {d["name"]: d for d in all_devices(objs)}
+    # The full-GPU profile's counts (7g.141gb: 132 SMs, 8 copy engines, 7 decoders, 7 JPEG, 1 OFA).
+    assert devices["gpu-0"]["capacity"] == {
+        "memory": {"value": "143771Mi"}, "multiprocessors": {"value": "132"}, "copyEngines": {"value": "8"},
+        "decoders": {"value": "7"}, "encoders": {"value": "0"}, "jpegEngines": {"value": "7"},
+        "ofaEngines": {"value": "1"}}
+    assert list(devices["gpu-1"]["capacity"]) == ["memory"]  # not MIG-capable: memory only
+    static = all_devices(k8s(build_pool(node(h200(0)), "n", DRIVER)))
+    assert list(static[0]["capacity"]) == ["memory"]  # static MIG: as before
     assert api_problems(objs) == []
 
 
