@@ -7,8 +7,11 @@ have to agree). Every write is an update carrying the resourceVersion read, so t
 both win: one gets 409 Conflict. The leader renews every ``retry_period``; when it cannot renew
 within ``renew_deadline`` it stops leading (``on_stop``) before anyone else may take over. On
 shutdown the leader releases the Lease (holder cleared, duration 1 s) so a standby takes over at
-once instead of after the lease expires. The chart's RBAC grants get/update/patch on the one Lease
-and create, which is all this uses.
+once instead of after the lease expires. With the chart the Lease is the release's own
+(``deploy/helm/gpuready/templates/controller-lease.yaml``: created unheld at install, deleted at
+uninstall) and the RBAC grants only get/update on it, so the create below is refused there (logged as
+``lease_update_failed``) and a replica still stopping after ``helm uninstall`` cannot leave a Lease behind;
+run without the chart, a replica creates the Lease itself.
 """
 
 from __future__ import annotations

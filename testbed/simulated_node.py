@@ -19,8 +19,9 @@ plugin container's ``preStop`` hook. Nothing is done by hand on the host:
   rolling update (the new pod starts before the old one stops) keeps them, and ``helm uninstall``
   removes them.
 
-``python -m testbed.simulated_node setup|teardown --dir DIR --dev-root ROOT --nvml SPEC --mig-mode M
---pod-uid UID`` (the chart passes them; ``--dev-root`` is where the host's ``/dev`` is mounted).
+``python -m testbed.simulated_node setup|teardown --dir DIR [--dev-root ROOT] --nvml SPEC --mig-mode M
+[--pod-uid UID]`` (the chart passes them; ``--dev-root``: where the host's ``/dev`` is mounted, less
+``/dev``; the pod's UID defaults to ``$POD_UID``, which the chart sets from the downward API).
 """
 
 from __future__ import annotations
@@ -253,8 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dev-root", default="/", help="where the host's /dev is mounted, less /dev")
     parser.add_argument("--nvml", default="", help="the plugin's simulated NVML (sim:<profile>@<seed>)")
     parser.add_argument("--mig-mode", default="static", choices=("static", "dynamic"))
-    parser.add_argument("--pod-uid", required=True)
+    parser.add_argument("--pod-uid", default=os.environ.get("POD_UID", ""), help="default: $POD_UID")
     args = parser.parse_args(argv)
+    if not args.pod_uid:
+        parser.error("--pod-uid (or POD_UID) is empty: the chart sets POD_UID from metadata.uid")
     state = HostState(args.dir, args.dev_root)
     if args.action == "setup":
         made = state.setup(args.pod_uid, device_nodes(_discover(args.nvml), args.mig_mode))

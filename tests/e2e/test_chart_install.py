@@ -53,7 +53,6 @@ CONTROLLER_MAY = {
     ("pods", "[]", "[get list watch patch]"),
     ("resourceclaims.resource.k8s.io/binding", "[]", "[update]"),
     ("events", "[]", "[create]"),
-    ("leases.coordination.k8s.io", "[]", "[create]"),
     ("leases.coordination.k8s.io", f"[{RELEASE}-controller]", "[get update]"),
 }
 
