@@ -37,27 +37,6 @@ def test_the_release_owns_the_lease_the_controller_elects_on_and_cannot_create_o
     assert [o for o in objects(no_election) if o["kind"] == "Lease"] == []
 
 
-def test_a_lease_left_by_an_older_controller_is_named_with_the_fix(apiserver: Any) -> None:
-    import kubernetes
-
-    coordination = kubernetes.client.CoordinationV1Api(apiserver.api_client())
-    core = kubernetes.client.CoreV1Api(apiserver.api_client())
-    core.create_namespace({"metadata": {"name": NAMESPACE}})
-    coordination.create_namespaced_lease(NAMESPACE, {"metadata": {"name": LEASE}, "spec": {"holderIdentity": "old"}})
-    try:
-        with pytest.raises(helm.HelmRenderError, match=rf"Lease {NAMESPACE}/{LEASE} exists .*--take-ownership"):
-            _cluster_render(apiserver, {})
-        _cluster_render(apiserver, {"controller": {"enabled": False}})  # no controller, no Lease
-    finally:
-        coordination.delete_namespaced_lease(LEASE, NAMESPACE)
-    coordination.create_namespaced_lease(NAMESPACE, {"metadata": {"name": LEASE, "annotations": {
-        "meta.helm.sh/release-name": RELEASE, "meta.helm.sh/release-namespace": NAMESPACE}}})
-    try:
-        _cluster_render(apiserver, {}, install=False)  # the release's own (an upgrade)
-    finally:
-        coordination.delete_namespaced_lease(LEASE, NAMESPACE)
-
-
 def _slice(name: str, node: str) -> dict[str, Any]:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
             "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
