@@ -34,7 +34,6 @@ import os
 import shutil
 import stat
 import struct
-import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -152,7 +151,7 @@ def device_nodes(devices: dict[str, object], mig_mode: str) -> list[DeviceNode]:
     entries carry major 195: not statted), and the nvidia-caps nodes of the MIG devices that exist or,
     with ``mig_mode`` dynamic, of every instance the plugin may create on a MIG-enabled GPU."""
     gpus = devices.get("gpus") or []
-    assert isinstance(gpus, list)
+    assert isinstance(gpus, (list, tuple))
     nodes = [DeviceNode(p, UVM_MAJOR, i) for i, p in enumerate(NVIDIA_CONTROL_DEVICE_NODES) if p != "/dev/nvidiactl"]
     caps: set[int] = set()
     for gpu in gpus:
@@ -166,10 +165,11 @@ def device_nodes(devices: dict[str, object], mig_mode: str) -> list[DeviceNode]:
 
 
 def _discover(nvml: str) -> dict[str, object]:
-    out = subprocess.run([sys.executable, "-m", "dra_driver", "devices", "--nvml", nvml, "-o", "json"],
-                         capture_output=True, check=True, timeout=120)
-    data: dict[str, object] = json.loads(out.stdout)
-    return data
+    """``gpuready devices --nvml <nvml> -o json``, in this process (the init container starts once)."""
+    from kubelet_plugin.devices_command import to_data
+    from kubelet_plugin.nvml import discover, open_nvml
+
+    return to_data(discover(open_nvml(nvml)))
 
 
 class HostState:
