@@ -17,10 +17,13 @@ plugin container's ``preStop`` hook. Nothing is done by hand on the host:
 - **who uses them**: each plugin pod registers its UID under ``<dir>/pods``; ``teardown`` removes the
   pod's entry and removes everything above only when no other pod of the DaemonSet is left, so a
   rolling update (the new pod starts before the old one stops) keeps them, and ``helm uninstall``
-  removes them.
+  removes them. A pod that went without its ``preStop`` (force-deleted, or its node's kubelet and
+  runtime torn down) is forgotten once the kubelet's own directory for it (``<kubelet root>/pods/<uid>``,
+  ``--kubelet-pods``) is gone; only when this pod's own directory is seen there, so a wrong path never
+  makes a live pod look gone.
 
-``python -m testbed.simulated_node setup|teardown --dir DIR [--dev-root ROOT] --nvml SPEC --mig-mode M
-[--pod-uid UID]`` (the chart passes them; ``--dev-root``: where the host's ``/dev`` is mounted, less
+``python -m testbed.simulated_node setup|teardown --dir DIR [--dev-root ROOT] [--kubelet-pods DIR] --nvml
+SPEC --mig-mode M [--pod-uid UID]`` (the chart passes them; ``--dev-root``: where the host's ``/dev`` is mounted, less
 ``/dev``; the pod's UID defaults to ``$POD_UID``, which the chart sets from the downward API).
 """
 
@@ -175,9 +178,18 @@ def _discover(nvml: str) -> dict[str, object]:
 class HostState:
     """The chart's own host directory: the driver root, the record of made nodes, the pods using them."""
 
-    def __init__(self, directory: str, dev_root: str) -> None:
-        """``directory``: the chart's host directory as mounted here; ``dev_root``: the host's /dev's parent."""
-        self.dir, self.dev_root = directory, dev_root.rstrip("/")
+    def __init__(self, directory: str, dev_root: str, kubelet_pods: str = "") -> None:
+        """``directory``: the chart's host directory as mounted here; ``dev_root``: the host's /dev's
+        parent; ``kubelet_pods``: the kubelet's pods directory as mounted here ("": never prune)."""
+        self.dir, self.dev_root, self.kubelet_pods = directory, dev_root.rstrip("/"), kubelet_pods
+
+    def _forget_gone_pods(self, own_uid: str) -> None:
+        """Drop the entries of pods the kubelet no longer has (they left without their preStop)."""
+        if not self.kubelet_pods or not os.path.isdir(os.path.join(self.kubelet_pods, own_uid)):
+            return  # this pod's own directory unseen: the path is not the kubelet's, trust nothing
+        for uid in os.listdir(os.path.join(self.dir, PODS)):
+            if uid != own_uid and not os.path.exists(os.path.join(self.kubelet_pods, uid)):
+                os.unlink(os.path.join(self.dir, PODS, uid))
 
     def _host(self, path: str) -> str:
         return self.dev_root + path
@@ -200,6 +212,7 @@ class HostState:
         """Register ``pod_uid``, lay out the driver root, make the missing ``nodes``; return those made now."""
         with self._locked():
             open(os.path.join(self.dir, PODS, pod_uid), "w").close()
+            self._forget_gone_pods(pod_uid)
             make_driver_root(os.path.join(self.dir, DRIVER_ROOT))
             made = self._made()
             known = {n.path for n in made}
@@ -218,6 +231,7 @@ class HostState:
     def teardown(self, pod_uid: str) -> list[str]:
         """Drop ``pod_uid``; when no pod is left, remove what setup made. Returns the paths removed."""
         with self._locked():
+            self._forget_gone_pods(pod_uid)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(self.dir, PODS, pod_uid))
             if os.listdir(os.path.join(self.dir, PODS)):
@@ -252,13 +266,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=("setup", "teardown"))
     parser.add_argument("--dir", required=True, help="the chart's host directory, as mounted here")
     parser.add_argument("--dev-root", default="/", help="where the host's /dev is mounted, less /dev")
+    parser.add_argument("--kubelet-pods", default="", help="the kubelet's <root>/pods, as mounted here")
     parser.add_argument("--nvml", default="", help="the plugin's simulated NVML (sim:<profile>@<seed>)")
     parser.add_argument("--mig-mode", default="static", choices=("static", "dynamic"))
     parser.add_argument("--pod-uid", default=os.environ.get("POD_UID", ""), help="default: $POD_UID")
     args = parser.parse_args(argv)
     if not args.pod_uid:
         parser.error("--pod-uid (or POD_UID) is empty: the chart sets POD_UID from metadata.uid")
-    state = HostState(args.dir, args.dev_root)
+    state = HostState(args.dir, args.dev_root, args.kubelet_pods)
     if args.action == "setup":
         made = state.setup(args.pod_uid, device_nodes(_discover(args.nvml), args.mig_mode))
         print(json.dumps({"event": "simulated_node_ready", "driver_root": os.path.join(args.dir, DRIVER_ROOT),

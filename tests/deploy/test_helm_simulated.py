@@ -44,19 +44,23 @@ def test_one_value_runs_a_simulated_node_that_publishes_devices_from_the_test_on
 
 def test_the_init_container_fills_the_driver_root_the_plugin_mounts_and_cdi_names() -> None:
     pod = _pod({**SIMULATED, "simulated": {"enabled": True, "hostDirectory": "/var/run/gpuready-sim"},
-                "driverRoot": "/run/nvidia/driver", "migMode": "dynamic"})
+                "driverRoot": "/run/nvidia/driver", "migMode": "dynamic",
+                "kubeletPlugin": {"pluginsDirectoryPath": "/var/lib/k0s/kubelet/plugins/"}})
     init, plugin = pod["initContainers"][0], pod["containers"][0]
     volumes = {v["name"]: v for v in pod["volumes"]}
     parent = volumes["simulated-host"]["hostPath"]
     assert parent == {"path": "/var/run", "type": "DirectoryOrCreate"}
     mounts = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}
-    assert mounts == {"dev": "/dev", "simulated-host": "/host/simulated"}
+    assert mounts == {"dev": "/dev", "simulated-host": "/host/simulated", "kubelet-pods": "/host/kubelet-pods"}
+    # The kubelet's pod directories, beside its plugins directory: pods gone without preStop are forgotten.
+    assert volumes["kubelet-pods"]["hostPath"] == {"path": "/var/lib/k0s/kubelet/pods", "type": "Directory"}
     args = init["command"]
     assert args[:4] == ["python3", "-m", "testbed.simulated_node", "setup"]
     state_dir = args[args.index("--dir") + 1]
     assert state_dir == "/host/simulated/gpuready-sim"  # = /var/run/gpuready-sim on the host
     assert args[args.index("--nvml") + 1] == _env(plugin)["NVML"]
     assert args[args.index("--mig-mode") + 1] == "dynamic"  # every MIG instance's nvidia-caps nodes
+    assert args[args.index("--kubelet-pods") + 1] == "/host/kubelet-pods"
     assert {"NODE_NAME", "POD_UID"} <= {e["name"] for e in init["env"]}
     assert init["securityContext"]["privileged"] is True
     # The plugin reads and CDI names the directory the init container filled, not driverRoot, and
@@ -68,7 +72,8 @@ def test_the_init_container_fills_the_driver_root_the_plugin_mounts_and_cdi_name
     assert "mountPropagation" not in root_mount
     # The node's last plugin pod removes what was made.
     assert plugin["lifecycle"]["preStop"]["exec"]["command"] == [
-        "python3", "-m", "testbed.simulated_node", "teardown", "--dir", state_dir]
+        "python3", "-m", "testbed.simulated_node", "teardown", "--dir", state_dir, "--kubelet-pods", "/host/kubelet-pods"]
+    assert {"name": "kubelet-pods", "mountPath": "/host/kubelet-pods", "readOnly": True} in plugin["volumeMounts"]
     assert {"name": "simulated-host", "mountPath": "/host/simulated"} in plugin["volumeMounts"]
 
 

@@ -98,3 +98,25 @@ def test_the_command_line_is_what_the_chart_runs(tmp_path: str) -> None:
                           capture_output=True, text=True, check=True)
     assert json.loads(down.stdout)["device_nodes_removed"] == 2
     assert os.listdir(os.path.join(dev_root, "dev")) == []
+
+
+@needs_root
+def test_a_pod_gone_without_its_prestop_does_not_keep_the_files_forever(tmp_path: str) -> None:
+    dev_root, state_dir = os.path.join(tmp_path, "host"), os.path.join(tmp_path, "simulated")
+    pods = os.path.join(tmp_path, "kubelet", "pods")
+    os.makedirs(os.path.join(dev_root, "dev"))
+    nodes = device_nodes(_discover("sim:h100-80gb@n1"), "static")
+    os.makedirs(os.path.join(pods, "crashed"))
+    HostState(state_dir, dev_root, pods).setup("crashed", nodes)
+    os.rmdir(os.path.join(pods, "crashed"))  # force-deleted: no preStop, the kubelet cleaned up its pod
+
+    # A wrong kubelet path (this pod's own directory not there) forgets nobody.
+    assert HostState(state_dir, dev_root, os.path.join(tmp_path, "elsewhere")).setup("live", nodes) == []
+    assert HostState(state_dir, dev_root, os.path.join(tmp_path, "elsewhere")).teardown("live") == []
+    assert os.path.exists(dev_root + "/dev/nvidia-uvm")
+
+    os.makedirs(os.path.join(pods, "live"))
+    state = HostState(state_dir, dev_root, pods)
+    state.setup("live", nodes)
+    assert sorted(state.teardown("live")) == ["/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    assert not os.path.exists(state_dir)
