@@ -6,8 +6,9 @@
   (its message), cannot read Secrets, and each account can do exactly the list written here beyond
   what any authenticated account may (``kubectl auth can-i --list`` as the witness);
 - the pods' metrics ports answer from the pod network, with figures that match the cluster;
-- ``helm uninstall`` leaves no ResourceSlice, CDI spec, socket, webhook configuration, policy or
-  DeviceClass behind (the last test of the session: it removes the release).
+- ``helm uninstall`` leaves no ResourceSlice, CDI spec or socket behind, nothing in the release's
+  namespace (the controller's leader Lease included) and no cluster object of the driver, found by name
+  rather than by the release's label (the last test of the session: it removes the release).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e_chart import CHART, CONTROLLER_SELECTOR, NAMESPACE, PLUGIN_SELECTOR, RELEASE
+from e2e_chart import CHART, CONTROLLER_SELECTOR, NAMESPACE, PLUGIN_SELECTOR, RELEASE, leftover_objects
 from e2e_support import DRIVER, E2E, MODE, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("realcluster"),
@@ -217,11 +218,6 @@ def test_helm_uninstall_leaves_nothing_behind(e2e: E2E) -> None:
     assert e2e.cdi_spec_files() == [], "CDI specs left on the node"
     assert [n for n in os.listdir(registry) if DRIVER in n] == [], "registration sockets left"
     assert glob.glob(os.path.join(plugin_dir, "*.sock")) == [], "DRA sockets left"
-    for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations",
-                 "validatingadmissionpolicies", "validatingadmissionpolicybindings", "deviceclasses",
-                 "clusterroles", "clusterrolebindings"):
-        left = e2e.cluster.kubectl("get", kind, "-l", f"app.kubernetes.io/instance={RELEASE}", "-o", "name")
-        assert left.strip() == "", f"{kind} left behind: {left}"
-    left = e2e.cluster.kubectl("get", "all,secrets,configmaps,serviceaccounts,roles", "--namespace", NAMESPACE,
-                               "-l", f"app.kubernetes.io/instance={RELEASE}", "-o", "name")
-    assert left.strip() == "", f"left in {NAMESPACE}: {left}"
+    # Everything in the namespace (the controller's leader Lease included) and every cluster object of
+    # the driver, found by name, not by the release's label.
+    assert leftover_objects(e2e.cluster, NAMESPACE, DRIVER) == [], "objects of gpuready's left behind"
