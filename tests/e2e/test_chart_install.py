@@ -105,10 +105,13 @@ def test_each_account_can_do_exactly_what_the_daemon_needs(e2e: E2E) -> None:
     plugin_pod = e2e.release.plugin_pod().metadata.name
     # Baseline: an account with no bindings of its own has what every authenticated account has.
     e2e.cluster.kubectl("create", "serviceaccount", "rbac-baseline", "--namespace", NAMESPACE)
-    baseline = _can_list(e2e, _token(e2e, "rbac-baseline"))
-    assert baseline, "can-i --list printed nothing to compare against"
-    assert _can_list(e2e, _token(e2e, PLUGIN_SA, plugin_pod)) - baseline == PLUGIN_MAY
-    assert _can_list(e2e, _token(e2e, CONTROLLER_SA)) - baseline == CONTROLLER_MAY
+    try:
+        baseline = _can_list(e2e, _token(e2e, "rbac-baseline"))
+        assert baseline, "can-i --list printed nothing to compare against"
+        assert _can_list(e2e, _token(e2e, PLUGIN_SA, plugin_pod)) - baseline == PLUGIN_MAY
+        assert _can_list(e2e, _token(e2e, CONTROLLER_SA)) - baseline == CONTROLLER_MAY
+    finally:  # the uninstall test finds anything left in the namespace
+        e2e.cluster.kubectl("delete", "serviceaccount", "rbac-baseline", "--namespace", NAMESPACE)
 
 
 def test_bind_time_validation_adds_exactly_the_claim_grants_it_needs(e2e: E2E) -> None:
@@ -131,6 +134,8 @@ def test_bind_time_validation_adds_exactly_the_claim_grants_it_needs(e2e: E2E) -
         assert granted == want, granted ^ want
     finally:
         e2e.cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input_text=rbac)
+        e2e.cluster.kubectl("delete", "serviceaccount", "rbac-baseline-2", "--namespace", NAMESPACE,
+                            "--ignore-not-found")
 
 
 def test_the_plugin_writes_only_its_own_nodes_slices_and_reads_no_secrets(e2e: E2E) -> None:
