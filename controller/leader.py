@@ -7,8 +7,11 @@ have to agree). Every write is an update carrying the resourceVersion read, so t
 both win: one gets 409 Conflict. The leader renews every ``retry_period``; when it cannot renew
 within ``renew_deadline`` it stops leading (``on_stop``) before anyone else may take over. On
 shutdown the leader releases the Lease (holder cleared, duration 1 s) so a standby takes over at
-once instead of after the lease expires. The chart's RBAC grants get/update/patch on the one Lease
-and create, which is all this uses.
+once instead of after the lease expires. With the chart the Lease is the release's own
+(``deploy/helm/gpuready/templates/controller-lease.yaml``: created unheld at install, deleted at
+uninstall) and the RBAC grants only get/update on it, so the create below is refused there (logged once
+as ``lease_missing``, with the fix) and a replica still stopping after ``helm uninstall`` cannot leave a
+Lease behind; run without the chart, a replica creates the Lease itself.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ class LeaderElector:
         self._observed: tuple[Any, ...] | None = None  # (holder, renewTime, transitions) last seen
         self._observed_at = 0.0
         self._last_renew = 0.0
+        self._missing_logged = False  # lease_missing said once until the Lease is back
         self.transitions = 0
 
     @property
@@ -140,8 +144,15 @@ class LeaderElector:
             except ApiError as exc:
                 if exc.status == 409:
                     return False  # someone else created it first
+                if exc.status == 403:  # the chart's Lease is gone (an uninstall under way, or deleted)
+                    if not self._missing_logged:
+                        self._missing_logged = True
+                        log.warning("lease_missing", lease=f"{cfg.namespace}/{cfg.name}",
+                                    fix="the chart creates this Lease: `helm upgrade` the release to restore it")
+                    return False
                 raise
             return True
+        self._missing_logged = False
         spec = self._record(lease)
         holder = spec.get("holderIdentity") or ""
         observed = (holder, spec.get("renewTime"), spec.get("leaseTransitions"))

@@ -6,8 +6,10 @@
 # node, such as the e2e suite's, runs the plugin from the test-only tag this makes instead
 # (gpuready:<version>-testbed): the production layers plus testbed/__init__.py and
 # testbed/nvml_sim/, which gpuready's installed entry point `sim = testbed.nvml_sim:backend` finds,
-# testbed/crash_points.py, which the simulated NVML's fault channel arms for the e2e kill test, and
-# testbed/fake_driver_root.py, which its driver_reload fault uses to swap the driver's files.
+# testbed/crash_points.py, which the simulated NVML's fault channel arms for the e2e kill test,
+# testbed/fake_driver_root.py, which its driver_reload fault uses to swap the driver's files, and
+# testbed/simulated_node.py, which the chart's simulated.enabled runs to give the node a fake driver
+# root and the device nodes CDI specs name.
 # Only those: they need nothing but the standard library and gpuready itself, while the
 # rest of the testbed (local API server, demo, real-cluster harness) has no place in a pod.
 set -eu
@@ -20,6 +22,7 @@ site=$(python3 -c 'import os, dra_driver; print(os.path.dirname(os.path.dirname(
 [ ! -e "$site/testbed" ] || { echo "add-testbed.sh: $site/testbed exists already" >&2; exit 1; }
 mkdir -p "$site/testbed"
 cp "$src/testbed/__init__.py" "$src/testbed/crash_points.py" "$src/testbed/fake_driver_root.py" "$site/testbed/"
+cp "$src/testbed/simulated_node.py" "$site/testbed/"
 cp -R "$src/testbed/nvml_sim" "$site/testbed/"
 find "$site/testbed" -depth -type d -name __pycache__ -exec rm -rf {} +
 find "$site/testbed" -exec chmod u=rwX,go=rX {} +

@@ -8,11 +8,29 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
 
 from testbed.realcluster import Cluster, ClusterConfig, ComponentError, MissingBinary, binaries
+
+
+def install_paths(cluster: Cluster) -> dict[str, str]:
+    """What an install on this cluster needs to be told (docs/install.md, "Try it on a cluster
+    without GPUs"): the kubelet's root directory, the CDI directory containerd reads, its socket."""
+    return {"node": cluster.node_name, "kubelet_root": cluster.kubelet_root, "cdi_dir": cluster.cdi_dir,
+            "containerd_socket": cluster.containerd_socket}
+
+
+def install_exports(cluster: Cluster, bins: binaries.Binaries) -> str:
+    """The shell lines docs/install.md's commands read: KUBECONFIG, the install's paths, and a PATH
+    with kubectl, ctr and helm."""
+    paths = install_paths(cluster)
+    tools = [os.path.dirname(p) for p in (bins.kubectl, bins.ctr, bins.helm) if p]
+    return (f"export KUBECONFIG={cluster.kubeconfig} KUBELET_ROOT={paths['kubelet_root']} "
+            f"CDI_DIR={paths['cdi_dir']} CONTAINERD_SOCK={paths['containerd_socket']} "
+            f"PATH={':'.join(dict.fromkeys(tools))}:$PATH")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,9 +55,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         print(json.dumps({"dir": cluster.dir, "kubeconfig": cluster.kubeconfig, "timings": cluster.timings,
-                          "gates": cluster.gates.flag() if cluster.gates else ""}, indent=2), flush=True)
+                          "gates": cluster.gates.flag() if cluster.gates else "", **install_paths(cluster)},
+                         indent=2), flush=True)
         if not args.check:
-            print(f"export KUBECONFIG={cluster.kubeconfig}   # Ctrl-C stops the cluster", flush=True)
+            print(install_exports(cluster, bins) + "   # Ctrl-C stops the cluster", flush=True)
             signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
             while True:
                 time.sleep(3600)

@@ -70,7 +70,8 @@ _HOST_FILES = ("etc/resolv.conf", "etc/hostname", "etc/apt", "var/lib/apt", "var
 _ENV_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # Debian images' PATH
 # What gpuready's wheel is built from (deploy/Dockerfile COPYs the same): production code only.
 _WHEEL_SOURCES = ("pyproject.toml", "README.md", "dra_driver", "kubelet_plugin", "controller", "proto")
-_TESTBED_SOURCES = ("testbed/__init__.py", "testbed/crash_points.py", "testbed/fake_driver_root.py", "testbed/nvml_sim")
+_TESTBED_SOURCES = ("testbed/__init__.py", "testbed/crash_points.py", "testbed/fake_driver_root.py",
+                    "testbed/simulated_node.py", "testbed/nvml_sim")
 
 
 

@@ -120,3 +120,37 @@ def test_only_the_leader_allocates(srv: LocalApiServer) -> None:
     finally:
         a.stop()
         b.stop()
+
+
+class _ChartRbacApi:
+    """The chart's RBAC on a cluster where the release's Lease is gone: no Lease, and create refused."""
+
+    def __init__(self) -> None:
+        self.posts = 0
+
+    def get(self, path: str) -> None:
+        return None
+
+    def request(self, method: str, path: str, body: Any = None) -> Any:
+        from dra_driver.kube_api import ApiError
+
+        self.posts += 1
+        raise ApiError(method, path, 403, {"message": "leases.coordination.k8s.io is forbidden", "reason": "Forbidden"})
+
+
+def test_a_missing_chart_lease_is_said_once_with_the_fix_and_never_created(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from controller.leader import LeaderElector, LeaseConfig
+
+    api = _ChartRbacApi()
+    elector = LeaderElector(api, LeaseConfig("gpuready", "gpuready-controller", "a", **TIMINGS),  # type: ignore[arg-type]
+                            on_start=lambda: None, on_stop=lambda: None)
+    with caplog.at_level(logging.INFO, logger="controller.leader"):
+        elector.start()
+        wait_for("three tries", lambda: api.posts >= 3)
+        elector.stop()
+    assert not elector.is_leader
+    [record] = [r for r in caplog.records if r.getMessage() == "lease_missing"]
+    assert "helm upgrade" in record.kv["fix"]  # type: ignore[attr-defined]
+    assert not [r for r in caplog.records if r.getMessage() == "lease_update_failed"]

@@ -140,6 +140,7 @@ def test_the_testbed_tag_carries_every_module_the_simulated_nvml_imports(tmp_pat
              "sys.path[:0] = sys.argv[1:]; import testbed; "
              "assert testbed.__file__.startswith(sys.argv[1]), testbed.__file__; "
              "from testbed.nvml_sim import open_simulated; "
+             "import testbed.simulated_node; "  # the chart's simulated.enabled runs it in the plugin pod
              "sim = open_simulated('4xh200'); sim.nvmlInit(); print(sim.nvmlDeviceGetCount())")
     out = subprocess.run([sys.executable, "-c", probe, str(site), str(ROOT)], capture_output=True, text=True,
                          env={k: v for k, v in os.environ.items() if k != "GPUREADY_SIM_CONTROL_DIR"})

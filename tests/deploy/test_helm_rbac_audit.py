@@ -187,7 +187,7 @@ XID = "XID 79: GPU has fallen off the bus"
 @pytest.fixture(scope="module")
 def controller_run() -> Iterator[set[Attrs]]:
     """The requests of a controller configured by the chart through a device failure and recovery."""
-    from controller.api_client import claim_path, pod_path
+    from controller.api_client import COORDINATION_V1, claim_path, namespaced, pod_path
     from controller.daemon import Controller
     from testbed.controller_harness import (
         create_whole_gpu_template,
@@ -213,6 +213,9 @@ def controller_run() -> Iterator[set[Attrs]]:
     assert chart_config.plugin_heartbeat_threshold > 0 and chart_config.taint_rule_owner
 
     with simulated_cluster({NODE: "sim:8xh100"}) as (srv, api):
+        # The chart creates the leader Lease (the controller may only read and renew it).
+        lease = next(o for o in render(CTRL_VALUES) if o["kind"] == "Lease")
+        api.request("POST", namespaced(COORDINATION_V1, "leases", NAMESPACE), body=lease)
         create_whole_gpu_template(api)
         # Allocation and binding are the scheduler's job: a throw-away local allocator plays it.
         claims = {}

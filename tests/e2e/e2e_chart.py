@@ -211,3 +211,28 @@ def host_pid_of(pod_uid: str, program: str = "gpuready") -> int:
         if needle in env and program.encode() in cmdline:
             return int(entry)
     raise AssertionError(f"no {program} process of pod {pod_uid} on this host")
+
+
+# Made in every namespace by Kubernetes itself, not by gpuready.
+_NOT_OURS = {"configmap/kube-root-ca.crt", "serviceaccount/default"}
+_CLUSTER_KINDS = ("deviceclasses", "mutatingwebhookconfigurations", "validatingwebhookconfigurations",
+                  "validatingadmissionpolicies", "validatingadmissionpolicybindings", "clusterroles",
+                  "clusterrolebindings", "priorityclasses", "customresourcedefinitions")
+
+
+def leftover_objects(cluster: Cluster, namespace: str, driver: str = "gpu.nvidia.com") -> list[str]:
+    """What is left of a release, whatever its labels: every object in ``namespace`` but Events and
+    what Kubernetes makes in any namespace, and every cluster object whose name says gpuready or the
+    driver's domain (its DeviceClasses, webhooks, policies, roles)."""
+    kinds = [r for r in cluster.kubectl("api-resources", "--verbs=list", "--namespaced", "-o", "name").split()
+             if r not in ("events", "events.events.k8s.io")]
+    left = []
+    for name in cluster.kubectl("get", ",".join(kinds), "--namespace", namespace, "--ignore-not-found",
+                                "-o", "name").split():
+        kind, _, obj = name.partition("/")
+        if f"{kind.split('.')[0]}/{obj}" not in _NOT_OURS:
+            left.append(f"{namespace}: {name}")
+    domain = driver.split(".", 1)[1]
+    for kind in _CLUSTER_KINDS:
+        left += [o for o in cluster.kubectl("get", kind, "-o", "name").split() if "gpuready" in o or domain in o]
+    return left

@@ -34,8 +34,23 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "gpuready.controllerName" -}}{{ include "gpuready.fullname" . | trunc 52 | trimSuffix "-" }}-controller{{- end -}}
 {{- define "gpuready.webhookName" -}}{{ include "gpuready.fullname" . | trunc 55 | trimSuffix "-" }}-webhook{{- end -}}
 
+{{/* simulated.enabled runs the test-only tag (the simulated NVML is only there) unless a tag is set. */}}
 {{- define "gpuready.image" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default (printf "%s%s" .Chart.AppVersion (ternary "-testbed" "" .Values.simulated.enabled)) }}
+{{- end -}}
+
+{{/* "true" when the plugin runs the simulated NVML (simulated.enabled, or nvml.source alone). */}}
+{{- define "gpuready.simulatedNvmlOn" -}}
+{{- if or .Values.simulated.enabled (eq .Values.nvml.source "simulated") }}true{{ end -}}
+{{- end -}}
+
+{{/* The driver root on the host: the chart's fake one under simulated.enabled, else driverRoot. */}}
+{{- define "gpuready.hostDriverRoot" -}}
+{{- if .Values.simulated.enabled -}}
+{{ trimSuffix "/" .Values.simulated.hostDirectory }}/driver-root
+{{- else -}}
+{{ .Values.driverRoot }}
+{{- end -}}
 {{- end -}}
 
 {{/* The domain after the first label of the driver name: gpu.nvidia.com -> nvidia.com. */}}
