@@ -13,6 +13,7 @@ every descriptor, and prepare then fails with ``[Errno 24] Too many open files``
 
 from __future__ import annotations
 
+import errno
 import os
 import resource
 from dataclasses import dataclass
@@ -55,12 +56,13 @@ def fd_shortage(usage: FdUsage) -> str | None:
             f"{usage.reserve} kept for prepare: raise the container's nofile limit or find who holds connections")
 
 
-def count_open_fds() -> int:
-    """How many descriptors this process has open (``/proc/self/fd``; 0 where there is no /proc)."""
+def count_open_fds(limit: int) -> int:
+    """How many descriptors this process has open (``/proc/self/fd``; 0 where there is no /proc).
+    When not even the listing can get a descriptor, every one of ``limit`` is in use."""
     try:
         return len(os.listdir("/proc/self/fd")) - 1  # the listing's own descriptor
-    except OSError:
-        return 0
+    except OSError as exc:
+        return limit if exc.errno in (errno.EMFILE, errno.ENFILE) else 0
 
 
 def raise_nofile_limit(ceiling: int = SOFT_LIMIT_CEILING) -> tuple[int, int]:
@@ -92,7 +94,7 @@ class FdBudget:
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         limit = SOFT_LIMIT_CEILING if soft == resource.RLIM_INFINITY else int(soft)
         reserve = self._reserve if self._reserve is not None else default_reserve(limit)
-        return FdUsage(open=count_open_fds(), limit=limit, reserve=reserve)
+        return FdUsage(open=count_open_fds(limit), limit=limit, reserve=reserve)
 
     def shortage(self) -> str | None:
         """:func:`fd_shortage` of :meth:`usage`."""

@@ -57,9 +57,14 @@ class Periodic:
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
-        """Stop at the next wake-up."""
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop, and wait (at most ``timeout``) for a run in progress to end: what the loop uses may be
+        closed next (the VRAM check's PodResources channel: a run after the close reopened it, and the
+        kubelet's shutdown then logged a GOAWAY on it)."""
         self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
 
     def failing(self) -> str:
         """Why this loop makes the plugin NotReady ("" when it does not)."""

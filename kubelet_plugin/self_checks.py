@@ -9,7 +9,9 @@ gave a ready plugin that refused every claim. Each check here names what a prepa
   prerequisite watch last found them (:mod:`kubelet_plugin.node_prerequisites`);
 - the checkpoint file itself writable (an operator's ``chattr +i``, a file left read-only) and room
   on the checkpoint's and the CDI root's filesystems (:data:`MIN_FREE_BYTES`);
-- file descriptors: fewer than :data:`FD_RESERVE` left below the soft limit (``RLIMIT_NOFILE``);
+- file descriptors: no more left below the soft limit (``RLIMIT_NOFILE``) than the reserve the daemon
+  keeps for prepare (:class:`dra_driver.fd_budget.FdBudget`, the one the metrics server refuses
+  connections by);
 - the supervised loops (:class:`kubelet_plugin.periodic.Periodic`): one failing run after run.
 
 They run on the probe's thread, at most once per probe cache period, never on the prepare path:
@@ -20,12 +22,11 @@ from __future__ import annotations
 
 import errno
 import os
-import resource
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Protocol
 
-FD_RESERVE = 64  # descriptors a prepare may need (checkpoint, locks, CDI file, gRPC), with a margin
+from dra_driver.fd_budget import FdBudget
+
 MIN_FREE_BYTES = 1 << 20  # a checkpoint or CDI spec write needs a few KB; below this a write may fail
 
 
@@ -33,35 +34,6 @@ class FailingLoop(Protocol):
     """A supervised loop's readiness (:meth:`kubelet_plugin.periodic.Periodic.failing`)."""
 
     def failing(self) -> str: ...
-
-
-@dataclass(frozen=True)
-class FdUsage:
-    """Open descriptors and the soft limit on them."""
-
-    open: int
-    soft_limit: int  # resource.RLIM_INFINITY (-1) when unlimited
-
-
-def fd_problem(usage: FdUsage, reserve: int = FD_RESERVE) -> str:
-    """Why the descriptors left cannot carry a prepare ("" when they can)."""
-    if usage.soft_limit < 0 or usage.soft_limit - usage.open >= reserve:
-        return ""
-    return (f"{usage.open} of {usage.soft_limit} file descriptors are open (fewer than {reserve} left): a "
-            "prepare would fail with 'Too many open files'; find who holds connections to the plugin "
-            "(its metrics port) or raise the container's nofile limit")
-
-
-def fd_usage(fd_dir: str = "/proc/self/fd") -> FdUsage:
-    """This process's open descriptors and soft limit (every one in use when not even the listing
-    can get a descriptor)."""
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    try:
-        return FdUsage(len(os.listdir(fd_dir)), soft)
-    except OSError as exc:
-        if exc.errno in (errno.EMFILE, errno.ENFILE):
-            return FdUsage(soft, soft)
-        raise
 
 
 def checkpoint_problem(path: str) -> str:
@@ -96,12 +68,12 @@ class PrepareReadiness:
 
     def __init__(self, checkpoint_path: str, cdi_root: str, prerequisite: Callable[[], tuple[str, str] | None],
                  loops: Callable[[], Iterable[FailingLoop]],
-                 fds: Callable[[], FdUsage] = fd_usage) -> None:
+                 fds: Callable[[], str | None] | None = None) -> None:
         self.checkpoint_path = checkpoint_path
         self.cdi_root = cdi_root
         self.prerequisite = prerequisite
         self.loops = loops
-        self.fds = fds
+        self.fds = fds or FdBudget().shortage
 
     def __call__(self) -> str:
         problems: list[str] = []
@@ -112,7 +84,7 @@ class PrepareReadiness:
         for path, flag in ((os.path.dirname(self.checkpoint_path) or ".", "--plugin-dir"),
                            (self.cdi_root, "--cdi-root")):
             problems.append(free_space_problem(path, flag))
-        problems.append(fd_problem(self.fds()))
+        problems.append(self.fds() or "")  # the reserve the metrics server keeps for prepare, too
         problems.extend(loop.failing() for loop in self.loops())
         return "; ".join(p for p in problems if p)
 

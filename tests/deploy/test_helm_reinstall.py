@@ -31,8 +31,11 @@ def test_the_release_owns_the_lease_the_controller_elects_on_and_cannot_create_o
     env = {e["name"]: e.get("value") for e in one({}, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["LEADER_ELECTION_LEASE_NAME"] == LEASE
     rules = one({}, "Role", "leader-election")["rules"]
-    assert rules == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-                      "resourceNames": [LEASE], "verbs": ["get", "update"]}]
+    assert rules[0] == {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                        "resourceNames": [LEASE], "verbs": ["get", "update"]}
+    # The only other grant on Leases: reading the plugins' heartbeats. Never create.
+    assert rules[1:] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["list", "watch"]}]
+    assert not any("create" in r["verbs"] for r in rules)
     no_election = {"controller": {"replicas": 1, "leaderElection": {"enabled": False}}}
     assert [o for o in objects(no_election) if o["kind"] == "Lease"] == []
 

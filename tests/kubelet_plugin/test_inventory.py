@@ -85,6 +85,6 @@ def test_a_mig_change_is_re_read_on_the_refresh_thread_and_a_failed_read_is_retr
         fail.set()
         inventory.stale.set()  # what a MIG create or destroy does on the prepare path: nothing more
         _wait("the re-read after the failed one", lambda: len(reads) >= 3 and heard)
-        assert inventory.alive() and not inventory.stale.is_set()  # read, and nothing left to read
+        assert inventory.dead_threads() == [] and not inventory.stale.is_set()  # read, nothing left to read
     finally:
         inventory.stop()
