@@ -108,8 +108,19 @@ def fleet_slices(nodes: dict[str, str], kinds: dict[str, tuple[NodeDevices, Slic
     out = {}
     for i, (name, uid) in enumerate(nodes.items()):
         devices, options = kinds[KINDS[i % len(KINDS)]]
-        out[name] = [s.to_k8s(0, uid) for s in build_pool(devices, name, DRIVER, options)]
+        out[name] = [_own_uuids(s.to_k8s(0, uid), i) for s in build_pool(devices, name, DRIVER, options)]
     return out
+
+
+def _own_uuids(body: dict[str, Any], node_index: int) -> dict[str, Any]:
+    """Give node ``node_index``'s GPUs UUIDs of their own, as a real fleet's are (the simulated
+    profiles are the same on every node): the first 8 hex digits become the node's index."""
+    for device in body["spec"].get("devices") or []:
+        for name in ("uuid", "parentUUID"):
+            attr = (device.get("attributes") or {}).get(name)
+            if attr and attr.get("string", "").startswith("GPU-"):
+                attr["string"] = f"GPU-{node_index:08x}{attr['string'][12:]}"
+    return body
 
 
 def _size(obj: dict[str, Any]) -> int:

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from controller.api_client import (
     CORE_V1,
@@ -29,8 +29,10 @@ from controller.api_client import (
     ApiError,
     KubeApi,
 )
+from controller.object_trim import trim_object
 from controller.planning import Inventory, Skipped, build_inventory
-from controller.planning.cluster_inventory import SliceCache
+from controller.planning.interning import Interner
+from controller.planning.published_slice import PublishedSlice, compact_slice
 from dra_driver import informer as list_watch
 from dra_driver.informer import object_key
 from dra_driver.logs import get_logger
@@ -38,9 +40,15 @@ from dra_driver.logs import get_logger
 log = get_logger(__name__)
 
 BACKOFF = list_watch.Backoff(base=0.2, cap=30.0)
+# Lists are read in pages: at 5,000 nodes the slices alone are about 170 MB of JSON, and a page at a
+# time is kept (compacted) before the next is read, so the process never holds the whole list.
+LIST_PAGE_SIZE = 250
 
-Handler = Callable[[str, str, dict[str, Any] | None], None]
-"""``handler(event, key, obj)``: event ADDED | MODIFIED | DELETED | RESYNC; obj None for DELETED."""
+Handler = Callable[[str, str, Any], None]
+"""``handler(event, key, obj)``: event ADDED | MODIFIED | DELETED | RESYNC; obj (what the cache keeps)
+None for DELETED."""
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -69,13 +77,19 @@ def _rv(obj: dict[str, Any]) -> int:
         return 0
 
 
-class Informer:
-    """A thread-safe cache of one kind, kept current by the shared list/watch loop."""
+class Informer(Generic[T]):
+    """A thread-safe cache of one kind, kept current by the shared list/watch loop.
 
-    def __init__(self, api: KubeApi, kind: Kind, resync_s: float = 300.0) -> None:
-        self.api, self.kind, self.resync_s = api, kind, resync_s
+    ``keep`` turns each object into what the cache holds as it arrives (:func:`trim_object` by
+    default; the slices' informer keeps :class:`PublishedSlice` records): the JSON is dropped then,
+    so the cache never holds what the controller does not read (issue 44)."""
+
+    def __init__(self, api: KubeApi, kind: Kind, resync_s: float = 300.0,
+                 keep: Callable[[dict[str, Any]], T] = trim_object) -> None:  # type: ignore[assignment]
+        self.api, self.kind, self.resync_s, self._keep = api, kind, resync_s, keep
         self._lock = threading.Lock()
-        self._cache: dict[str, dict[str, Any]] = {}
+        self._cache: dict[str, T] = {}
+        self._versions: dict[str, int] = {}  # resourceVersion of each cached object
         self._handlers: list[Handler] = []
         self._stop = threading.Event()
         self._synced = threading.Event()
@@ -91,19 +105,19 @@ class Informer:
             on_watching=self._on_watching, on_failure=self._on_failure, on_resync=self._resync,
             resync_s=self.resync_s, backoff=BACKOFF,
             watch_timeout_s=min(list_watch.WATCH_TIMEOUT_SECONDS, max(1, int(self.resync_s))),
-            log_fields={"kind": kind.name}, name=f"informer-{kind.name}")
+            log_fields={"kind": kind.name}, name=f"informer-{kind.name}", page_size=LIST_PAGE_SIZE)
 
     # --- reading ---------------------------------------------------------------------------------
     def add_handler(self, handler: Handler) -> None:
         """Call ``handler`` on every change (from the informer's thread; keep it short)."""
         self._handlers.append(handler)
 
-    def items(self) -> list[dict[str, Any]]:
+    def items(self) -> list[T]:
         """Every cached object (shared, read-only)."""
         with self._lock:
             return list(self._cache.values())
 
-    def get(self, key: str) -> dict[str, Any] | None:
+    def get(self, key: str) -> T | None:
         """One cached object by ``namespace/name`` (or ``name``)."""
         with self._lock:
             return self._cache.get(key)
@@ -125,14 +139,17 @@ class Informer:
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
             with self._lock:
                 self._cache.pop(key, None)  # the write removed it (last finalizer gone)
+                self._versions.pop(key, None)
             self._notify("DELETED", key, None)
             return
+        rv = _rv(obj)
         with self._lock:
-            current = self._cache.get(key)
-            if current is not None and _rv(current) >= _rv(obj):
+            if key in self._cache and self._versions.get(key, 0) >= rv:
                 return
-            self._cache[key] = obj
-        self._notify("MODIFIED", key, obj)
+        kept = self._keep(obj)
+        with self._lock:
+            self._cache[key], self._versions[key] = kept, rv
+        self._notify("MODIFIED", key, kept)
 
     # --- lifecycle -------------------------------------------------------------------------------
     def start(self) -> Informer:
@@ -152,7 +169,7 @@ class Informer:
         self._watch.run(self._stop)
 
     # --- what the list/watch loop delivers (on the informer's thread) ------------------------------
-    def _notify(self, event: str, key: str, obj: dict[str, Any] | None) -> None:
+    def _notify(self, event: str, key: str, obj: T | None) -> None:
         for handler in self._handlers:
             try:
                 handler(event, key, obj)
@@ -161,14 +178,18 @@ class Informer:
 
     def _on_event(self, typ: str, obj: dict[str, Any]) -> None:
         key = object_key(obj)
-        with self._lock:
-            if typ == "DELETED":
+        if typ == "DELETED":
+            with self._lock:
                 self._cache.pop(key, None)
-            else:
-                current = self._cache.get(key)
-                if current is None or _rv(current) <= _rv(obj):  # else apply_local holds a newer version
-                    self._cache[key] = obj
-        self._notify(typ, key, None if typ == "DELETED" else obj)
+                self._versions.pop(key, None)
+            self._notify(typ, key, None)
+            return
+        rv = _rv(obj)
+        kept = self._keep(obj)  # outside the lock: parsing a slice takes a while
+        with self._lock:
+            if key not in self._cache or self._versions.get(key, 0) <= rv:  # else apply_local holds a newer one
+                self._cache[key], self._versions[key] = kept, rv
+        self._notify(typ, key, kept)
 
     def _on_listed(self) -> None:
         # The relist's differences came as events. What apply_local put here that the server no
@@ -179,6 +200,7 @@ class Informer:
             strays = [key for key in self._cache if key not in known]
             for key in strays:
                 del self._cache[key]
+                self._versions.pop(key, None)
         for key in strays:
             self._notify("DELETED", key, None)
         self.lists += 1
@@ -192,11 +214,13 @@ class Informer:
         return self._watch.log_failure(exc, retry_in_s)
 
     def _resync(self) -> None:
-        for obj in self.items():
-            self._notify("RESYNC", object_key(obj), obj)
+        with self._lock:
+            cached = list(self._cache.items())
+        for key, obj in cached:
+            self._notify("RESYNC", key, obj)
 
 
-class TaintRuleInformer(Informer):
+class TaintRuleInformer(Informer[dict[str, Any]]):
     """DeviceTaintRules, at the newest version the cluster serves. Where none is served (the
     DRADeviceTaintRules gate is off), the cache stays empty, one line is logged, and the informer
     looks again every resync period instead of failing (no crash loop, no log flood)."""
@@ -239,7 +263,7 @@ class TaintRuleInformer(Informer):
     def _not_served(self) -> None:
         self.served = False
         with self._lock:
-            old, self._cache = self._cache, {}
+            old, self._cache, self._versions = self._cache, {}, {}
         for key in old:
             self._notify("DELETED", key, None)
         if not self._told_unserved:
@@ -281,16 +305,19 @@ class ClusterCache:
                  with_pods: bool = True) -> None:
         self.api = api
         self.debounce_s = debounce_s
-        self.slices = Informer(api, SLICES, resync_s)
-        self.claims = Informer(api, CLAIMS, resync_s)
-        self.classes = Informer(api, CLASSES, resync_s)
-        self.nodes = Informer(api, NODES, resync_s)
-        self.pods: Informer | None = Informer(api, PODS, resync_s) if with_pods else None
-        self.templates: Informer | None = Informer(api, TEMPLATES, resync_s) if with_pods else None
+        # Slices are parsed as they arrive and their JSON dropped: the cache holds what planning reads.
+        self._interner = Interner()
+        self._intern_lock = threading.Lock()
+        self.slices: Informer[PublishedSlice] = Informer(api, SLICES, resync_s, keep=self._compact_slice)
+        self.claims: Informer[dict[str, Any]] = Informer(api, CLAIMS, resync_s)
+        self.classes: Informer[dict[str, Any]] = Informer(api, CLASSES, resync_s)
+        self.nodes: Informer[dict[str, Any]] = Informer(api, NODES, resync_s)
+        self.pods: Informer[dict[str, Any]] | None = Informer(api, PODS, resync_s) if with_pods else None
+        self.templates: Informer[dict[str, Any]] | None = (Informer(api, TEMPLATES, resync_s) if with_pods
+                                                            else None)
         self.taint_rules = TaintRuleInformer(api, resync_s)
         self._inv_lock = threading.Lock()
         self._build_lock = threading.Lock()  # one build at a time: the slice cache is not shared
-        self._slice_cache = SliceCache()  # a rebuild re-parses only slices that changed
         self._inventory: Inventory | None = None
         # Changes seen by the informers, and the count the current inventory was built from: a fresh
         # read rebuilds only when something changed since (a build of 1,000 nodes takes a second or
@@ -306,7 +333,11 @@ class ClusterCache:
         for inf in (self.slices, self.claims, self.classes, self.taint_rules):
             inf.add_handler(self._changed)
 
-    def _changed(self, event: str, _key: str, _obj: dict[str, Any] | None) -> None:
+    def _compact_slice(self, raw: dict[str, Any]) -> PublishedSlice:
+        with self._intern_lock:  # one interner for every informer thread that parses slices
+            return compact_slice(raw, self._interner)
+
+    def _changed(self, event: str, _key: str, _obj: object) -> None:
         if event == "RESYNC":  # the cache handed round again, unchanged: nothing to rebuild
             return
         with self._inv_lock:
@@ -314,7 +345,7 @@ class ClusterCache:
         self._dirty.set()
 
     @property
-    def informers(self) -> list[Informer]:
+    def informers(self) -> list[Informer[Any]]:
         """Every informer of this cache."""
         return [i for i in (self.slices, self.claims, self.classes, self.taint_rules, self.nodes, self.pods,
                             self.templates) if i is not None]
@@ -354,7 +385,7 @@ class ClusterCache:
                 changes = self._changes
             started = time.monotonic()
             inv = build_inventory(self.slices.items(), self.claims.items(), self.classes.items(),
-                                  cache=self._slice_cache, taint_rules=self.taint_rules.items())
+                                  taint_rules=self.taint_rules.items())
             self._last_build_s = time.monotonic() - started
             self._log_skipped(inv.skipped)
         self.builds += 1

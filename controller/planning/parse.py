@@ -12,6 +12,7 @@ from typing import Any
 
 from controller.planning.cel_types import CelSemver
 from controller.planning.device_view import Amount, AttrValue, CounterDemand, DeviceView, RequestPolicy, Taint
+from controller.planning.interning import Interner
 from dra_driver.quantity import QuantityError, parse_quantity
 
 
@@ -73,8 +74,11 @@ def _policy(raw: dict[str, Any], where: str) -> RequestPolicy:
     )
 
 
-def parse_device(raw: dict[str, Any], driver: str, pool: str, node: str | None, where: str) -> DeviceView:
-    """One ``spec.devices[]`` entry of a ResourceSlice."""
+def parse_device(raw: dict[str, Any], driver: str, pool: str, node: str | None, where: str,
+                 interner: Interner | None = None) -> DeviceView:
+    """One ``spec.devices[]`` entry of a ResourceSlice; ``interner`` shares what identical devices
+    have in common (one per owner of many slices: see :mod:`controller.planning.interning`)."""
+    share = interner if interner is not None else Interner()
     name = raw.get("name")
     if not isinstance(name, str) or not name:
         raise SpecError(f"{where}.name: every device needs a name")
@@ -111,32 +115,35 @@ def parse_device(raw: dict[str, Any], driver: str, pool: str, node: str | None, 
     elif raw.get("allNodes") or raw.get("nodeSelector"):
         node = None
     return DeviceView(
-        driver=driver,
-        pool=pool,
-        name=name,
-        node=node,
-        attributes=attributes,
-        capacity=capacity,
+        driver=share.string(driver),
+        pool=share.string(pool),
+        name=share.string(name),
+        node=share.string(node) if node else None,
+        attributes=share.attributes(attributes),
+        capacity=share.amounts(capacity),
         allow_multiple_allocations=bool(raw.get("allowMultipleAllocations")),
-        request_policies=policies,
-        consumes_counters=demands,
-        taints=taints,
-        binding_conditions=tuple(raw.get("bindingConditions") or ()),
-        binding_failure_conditions=tuple(raw.get("bindingFailureConditions") or ()),
+        request_policies=share.value(policies),
+        consumes_counters=share.value(demands),
+        taints=share.value(taints),
+        binding_conditions=share.value(tuple(str(c) for c in raw.get("bindingConditions") or ())),
+        binding_failure_conditions=share.value(tuple(str(c) for c in raw.get("bindingFailureConditions") or ())),
     )
 
 
-def parse_counter_sets(raw_sets: list[dict[str, Any]], where: str) -> dict[str, dict[str, Amount]]:
-    """``spec.sharedCounters`` -> {set name: {counter: amount}}."""
+def parse_counter_sets(raw_sets: list[dict[str, Any]], where: str,
+                       interner: Interner | None = None) -> dict[str, dict[str, Amount]]:
+    """``spec.sharedCounters`` -> {set name: {counter: amount}} (the amounts shared through ``interner``)."""
+    share = interner if interner is not None else Interner()
     result: dict[str, dict[str, Amount]] = {}
     for i, cs in enumerate(raw_sets):
         name = cs.get("name")
         if not name:
             raise SpecError(f"{where}.sharedCounters[{i}].name: required")
-        result[str(name)] = {
-            cname: compact(quantity_field((cv or {}).get("value"), f"{where}.sharedCounters[{i}].counters[{cname}]"))
+        result[share.string(str(name))] = share.value({
+            share.string(cname): compact(quantity_field((cv or {}).get("value"),
+                                                        f"{where}.sharedCounters[{i}].counters[{cname}]"))
             for cname, cv in (cs.get("counters") or {}).items()
-        }
+        })
     return result
 
 

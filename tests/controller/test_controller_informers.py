@@ -116,7 +116,9 @@ def test_a_fresh_read_rebuilds_only_after_a_change(srv: LocalApiServer) -> None:
         for _ in range(5):
             assert cache.inventory(fresh=True) is first
         assert cache.builds == builds, "an idle cluster's fresh reads rebuilt the inventory"
-        [published] = [s for s in cache.slices.items() if s["spec"]["nodeName"] == "node-a"]
+        # The cache keeps slices parsed, not as JSON: the object to change comes from the API server.
+        [name] = [s.name for s in cache.slices.items() if s.node == "node-a"]
+        published = api.request("GET", f"{RESOURCE_V1}/resourceslices/{name}")
         fewer = {**published, "spec": {**published["spec"], "devices": published["spec"]["devices"][1:]}}
         cache.slices.apply_local(api.request("PUT", f"{RESOURCE_V1}/resourceslices/{published['metadata']['name']}",
                                              body=fewer))
