@@ -462,21 +462,22 @@ def _parts(dev: DeviceView) -> tuple[Any, ...] | None:
 
 def _build_shapes(inv: Inventory) -> None:
     by_signature: dict[tuple[Any, ...], Shape] = {}
-    # Signatures by the shared objects they come from (alive for the whole build, so ids are stable).
-    by_parts: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+    # Shapes by the shared objects a signature comes from (alive for the whole build, so their ids
+    # are stable): one signature is computed and hashed per kind of device, not per device.
+    by_parts: dict[tuple[Any, ...], Shape] = {}
     for dev in sorted(inv.devices.values(), key=lambda d: d.order):
         parts = _parts(dev)
-        sig = by_parts.get(parts) if parts is not None else None
-        if sig is None:
-            sig = shape_signature(dev, inv.identity_attributes)
-            if parts is not None:
-                by_parts[parts] = sig
-        shape = by_signature.get(sig)
+        shape = by_parts.get(parts) if parts is not None else None
         if shape is None:
-            shape = Shape(len(inv.shapes), dev)
-            by_signature[sig] = shape
-            inv.shapes.append(shape)
-            inv.free.append({})
+            sig = shape_signature(dev, inv.identity_attributes)
+            shape = by_signature.get(sig)
+            if shape is None:
+                shape = Shape(len(inv.shapes), dev)
+                by_signature[sig] = shape
+                inv.shapes.append(shape)
+                inv.free.append({})
+            if parts is not None:
+                by_parts[parts] = shape
         dev.shape = shape.index
         inv.pool_devices.setdefault((dev.driver, dev.pool), []).append(dev)
         shape.devices.append(dev)

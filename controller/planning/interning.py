@@ -17,7 +17,7 @@ never changed afterwards, so any thread may read it.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from fractions import Fraction
 from typing import Any
 
@@ -111,6 +111,7 @@ class Interner:
     def __init__(self) -> None:
         self._table: dict[Any, Any] = {}
         self._names: dict[tuple[str, ...], tuple[str, ...]] = {}
+        self._memo: dict[Any, Any] = {}
 
     @property
     def size(self) -> int:
@@ -131,21 +132,28 @@ class Interner:
         self._table[key] = value
         return value
 
-    def attributes(self, qualified: dict[str, Any]) -> AttributeMap:
-        """Split a device's attributes into the shared kind and its own identity values."""
-        shared: dict[str, Any] = {}
-        names: list[str] = []
-        values: list[Any] = []
-        for name, value in qualified.items():
-            name = sys.intern(name)
-            if is_identity(name):
-                names.append(name)
-                values.append(sys.intern(value) if isinstance(value, str) else value)
-            else:
-                shared[name] = sys.intern(value) if isinstance(value, str) else value
-        key = ("attrs", tuple((k, _typed(v)) for k, v in shared.items()))
-        name_tuple = tuple(names)
-        return AttributeMap(self._shared(key, shared), self._names.setdefault(name_tuple, name_tuple), tuple(values))
+    def memo(self, key: Any, make: Callable[[], Any]) -> Any:
+        """What ``make()`` returned for an equal ``key`` before (``key``: the JSON content it parses,
+        hashable), or ``make()`` now; unhashable keys are not remembered."""
+        try:
+            found = self._memo.get(key, _ABSENT)
+        except TypeError:
+            return make()
+        if found is _ABSENT:
+            if len(self._memo) >= _LIMIT:
+                self._memo.clear()
+            found = self._memo[key] = make()
+        return found
+
+    def attribute_kind(self, attributes: dict[str, Any]) -> dict[str, Any]:
+        """One copy of a device kind's attributes (fully qualified names, no identity attributes)."""
+        shared = {sys.intern(k): sys.intern(v) if isinstance(v, str) else v for k, v in attributes.items()}
+        return self._shared(("attrs", tuple((k, _typed(v)) for k, v in shared.items())), shared)  # type: ignore[no-any-return]
+
+    def attribute_map(self, kind: dict[str, Any], names: tuple[str, ...], values: tuple[Any, ...]) -> AttributeMap:
+        """A device's attributes: its kind's shared dict and its own identity values."""
+        names = self._names.setdefault(names, tuple(sys.intern(n) for n in names))
+        return AttributeMap(kind, names, tuple(sys.intern(v) if isinstance(v, str) else v for v in values))
 
     def amounts(self, amounts: dict[str, Fraction]) -> dict[str, Fraction]:
         """One copy of a capacity dict (every H200 has the same)."""
