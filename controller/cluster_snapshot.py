@@ -13,11 +13,11 @@ from typing import Any
 from controller.planning import Inventory, build_inventory
 
 
-def api_client(kubeconfig: str) -> Any:
-    """A ``kubernetes`` ApiClient from a kubeconfig file, in-cluster, or the default kubeconfig."""
+def api_client(kubeconfig: str, context: str = "") -> Any:
+    """A ``kubernetes`` ApiClient from a kubeconfig file (and context), in-cluster, or the default kubeconfig."""
     from dra_driver.kube_api import make_api_client
 
-    return make_api_client(kubeconfig)
+    return make_api_client(kubeconfig, context=context)
 
 
 def read_cluster(client: Any) -> Inventory:

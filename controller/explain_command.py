@@ -14,9 +14,12 @@ import sys
 from typing import Any
 
 from controller.cluster_snapshot import api_client, read_cluster
-from controller.planning import explain
-from controller.planning.explain import unhealthy_from_node_conditions
+from controller.explain_report import ExplainAnswer, explain_subject, find_subject
 from dra_driver.kube_api import describe_error
+
+# The chart's Service for the controller's explain endpoint (deploy/helm/gpuready/templates/controller-deployment.yaml).
+DEFAULT_SERVICE = "gpuready/gpuready-controller-explain"
+CONTROLLER_TIMEOUT_S = 10.0
 
 DESCRIPTION = """\
 Explain a ResourceClaim, or every claim of a Pod: for each request, which devices match its
@@ -36,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-n", "--namespace", default="default")
     parser.add_argument("--kubeconfig", default="", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
     parser.add_argument("--policy", choices=["binpack", "spread"], default="binpack")
+    parser.add_argument("--controller", default=DEFAULT_SERVICE, metavar="NAMESPACE/SERVICE",
+                        help="the controller's explain Service, asked through the API server's service proxy "
+                             f"(default {DEFAULT_SERVICE}; '' lists the whole fleet instead)")
 
 
 def _get(call: Any, *args: Any) -> dict[str, Any] | None:
@@ -51,38 +57,36 @@ def _get(call: Any, *args: Any) -> dict[str, Any] | None:
     return result
 
 
-def claims_of_pod(pod: dict[str, Any], read_claim: Any, read_template: Any) -> list[dict[str, Any]]:
-    """The claims a pod uses: named ones, generated ones, and (not yet generated) template specs."""
-    statuses = {s.get("name"): s.get("resourceClaimName")
-                for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []}
-    namespace = (pod.get("metadata") or {}).get("namespace", "default")
-    out = []
-    for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
-        name = ref.get("resourceClaimName") or statuses.get(ref.get("name"))
-        if name:
-            claim = read_claim(name)
-            if claim is not None:
-                out.append(claim)
-            continue
-        template_name = ref.get("resourceClaimTemplateName")
-        template = read_template(template_name) if template_name else None
-        if template is not None:
-            out.append({"metadata": {"name": f"{template_name} (template, claim not created yet)",
-                                     "namespace": namespace}, "spec": (template.get("spec") or {}).get("spec") or {}})
-    extended = ((pod.get("status") or {}).get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
-    if extended:
-        claim = read_claim(extended)
-        if claim is not None:
-            out.append(claim)
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
-    """Explain the named claim or pod."""
+    """Explain the named claim or pod: from the running controller when it answers, else from a list
+    of the whole fleet (saying so)."""
+    try:
+        client = api_client(args.kubeconfig, getattr(args, "context", ""))
+    except Exception as exc:
+        print(f"gpuready explain: cannot read the cluster: {describe_error(exc)}", file=sys.stderr)
+        return 2
+    service = getattr(args, "controller", DEFAULT_SERVICE)
+    if service:
+        answer, why = controller_answer(client, service, args.namespace, args.name, args.policy, _kind(args))
+        if answer is not None:
+            return _print(answer)
+        print(f"gpuready explain: the controller did not answer ({why}); listing the whole fleet instead, "
+              "which takes longer on a large cluster", file=sys.stderr)
+    return _print(_from_a_list(client, args))
+
+
+def _print(answer: ExplainAnswer) -> int:
+    if answer.text:
+        print(answer.text, end="")
+    if answer.error:
+        print(f"gpuready explain: {answer.error}", file=sys.stderr)
+    return answer.status
+
+
+def _from_a_list(client: Any, args: argparse.Namespace) -> ExplainAnswer:
     import kubernetes
 
     try:
-        client = api_client(args.kubeconfig)
         custom = kubernetes.client.CustomObjectsApi(client)
         core = kubernetes.client.CoreV1Api(client)
         ns = args.namespace
@@ -94,33 +98,37 @@ def run(args: argparse.Namespace) -> int:
             return _get(custom.get_namespaced_custom_object, "resource.k8s.io", "v1", ns,
                         "resourceclaimtemplates", name)
 
-        claim = read_claim(args.name)
-        claims = [claim] if claim is not None else []
-        what = f"ResourceClaim {ns}/{args.name}"
-        if claim is None:
-            pod = _get(core.read_namespaced_pod, args.name, ns)
-            if pod is None:
-                print(f"gpuready explain: no ResourceClaim or Pod named {args.name!r} in namespace {ns!r}",
-                      file=sys.stderr)
-                return 2
-            what = f"Pod {ns}/{args.name}"
-            claims = claims_of_pod(pod, read_claim, read_template)
-            if not claims:
-                print(f"{what} uses no resource claims")
-                return 0
+        subject = find_subject(ns, args.name, read_claim, lambda name: _get(core.read_namespaced_pod, name, ns),
+                               read_template, _kind(args))
+        if isinstance(subject, ExplainAnswer):
+            return subject
         inventory = read_cluster(client)
         nodes = json.loads(core.list_node(_preload_content=False).data).get("items", [])
     except Exception as exc:  # any client or connection failure: one clear line, exit 2
-        print(f"gpuready explain: cannot read the cluster: {describe_error(exc)}", file=sys.stderr)
-        return 2
-    unhealthy = unhealthy_from_node_conditions(nodes)
-    status = 0
-    if len(claims) > 1 or claim is None:
-        print(f"{what}: {len(claims)} claim{'s' if len(claims) != 1 else ''}")
-    for c in claims:
-        report = explain(c, inventory, unhealthy, policy=args.policy)
-        allocated = bool((c.get("status") or {}).get("allocation"))
-        if not allocated and report.plan.allocation is None:
-            status = 1
-        print(report.render())
-    return status
+        return ExplainAnswer("", 2, f"cannot read the cluster: {describe_error(exc)}")
+    return explain_subject(subject, inventory, nodes, args.policy)
+
+
+def _kind(args: argparse.Namespace) -> str:
+    return str(getattr(args, "kind", ""))  # "pod" or "claim" from `kubectl gpuready explain pod/NAME`
+
+
+def controller_answer(client: Any, service: str, namespace: str, name: str, policy: str, kind: str = ""
+                      ) -> tuple[ExplainAnswer | None, str]:
+    """Ask the controller's ``/explain`` through the API server's service proxy (the API server
+    authenticates the caller and checks ``get`` on ``services/proxy`` of that Service); the answer,
+    or None and why there is none."""
+    import urllib.parse
+
+    svc_ns, _, svc = service.rpartition("/")
+    path = (f"/api/v1/namespaces/{svc_ns or 'gpuready'}/services/http:{svc}:explain/proxy/explain?"
+            + urllib.parse.urlencode({"namespace": namespace, "name": name, "policy": policy, "kind": kind}))
+    try:
+        response = client.call_api(path, "GET", auth_settings=["BearerToken"], _preload_content=False,
+                                   _request_timeout=CONTROLLER_TIMEOUT_S)[0]
+        body = json.loads(response.data)
+    except Exception as exc:  # no such Service, no ready endpoint, forbidden, timeout: list instead
+        return None, describe_error(exc)[:300]
+    if not isinstance(body, dict) or body.get("source") != "gpuready-controller":
+        return None, f"{path.split('?')[0]} answered something else than the controller's explain"
+    return ExplainAnswer(str(body.get("text", "")), int(body.get("status", 2)), str(body.get("error", ""))), ""
