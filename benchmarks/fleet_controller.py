@@ -129,6 +129,7 @@ def explain_service(bench: Any, health_port: int) -> None:
     """The chart's explain Service (``gpuready/gpuready-controller-explain``, port ``explain``) for a
     controller running on this host: no selector, its endpoint this host's address (the API server
     proxies to no loopback address), as Endpoints and as an EndpointSlice."""
+    from dra_driver.kube_api import JsonApi
     from testbed.realcluster.hostnet import host_address
 
     ip, name, ns = host_address(), "gpuready-controller-explain", "gpuready"
@@ -141,12 +142,11 @@ def explain_service(bench: Any, health_port: int) -> None:
     core.create_namespaced_service(ns, {"metadata": {"name": name}, "spec": {"ports": [port]}})
     core.create_namespaced_endpoints(ns, {"metadata": {"name": name}, "subsets": [
         {"addresses": [{"ip": ip}], "ports": [port]}]})
-    api = bench.core.api_client
-    api.call_api(f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices", "POST", body={
+    JsonApi(bench.core.api_client).request("POST", f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices", body={
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
         "metadata": {"name": f"{name}-host", "labels": {"kubernetes.io/service-name": name}},
         "addressType": "IPv4", "endpoints": [{"addresses": [ip], "conditions": {"ready": True}}],
-        "ports": [port]}, auth_settings=["BearerToken"], _preload_content=False)
+        "ports": [port]})
 
 
 def fault_to_event_seconds(bench: Any, namespace: str, pod: str, timeout: float = 120.0) -> float:

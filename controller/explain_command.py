@@ -19,7 +19,6 @@ from dra_driver.kube_api import describe_error
 
 # The chart's Service for the controller's explain endpoint (deploy/helm/gpuready/templates/controller-deployment.yaml).
 DEFAULT_SERVICE = "gpuready/gpuready-controller-explain"
-CONTROLLER_TIMEOUT_S = 10.0
 
 DESCRIPTION = """\
 Explain a ResourceClaim, or every claim of a Pod: for each request, which devices match its
@@ -118,17 +117,15 @@ def controller_answer(client: Any, service: str, namespace: str, name: str, poli
     """Ask the controller's ``/explain`` through the API server's service proxy (the API server
     authenticates the caller and checks ``get`` on ``services/proxy`` of that Service); the answer,
     or None and why there is none."""
-    import urllib.parse
+    from dra_driver.kube_api import JsonApi
 
     svc_ns, _, svc = service.rpartition("/")
-    path = (f"/api/v1/namespaces/{svc_ns or 'gpuready'}/services/http:{svc}:explain/proxy/explain?"
-            + urllib.parse.urlencode({"namespace": namespace, "name": name, "policy": policy, "kind": kind}))
+    path = f"/api/v1/namespaces/{svc_ns or 'gpuready'}/services/http:{svc}:explain/proxy/explain"
+    query = [("namespace", namespace), ("name", name), ("policy", policy), ("kind", kind)]
     try:
-        response = client.call_api(path, "GET", auth_settings=["BearerToken"], _preload_content=False,
-                                   _request_timeout=CONTROLLER_TIMEOUT_S)[0]
-        body = json.loads(response.data)
-    except Exception as exc:  # no such Service, no ready endpoint, forbidden, timeout: list instead
+        body = JsonApi(client).request("GET", path, query)
+    except Exception as exc:  # no such Service, no ready endpoint, forbidden, unreachable: list instead
         return None, describe_error(exc)[:300]
     if not isinstance(body, dict) or body.get("source") != "gpuready-controller":
-        return None, f"{path.split('?')[0]} answered something else than the controller's explain"
+        return None, f"{path} answered something else than the controller's explain"
     return ExplainAnswer(str(body.get("text", "")), int(body.get("status", 2)), str(body.get("error", ""))), ""
