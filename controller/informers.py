@@ -43,8 +43,12 @@ log = get_logger(__name__)
 BACKOFF = list_watch.Backoff(base=0.2, cap=30.0)
 FREEZE_FROM_DEVICES = 20_000  # a fleet this large is moved out of the cyclic collector's way once read
 # Lists are read in pages: at 5,000 nodes the slices alone are about 170 MB of JSON, and a page at a
-# time is kept (compacted) before the next is read, so the process never holds the whole list.
+# time is kept (compacted) before the next is read, so the process never holds the whole list. The
+# page's JSON is garbage a moment later, but the allocator keeps what the kept objects pinned among
+# it: measured at 1,000 nodes (local API server), the controller grew 0.102 MiB per node with pages
+# of 250 slices, 0.049 with 100, 0.038 with 50 and no less with 20. Other kinds' objects are small.
 LIST_PAGE_SIZE = 250
+SLICE_PAGE_SIZE = 50
 
 Handler = Callable[[str, str, Any], None]
 """``handler(event, key, obj)``: event ADDED | MODIFIED | DELETED | RESYNC; obj (what the cache keeps)
@@ -107,7 +111,8 @@ class Informer(Generic[T]):
             on_watching=self._on_watching, on_failure=self._on_failure, on_resync=self._resync,
             resync_s=self.resync_s, backoff=BACKOFF,
             watch_timeout_s=min(list_watch.WATCH_TIMEOUT_SECONDS, max(1, int(self.resync_s))),
-            log_fields={"kind": kind.name}, name=f"informer-{kind.name}", page_size=LIST_PAGE_SIZE)
+            log_fields={"kind": kind.name}, name=f"informer-{kind.name}",
+            page_size=SLICE_PAGE_SIZE if kind is SLICES else LIST_PAGE_SIZE)
 
     # --- reading ---------------------------------------------------------------------------------
     def add_handler(self, handler: Handler) -> None:
