@@ -126,33 +126,12 @@ def explain_seconds(cluster: Any, namespace: str, claim: str, root: Path, via_co
 
 
 def explain_service(bench: Any, health_port: int) -> None:
-    """The chart's explain Service (``gpuready/gpuready-controller-explain``, port ``explain``) for a
-    controller running on this host. kube-apiserver proxies a service only to endpoints that are
-    pods (an EndpointSlice endpoint whose targetRef is a pod with that IP), so a stand-in pod object
-    carries this host's address (no loopback: the API server proxies to none); nothing runs it."""
-    from dra_driver.kube_api import JsonApi
-    from testbed.realcluster.hostnet import host_address
+    """The chart's explain Service (``gpuready/gpuready-controller-explain``, port ``explain``) for the
+    controller running on this host (``testbed/realcluster/host_service.py``)."""
+    from testbed.realcluster.host_service import expose_on_this_host
 
-    ip, name, ns = host_address(), "gpuready-controller-explain", "gpuready"
-    if not ip:
-        raise RuntimeError("no non-loopback IPv4 address on this host for the explain Service's endpoint")
-    core, api = bench.core, JsonApi(bench.core.api_client)
-    if not any(n.metadata.name == ns for n in core.list_namespace().items):
-        core.create_namespace({"metadata": {"name": ns}})
-        core.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
-    pod = "gpuready-controller-on-this-host"
-    core.create_namespaced_pod(ns, {"metadata": {"name": pod}, "spec": {
-        "nodeName": bench.names[0], "containers": [{"name": "controller", "image": "registry.local/none:1"}]}})
-    api.request("PATCH", f"/api/v1/namespaces/{ns}/pods/{pod}/status", body={"status": {
-        "podIP": ip, "podIPs": [{"ip": ip}]}}, content_type="application/merge-patch+json")
-    port = {"name": "explain", "port": health_port, "protocol": "TCP"}
-    core.create_namespaced_service(ns, {"metadata": {"name": name}, "spec": {"ports": [port]}})
-    api.request("POST", f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices", body={
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": f"{name}-host", "labels": {"kubernetes.io/service-name": name}},
-        "addressType": "IPv4", "ports": [port], "endpoints": [{
-            "addresses": [ip], "conditions": {"ready": True},
-            "targetRef": {"kind": "Pod", "namespace": ns, "name": pod}}]})
+    expose_on_this_host(bench.core.api_client, "gpuready", "gpuready-controller-explain", "explain", health_port,
+                        bench.names[0])
 
 
 def fault_to_event_seconds(bench: Any, namespace: str, pod: str, timeout: float = 120.0) -> float:
