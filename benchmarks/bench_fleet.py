@@ -77,6 +77,8 @@ ROOT = Path(__file__).resolve().parent.parent
 KINDS = ("h100-static", "h200-whole", "h200-dynamic", "h200-shared")
 _THREADS = 4  # client threads writing objects; the machine has 2 cores
 _ATTEMPT = "scheduler_scheduling_attempt_duration_seconds"
+# No kubelet runs here: the container runtime and the node's programs may be missing.
+CONTROL_PLANE_ONLY = frozenset({"kubelet", "containerd", "containerd-shim-runc-v2", "ctr", "runc", "busybox", "go"})
 HOOK = f"mutate.{DRIVER}"  # the mutating webhook's name as testbed.apiserver.webhook_configs registers it
 
 
@@ -341,7 +343,7 @@ def run(quick: bool = False, nodes: tuple[int, ...] | None = None, pods: int | N
     for n in sizes:
         for rate in qps:
             config = ClusterConfig(kubelet=False, controller_manager=False, scheduler_qps=rate)
-            with Cluster(binaries.find(), config) as cluster:
+            with Cluster(binaries.find(optional=CONTROL_PLANE_ONLY), config) as cluster:
                 results.extend(_one_fleet(cluster, n, m, rate, sizes_too=rate == qps[0], controller=controller,
                                           at_scale=controller and rate == qps[0], scheduling=scheduling))
     return results
