@@ -421,19 +421,20 @@ class ClusterCache:
         return inv, changes
 
     def _keep(self, inv: Inventory, changes: int) -> None:
+        first = not self._built.is_set()
+        if first and len(inv.devices) >= FREEZE_FROM_DEVICES:
+            # The fleet just read is long-lived: out of the collector's way, so a full collection
+            # (hundreds of ms over a big fleet, holding the GIL) never stalls the webhook beside it.
+            # Collected first, so no garbage is frozen with it; freed objects are still freed. Done
+            # before the inventory is handed out: the replica is not ready until it is over.
+            gc.collect()
+            gc.freeze()
         with self._inv_lock:
             if changes >= self._built_from:  # never replace a build with an older one
                 self._inventory, self._built_from = inv, changes
-            first = not self._built.is_set()
             self._built.set()
         if first:
             self.ready_after_s = time.monotonic() - self._started
-            if len(inv.devices) >= FREEZE_FROM_DEVICES:
-                # The fleet just read is long-lived: out of the collector's way, so a full collection
-                # (hundreds of ms over a big fleet, holding the GIL) never stalls the webhook beside
-                # it. Collected first, so no garbage is frozen with it; freed objects are still freed.
-                gc.collect()
-                gc.freeze()
             log.info("inventory_ready", seconds=round(self.ready_after_s, 2), devices=len(inv.devices),
                      nodes=len(inv.nodes), shapes=len(inv.shapes), frozen_objects=gc.get_freeze_count())
 
