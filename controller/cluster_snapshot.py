@@ -2,15 +2,17 @@
 
 Lists ResourceSlices, ResourceClaims, DeviceClasses and DeviceTaintRules once and builds the
 planner's inventory from them: what the daemon's informers keep up to date, read a single time.
-Both commands use it, so it lives here rather than in either of them. ``kubernetes`` and the
-informers are imported on the first read, not with the module: a command's ``--help`` stays quick.
+Both commands use it, so it lives here rather than in either of them. ``kubernetes``, the
+informers and the planner are imported on the first read, not with the module: a command's
+``--help`` stays quick, and ``explain`` answered by the controller never loads the planner.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from controller.planning import Inventory, build_inventory
+if TYPE_CHECKING:
+    from controller.planning import Inventory
 
 
 def api_client(kubeconfig: str, context: str = "") -> Any:
@@ -23,6 +25,8 @@ def api_client(kubeconfig: str, context: str = "") -> Any:
 def read_cluster(client: Any) -> Inventory:
     """List slices, claims and classes (resource.k8s.io/v1) and build the inventory."""
     import kubernetes
+
+    from controller.planning import build_inventory
 
     api = kubernetes.client.CustomObjectsApi(client)
     group, version = "resource.k8s.io", "v1"

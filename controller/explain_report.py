@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from controller.planning import Inventory, explain
-from controller.planning.explain import unhealthy_from_node_conditions
-from controller.planning.planner import Policy
+if TYPE_CHECKING:  # the planner (CEL and all) loads only to explain from a list, not to ask the controller
+    from controller.planning import Inventory
+    from controller.planning.planner import Policy
 
 Read = Callable[[str], dict[str, Any] | None]
 """Reads one object of the namespace by name (None when there is none)."""
@@ -90,6 +90,9 @@ def find_subject(namespace: str, name: str, read_claim: Read, read_pod: Read, re
 def explain_subject(subject: Subject, inventory: Inventory, nodes: list[dict[str, Any]],
                     policy: Policy = "binpack") -> ExplainAnswer:
     """The report of every claim of ``subject`` against ``inventory``."""
+    from controller.planning import explain
+    from controller.planning.explain import unhealthy_from_node_conditions
+
     unhealthy = unhealthy_from_node_conditions(nodes)
     status = 0
     lines = []
