@@ -183,6 +183,7 @@ class Controller:
         self._leading = threading.Event()
         self._loop: threading.Thread | None = None
         self.passes = 0
+        self._last_pass_s = 0.0
         for inf in self.cache.informers:
             # A resync is no news: the loop's own resync_s wake-up already heals missed reactions,
             # and one kick per informer resync would add up to seven passes per period.
@@ -339,9 +340,15 @@ class Controller:
                 else:
                     self._kick.clear()
                 continue
-            self._stop.wait(self.config.debounce_s)  # let a burst of watch events settle into one pass
+            # Let a burst of watch events settle into one pass, and wait at least as long as the last
+            # pass took: a pass reads every cached slice, node and claim (tens of ms over a big fleet),
+            # and a stream of new claims through the webhook kicks it each time. So passes take at most
+            # half a core, and the webhook's threads keep the rest.
+            self._stop.wait(max(self.config.debounce_s, self._last_pass_s))
             self._kick.clear()
+            started = time.monotonic()
             self.run_pass()
+            self._last_pass_s = time.monotonic() - started
 
     def run_pass(self) -> None:
         """One allocator + reconciler pass (the leader loop calls it; tests may too)."""
