@@ -432,7 +432,7 @@ class ClusterCache:
             if changes >= self._built_from:  # never replace a build with an older one
                 self._inventory, self._built_from = inv, changes
             self._built.set()
-        if first:
+        if first and self._thread is not None:  # started (a cache filled by hand has no start to time)
             self.ready_after_s = time.monotonic() - self._started
             log.info("inventory_ready", seconds=round(self.ready_after_s, 2), devices=len(inv.devices),
                      nodes=len(inv.nodes), shapes=len(inv.shapes), frozen_objects=gc.get_freeze_count())

@@ -112,6 +112,7 @@ class Interner:
         self._table: dict[Any, Any] = {}
         self._names: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._memo: dict[Any, Any] = {}
+        self._drivers: dict[str, dict[str, tuple[str, bool]]] = {}
 
     @property
     def size(self) -> int:
@@ -131,6 +132,11 @@ class Interner:
             self._table.clear()
         self._table[key] = value
         return value
+
+    def names_of(self, driver: str) -> dict[str, tuple[str, bool]]:
+        """Attribute names as sent by ``driver`` -> (fully qualified, whether it names one device):
+        filled by the parser, a dozen names per driver."""
+        return self._drivers.setdefault(driver, {})
 
     def memo(self, key: Any, make: Callable[[], Any]) -> Any:
         """What ``make()`` returned for an equal ``key`` before (``key``: the JSON content it parses,

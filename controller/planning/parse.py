@@ -126,9 +126,14 @@ def _attributes(raw: dict[str, Any], driver: str, where: str, share: Interner) -
     kind_names: list[tuple[str, str]] = []  # (qualified, as sent)
     names: list[str] = []
     values: list[AttrValue] = []
+    names_of = share.names_of(driver)
     for k, v in raw.items():
-        qname = qualify(k, driver)
-        if is_identity(qname):
+        known = names_of.get(k)
+        if known is None:
+            qname = qualify(k, driver)
+            known = names_of[k] = (share.string(qname), is_identity(qname))
+        qname, identity = known
+        if identity:
             names.append(qname)
             values.append(_attribute(v, f"{where}.attributes[{k}]"))
         else:
