@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dra_driver.kube_api import JsonApi
+from dra_driver.kube_api import ApiError, JsonApi
 from testbed.realcluster.hostnet import host_address
 
 
@@ -27,8 +27,13 @@ def expose_on_this_host(api_client: Any, namespace: str, service: str, port_name
     names = {n["metadata"]["name"] for n in api.request("GET", "/api/v1/namespaces")["items"]}
     if namespace not in names:
         api.request("POST", "/api/v1/namespaces", body={"metadata": {"name": namespace}})
-        # Pods need their namespace's default ServiceAccount (no controller-manager may be running).
-        api.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts", body={"metadata": {"name": "default"}})
+        # Pods need their namespace's default ServiceAccount: made here where no controller-manager
+        # runs, and there already (or soon) where one does.
+        try:
+            api.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts", body={"metadata": {"name": "default"}})
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
     pod = f"{service}-on-this-host"
     api.request("POST", f"/api/v1/namespaces/{namespace}/pods", body={"metadata": {"name": pod}, "spec": {
         "nodeName": node_name, "containers": [{"name": "host-process", "image": "registry.local/none:1"}]}})
