@@ -130,8 +130,7 @@ def explain_service(bench: Any, health_port: int) -> None:
     controller running on this host (``testbed/realcluster/host_service.py``)."""
     from testbed.realcluster.host_service import expose_on_this_host
 
-    expose_on_this_host(bench.core.api_client, "gpuready", "gpuready-controller-explain", "explain", health_port,
-                        bench.names[0])
+    expose_on_this_host(bench.core.api_client, "gpuready", "gpuready-controller-explain", "explain", health_port)
 
 
 def fault_to_event_seconds(bench: Any, namespace: str, pod: str, timeout: float = 120.0) -> float:

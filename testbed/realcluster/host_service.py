@@ -3,9 +3,9 @@
 The controller of the benchmarks and of process-mode e2e runs as a host process, not a pod. The
 API server proxies a service (``/api/v1/namespaces/NS/services/http:NAME:PORT/proxy/...``) only to
 EndpointSlice endpoints whose ``targetRef`` is a pod that has that IP, and never to a loopback
-address; so this makes a selectorless Service, a stand-in pod object that nothing runs (bound to a
-node the caller names, its status carrying this host's first non-loopback address) and the
-EndpointSlice joining them.
+address; so this makes a selectorless Service, a stand-in pod object that nothing runs (held by a
+scheduling gate, so no scheduler binds it and no kubelet gives it an address of its own; its status
+carries this host's first non-loopback address) and the EndpointSlice joining them.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from dra_driver.kube_api import ApiError, JsonApi
 from testbed.realcluster.hostnet import host_address
 
 
-def expose_on_this_host(api_client: Any, namespace: str, service: str, port_name: str, port: int,
-                        node_name: str) -> str:
+def expose_on_this_host(api_client: Any, namespace: str, service: str, port_name: str, port: int) -> str:
     """Create the Service ``namespace/service`` (port ``port_name`` -> ``port`` on this host) and what
     the proxy needs; the host address used. The namespace is created if missing."""
     ip = host_address()
@@ -36,7 +35,8 @@ def expose_on_this_host(api_client: Any, namespace: str, service: str, port_name
                 raise
     pod = f"{service}-on-this-host"
     api.request("POST", f"/api/v1/namespaces/{namespace}/pods", body={"metadata": {"name": pod}, "spec": {
-        "nodeName": node_name, "containers": [{"name": "host-process", "image": "registry.local/none:1"}]}})
+        "schedulingGates": [{"name": "gpuready.testbed/stand-in-never-scheduled"}],
+        "containers": [{"name": "host-process", "image": "registry.local/none:1"}]}})
     api.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{pod}/status", body={"status": {
         "podIP": ip, "podIPs": [{"ip": ip}]}}, content_type="application/merge-patch+json")
     ports = [{"name": port_name, "port": port, "protocol": "TCP"}]

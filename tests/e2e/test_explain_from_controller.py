@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 from e2e_chart import NAMESPACE as CHART_NAMESPACE
-from e2e_support import E2E, NODE, REPO, wait_for
+from e2e_support import E2E, REPO, wait_for
 
 from testbed.realcluster.host_service import expose_on_this_host
 from testbed.realcluster.procs import Component, free_port
@@ -57,7 +57,7 @@ def explain_service(e2e: E2E) -> Iterator[str]:
     try:
         proc.wait_ready(lambda: urllib.request.urlopen(f"http://127.0.0.1:{health}/readyz", timeout=2).status == 200,
                         60, "ready (/readyz)")
-        expose_on_this_host(e2e.api, HOST_NAMESPACE, SERVICE, "explain", health, NODE)
+        expose_on_this_host(e2e.api, HOST_NAMESPACE, SERVICE, "explain", health)
         yield f"{HOST_NAMESPACE}/{SERVICE}"
     finally:
         proc.stop()
