@@ -406,7 +406,7 @@ def controller_at_scale(cluster: Any, bench: FleetBench, faults: bool = True) ->
         out.append(summarize(f"N={n}: controller start -> ready and serving its webhook (fleet read)", [ready], unit="s"))
         own = _own_ready_seconds(health_port)
         if own is not None:
-            out.append(summarize(f"N={n}: controller start -> inventory built, by its own clock (its /readyz)", [own],
+            out.append(summarize(f"N={n}: controller informers started -> first inventory built, its own clock (/readyz)", [own],
                                  unit="s"))
         out.append(summarize(f"N={n}: controller resident memory with the fleet", [rss_mib(pid)], unit="MiB"))
         cpu0 = cpu_seconds(pid)
