@@ -45,7 +45,7 @@ import contextlib
 import dataclasses
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,7 @@ from benchmarks.fleet_controller import (
     cpu_seconds,
     create_claims,
     explain_seconds,
+    explain_service,
     fault_to_event_seconds,
     histogram,
     rss_mib,
@@ -76,6 +77,8 @@ ROOT = Path(__file__).resolve().parent.parent
 KINDS = ("h100-static", "h200-whole", "h200-dynamic", "h200-shared")
 _THREADS = 4  # client threads writing objects; the machine has 2 cores
 _ATTEMPT = "scheduler_scheduling_attempt_duration_seconds"
+# No kubelet runs here: the container runtime and the node's programs may be missing.
+CONTROL_PLANE_ONLY = frozenset({"kubelet", "containerd", "containerd-shim-runc-v2", "ctr", "runc", "busybox", "go"})
 HOOK = f"mutate.{DRIVER}"  # the mutating webhook's name as testbed.apiserver.webhook_configs registers it
 
 
@@ -108,8 +111,19 @@ def fleet_slices(nodes: dict[str, str], kinds: dict[str, tuple[NodeDevices, Slic
     out = {}
     for i, (name, uid) in enumerate(nodes.items()):
         devices, options = kinds[KINDS[i % len(KINDS)]]
-        out[name] = [s.to_k8s(0, uid) for s in build_pool(devices, name, DRIVER, options)]
+        out[name] = [_own_uuids(s.to_k8s(0, uid), i) for s in build_pool(devices, name, DRIVER, options)]
     return out
+
+
+def _own_uuids(body: dict[str, Any], node_index: int) -> dict[str, Any]:
+    """Give node ``node_index``'s GPUs UUIDs of their own, as a real fleet's are (the simulated
+    profiles are the same on every node): the first 8 hex digits become the node's index."""
+    for device in body["spec"].get("devices") or []:
+        for name in ("uuid", "parentUUID"):
+            attr = (device.get("attributes") or {}).get(name)
+            if attr and attr.get("string", "").startswith("GPU-"):
+                attr["string"] = f"GPU-{node_index:08x}{attr['string'][12:]}"
+    return body
 
 
 def _size(obj: dict[str, Any]) -> int:
@@ -122,10 +136,11 @@ def _attempts(text: str) -> dict[float, float]:
 
 
 @contextlib.contextmanager
-def gpuready_controller(cluster: Any, placement: bool) -> Iterator[tuple[int, str]]:
+def gpuready_controller(cluster: Any, placement: bool) -> Iterator[tuple[int, str, int]]:
     """gpuready's controller as its own process (``python -m dra_driver controller``, this checkout)
     with the chart's webhook configurations registered in the API server (as tests/e2e does), until
-    the context ends; ``placement``: ``--placement-mode gated``. Yields its PID and /metrics URL."""
+    the context ends; ``placement``: ``--placement-mode gated``. Yields its PID, /metrics URL and
+    health port (which serves /explain)."""
     import os
     import ssl
     import sys
@@ -145,7 +160,7 @@ def gpuready_controller(cluster: Any, placement: bool) -> Iterator[tuple[int, st
     webhook_port, health_port, metrics_port = free_port(), free_port(), free_port()
     argv = [sys.executable, "-m", "dra_driver", "controller", "--kubeconfig", cluster.kubeconfig,
             "--webhook-cert", cert.cert, "--webhook-key", cert.key, "--webhook-port", str(webhook_port),
-            "--bind-address", "127.0.0.1", "--metrics-port", str(metrics_port), "--health-port", str(health_port),
+            "--bind-address", "0.0.0.0", "--metrics-port", str(metrics_port), "--health-port", str(health_port),
             "--no-leader-elect", "--placement-mode", "gated" if placement else "off",
             "--readiness-taint-mode", "off"]
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
@@ -167,7 +182,7 @@ def gpuready_controller(cluster: Any, placement: bool) -> Iterator[tuple[int, st
         proc.wait_ready(lambda: "firstAvailable" in cluster.kubectl(
             "create", "--dry-run=server", "-o", "json", "-f", "-", input_text=probe), 30,
             "shaping a VRAM claim (dry run)")
-        yield proc.pid, f"http://127.0.0.1:{metrics_port}/metrics"
+        yield proc.pid, f"http://127.0.0.1:{metrics_port}/metrics", health_port
     finally:
         for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
             with contextlib.suppress(Exception):
@@ -318,8 +333,10 @@ class FleetBench:
 
 
 def run(quick: bool = False, nodes: tuple[int, ...] | None = None, pods: int | None = None,
-        qps: tuple[float, ...] = (0.0, 500.0), controller: bool = True) -> list[BenchResult]:
-    """One fresh control plane per fleet size and scheduler client rate (0: Kubernetes' default, 50/s)."""
+        qps: tuple[float, ...] = (0.0, 500.0), controller: bool = True, scheduling: bool = True,
+        emit: Callable[[list[BenchResult]], None] | None = None) -> list[BenchResult]:
+    """One fresh control plane per fleet size and scheduler client rate (0: Kubernetes' default, 50/s);
+    ``emit`` gets each fleet's figures as soon as they are taken (a later fleet's failure loses none)."""
     from testbed.realcluster import Cluster, ClusterConfig, binaries
 
     sizes = nodes or ((20,) if quick else (100, 300))
@@ -328,14 +345,17 @@ def run(quick: bool = False, nodes: tuple[int, ...] | None = None, pods: int | N
     for n in sizes:
         for rate in qps:
             config = ClusterConfig(kubelet=False, controller_manager=False, scheduler_qps=rate)
-            with Cluster(binaries.find(), config) as cluster:
-                results.extend(_one_fleet(cluster, n, m, rate, sizes_too=rate == qps[0], controller=controller,
-                                          at_scale=controller and rate == qps[0]))
+            with Cluster(binaries.find(optional=CONTROL_PLANE_ONLY), config) as cluster:
+                fleet = _one_fleet(cluster, n, m, rate, sizes_too=rate == qps[0], controller=controller,
+                                   at_scale=controller and rate == qps[0], scheduling=scheduling)
+            results.extend(fleet)
+            if emit is not None:
+                emit(fleet)
     return results
 
 
 def _one_fleet(cluster: Any, n: int, m: int, rate: float, sizes_too: bool, controller: bool,
-               at_scale: bool = False) -> list[BenchResult]:
+               at_scale: bool = False, scheduling: bool = True) -> list[BenchResult]:
     import yaml
 
     bench = FleetBench(cluster, n, f"scheduler QPS {rate:g}" if rate else "scheduler QPS 50 (default)")
@@ -350,38 +370,44 @@ def _one_fleet(cluster: Any, n: int, m: int, rate: float, sizes_too: bool, contr
                                  [rss_mib(cluster.component_pid("kube-apiserver"))], unit="MiB"))
         results.append(summarize(f"N={n}: kube-scheduler resident memory with the fleet",
                                  [rss_mib(cluster.component_pid("kube-scheduler"))], unit="MiB"))
-    results.extend(bench.schedule("d-noclaim", m, None, "no claim (floor)"))
-    results.extend(bench.schedule("a-claim", m, PLAIN, "one-GPU claim each (DeviceClass gpu.nvidia.com)"))
+    if scheduling:
+        results.extend(bench.schedule("d-noclaim", m, None, "no claim (floor)"))
+        results.extend(bench.schedule("a-claim", m, PLAIN, "one-GPU claim each (DeviceClass gpu.nvidia.com)"))
     if controller:
         shaped = "one 20Gi VRAM claim each, shaped by the webhook"
-        with gpuready_controller(cluster, placement=False) as (_, metrics_url):
+        with gpuready_controller(cluster, placement=False) as (_, metrics_url, _health):
             latency = WebhookLatency(cluster, metrics_url, HOOK)
             results.extend(bench.create_claims("b-shaped", m, VRAM, shaped))
             results.extend(latency.results(f"N={n} {bench.setting} (b) {m} claims"))
         # The webhook is done once the claims exist: the scheduler places (b)'s pods, as (a)'s, with no
         # controller process sharing the two cores, so the two differ only in the claims' shape.
-        results.extend(bench.schedule("b-shaped", m, VRAM, shaped, claims_made=True))
-        with gpuready_controller(cluster, placement=True):
-            results.extend(bench.schedule("c-placement", m, PLAIN, "one-GPU claim each, placement mode gated",
-                                          gate=f"{DRIVER}/placement"))
+        if scheduling:
+            results.extend(bench.schedule("b-shaped", m, VRAM, shaped, claims_made=True))
+            with gpuready_controller(cluster, placement=True):
+                results.extend(bench.schedule("c-placement", m, PLAIN, "one-GPU claim each, placement mode gated",
+                                              gate=f"{DRIVER}/placement"))
         if at_scale:
-            results.extend(controller_at_scale(cluster, bench))
+            results.extend(controller_at_scale(cluster, bench, faults=scheduling))
     if sizes_too:
         results.append(summarize(f"N={n}: kube-scheduler resident memory after the pods",
                                  [rss_mib(cluster.component_pid("kube-scheduler"))], unit="MiB"))
     return results
 
 
-def controller_at_scale(cluster: Any, bench: FleetBench) -> list[BenchResult]:
+def controller_at_scale(cluster: Any, bench: FleetBench, faults: bool = True) -> list[BenchResult]:
     """gpuready's controller (webhook mode, a fresh process) over the fleet with the scenarios' pods
     bound: memory and CPU with the fleet and with 5,000 more claims, webhook latency for those
     claims, ``gpuready explain`` of an impossible claim, and a device fault's way to its pod's Event."""
     n = bench.n
     out: list[BenchResult] = []
     t0 = time.monotonic()
-    with gpuready_controller(cluster, placement=False) as (pid, metrics_url):
+    with gpuready_controller(cluster, placement=False) as (pid, metrics_url, health_port):
         ready = time.monotonic() - t0
         out.append(summarize(f"N={n}: controller start -> ready and serving its webhook (fleet read)", [ready], unit="s"))
+        own = _own_ready_seconds(health_port)
+        if own is not None:
+            out.append(summarize(f"N={n}: controller informers started -> first inventory built, its own clock (/readyz)", [own],
+                                 unit="s"))
         out.append(summarize(f"N={n}: controller resident memory with the fleet", [rss_mib(pid)], unit="MiB"))
         cpu0 = cpu_seconds(pid)
         time.sleep(60)
@@ -404,12 +430,30 @@ def controller_at_scale(cluster: Any, bench: FleetBench) -> list[BenchResult]:
         bench.resource.create_namespaced_resource_claim("bench-claims", {
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "giant"},
             "spec": {"devices": {"requests": [GIANT]}}})
-        out.append(summarize(f"N={n}: gpuready explain of a claim no device can hold (a fresh process)",
+        explain_service(bench, health_port)
+        out.append(summarize(f"N={n}: kubectl gpuready explain of a claim no device can hold, answered by the "
+                             "controller (a fresh process, through the API server's service proxy)",
                              [explain_seconds(cluster, "bench-claims", "giant", ROOT) for _ in range(3)], unit="s"))
-        out.append(summarize(f"N={n}: device withdrawn from its slice -> DeviceUnhealthy Event on its pod",
-                             [fault_to_event_seconds(bench, "bench-a-claim", f"p-{i:05d}") for i in range(3)],
-                             unit="s"))
+        out.append(summarize(f"N={n}: kubectl gpuready explain of a claim no device can hold, listing the whole "
+                             "fleet itself (--controller '', as before)",
+                             [explain_seconds(cluster, "bench-claims", "giant", ROOT, via_controller=False)
+                              for _ in range(3)], unit="s"))
+        if faults:  # needs (a)'s bound pods
+            out.append(summarize(f"N={n}: device withdrawn from its slice -> DeviceUnhealthy Event on its pod",
+                                 [fault_to_event_seconds(bench, "bench-a-claim", f"p-{i:05d}") for i in range(3)],
+                                 unit="s"))
     return out
+
+
+def _own_ready_seconds(health_port: int) -> float | None:
+    """The seconds from the controller's start to its first inventory, as its /readyz says them
+    (the figure above also holds the process start, TLS and the bench's own probes)."""
+    import re
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{health_port}/readyz", timeout=10) as resp:
+        found = re.search(r"ready ([0-9.]+) s after start", resp.read().decode())
+    return float(found.group(1)) if found else None
 
 
 def main() -> None:
@@ -421,10 +465,15 @@ def main() -> None:
                         help="kube-scheduler client QPS per run, comma-separated (0: the default, 50)")
     parser.add_argument("--no-controller", action="store_true",
                         help="leave out (b) webhook-shaped claims and (c) placement mode")
+    parser.add_argument("--no-scheduling", action="store_true",
+                        help="leave out the scheduler's scenarios (pods); keep the sizes, (b)'s claims through a "
+                             "freshly started webhook and the controller at scale (for fleets too big to schedule "
+                             "on this machine in time)")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     sizes = tuple(int(x) for x in args.nodes.split(",") if x) or None
-    report(run(args.quick, sizes, args.pods, tuple(float(x) for x in args.qps.split(",")), not args.no_controller))
+    run(args.quick, sizes, args.pods, tuple(float(x) for x in args.qps.split(",")), not args.no_controller,
+        not args.no_scheduling, emit=report)
 
 
 if __name__ == "__main__":

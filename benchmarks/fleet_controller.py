@@ -7,8 +7,9 @@ With the fleet of :mod:`benchmarks.bench_fleet` in place and the pods of its sce
 - the admission latency of its mutating webhook, as the API server measures it
   (``apiserver_admission_webhook_admission_duration_seconds``) and as the controller does
   (``gpuready_controller_webhook_duration_seconds``), bucket bounds of p50 / p99;
-- ``gpuready explain`` for a claim no device can hold (200Gi of VRAM): wall time of the command, a
-  fresh process that lists the whole fleet, as a user runs it;
+- ``kubectl gpuready explain`` for a claim no device can hold (200Gi of VRAM): wall time of the
+  command, a fresh process as a user runs it, answered by the running controller through the API
+  server's service proxy, and (for comparison) by listing the whole fleet itself;
 - a device fault reaching the pod: the device is withdrawn from its node's ResourceSlice, as the
   kubelet plugin withdraws an unhealthy GPU, and the time until the Warning Event ``DeviceUnhealthy``
   on the pod that holds it is seen through a watch.
@@ -108,17 +109,28 @@ class WebhookLatency:
         return out
 
 
-def explain_seconds(cluster: Any, namespace: str, claim: str, root: Path) -> float:
-    """Wall time of ``gpuready explain`` for one claim, a fresh process as a user runs it."""
+def explain_seconds(cluster: Any, namespace: str, claim: str, root: Path, via_controller: bool = True) -> float:
+    """Wall time of ``kubectl gpuready explain`` for one claim, a fresh process as a user runs it:
+    answered by the controller through the API server's service proxy (``via_controller``; fails
+    if the command fell back to listing), or by listing the whole fleet (``--controller ''``)."""
+    argv = [sys.executable, "-m", "controller.kubectl_plugin", "explain", f"resourceclaim/{claim}", "-n", namespace,
+            "--kubeconfig", cluster.kubeconfig]
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "dra_driver", "explain", claim, "-n", namespace,
-                          "--kubeconfig", cluster.kubeconfig], capture_output=True, text=True, timeout=300,
-                         cwd=str(root), check=False)
+    out = subprocess.run(argv if via_controller else [*argv, "--controller", ""], capture_output=True, text=True,
+                         timeout=300, cwd=str(root), check=False)
     took = time.monotonic() - t0
-    if "200 GiB" not in out.stdout:
-        raise RuntimeError(f"gpuready explain did not say why 200 GiB cannot fit (rc {out.returncode}): "
-                           f"{out.stdout[-600:]} {out.stderr[-600:]}")
+    if "200 GiB" not in out.stdout or (via_controller and "did not answer" in out.stderr):
+        raise RuntimeError(f"gpuready explain did not say why 200 GiB cannot fit{' from the controller' * via_controller} "
+                           f"(rc {out.returncode}): {out.stdout[-600:]} {out.stderr[-600:]}")
     return took
+
+
+def explain_service(bench: Any, health_port: int) -> None:
+    """The chart's explain Service (``gpuready/gpuready-controller-explain``, port ``explain``) for the
+    controller running on this host (``testbed/realcluster/host_service.py``)."""
+    from testbed.realcluster.host_service import expose_on_this_host
+
+    expose_on_this_host(bench.core.api_client, "gpuready", "gpuready-controller-explain", "explain", health_port)
 
 
 def fault_to_event_seconds(bench: Any, namespace: str, pod: str, timeout: float = 120.0) -> float:

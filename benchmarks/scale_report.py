@@ -41,6 +41,10 @@ _ROWS: tuple[tuple[str, str, str], ...] = (
     ("webhook latency over those 5,000, p50 / p99 (controller's own metric, bucket bound, ms)",
      r"^N=\d+ \d+ claims: mutating webhook latency per claim, the controller", "both"),
     ("`gpuready explain` of an impossible claim, median of 3 (s)", r": gpuready explain", "median"),
+    ("`kubectl gpuready explain` of an impossible claim, answered by the controller, median of 3 (s)",
+     r": kubectl gpuready explain .*answered by the controller", "median"),
+    ("the same, listing the whole fleet itself (`--controller ''`), median of 3 (s)",
+     r": kubectl gpuready explain .*listing the whole fleet", "median"),
     ("device withdrawn -> DeviceUnhealthy Event on its pod, median of 3 (s)", r": device withdrawn", "median"),
 )
 

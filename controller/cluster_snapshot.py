@@ -2,27 +2,31 @@
 
 Lists ResourceSlices, ResourceClaims, DeviceClasses and DeviceTaintRules once and builds the
 planner's inventory from them: what the daemon's informers keep up to date, read a single time.
-Both commands use it, so it lives here rather than in either of them. ``kubernetes`` and the
-informers are imported on the first read, not with the module: a command's ``--help`` stays quick.
+Both commands use it, so it lives here rather than in either of them. ``kubernetes``, the
+informers and the planner are imported on the first read, not with the module: a command's
+``--help`` stays quick, and ``explain`` answered by the controller never loads the planner.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from controller.planning import Inventory, build_inventory
+if TYPE_CHECKING:
+    from controller.planning import Inventory
 
 
-def api_client(kubeconfig: str) -> Any:
-    """A ``kubernetes`` ApiClient from a kubeconfig file, in-cluster, or the default kubeconfig."""
+def api_client(kubeconfig: str, context: str = "") -> Any:
+    """A ``kubernetes`` ApiClient from a kubeconfig file (and context), in-cluster, or the default kubeconfig."""
     from dra_driver.kube_api import make_api_client
 
-    return make_api_client(kubeconfig)
+    return make_api_client(kubeconfig, context=context)
 
 
 def read_cluster(client: Any) -> Inventory:
     """List slices, claims and classes (resource.k8s.io/v1) and build the inventory."""
     import kubernetes
+
+    from controller.planning import build_inventory
 
     api = kubernetes.client.CustomObjectsApi(client)
     group, version = "resource.k8s.io", "v1"

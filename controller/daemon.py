@@ -30,10 +30,12 @@ In-process use (tests, the demo)::
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import socket
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
@@ -42,15 +44,18 @@ from controller.allocator import LocalAllocator
 from controller.api_client import KubeApi
 from controller.claim_health.reconciler import EVICT, NONE, HealthReconciler
 from controller.controller_metrics import ControllerMetrics
+from controller.explain_report import ExplainAnswer, explain_subject, find_subject
 from controller.informers import ClusterCache
 from controller.leader import LeaderElector, LeaseConfig
 from controller.node_readiness.heartbeat_rule import HeartbeatPolicy
 from controller.node_readiness.heartbeat_watch import PluginHeartbeats
+from controller.node_readiness.plugin_down import explain_lines, plugin_down_since
 from controller.node_readiness.taint_gate import ReadinessTaintGate
 from controller.node_readiness.taint_rule import DEFAULT_KEY as DEFAULT_READINESS_KEY
 from controller.node_readiness.taint_rule import ReadinessTaint
 from controller.placement.placement_mode import MODES as PLACEMENT_MODES
 from controller.placement.placement_mode import PlacementController
+from controller.planning import Inventory
 from controller.planning.planner import Policy
 from controller.webhooks.webhook_server import WebhookServer
 from dra_driver.fd_budget import raise_nofile_limit
@@ -61,6 +66,9 @@ from dra_driver.metrics_server import serve_metrics, server_class_for
 log = get_logger(__name__)
 
 DEFAULT_DRIVER = "gpu.nvidia.com"
+# How long a review waits for the first inventory: inside the API server's webhook timeout (the
+# chart's is 5 s), after which it is answered unshaped as before.
+WEBHOOK_WAIT_S = 3.0
 
 
 class _HealthServer(GuardedServerMixin, LoggedErrorsMixin, ThreadingHTTPServer):
@@ -163,15 +171,23 @@ class _HealthHandler(GuardedHandlerMixin, BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         ctrl: Controller = self.server.controller
+        path, _, query = self.path.partition("?")
+        if path == "/explain":
+            code, body = ctrl.explain_endpoint(urllib.parse.parse_qs(query))
+            self._send(code, json.dumps(body), "application/json")
+            return
         if self.path == "/healthz":
             ok, text = ctrl.healthy()
         elif self.path == "/readyz":
             ok, text = ctrl.ready()
         else:
-            ok, text = False, "not found: /healthz or /readyz"
+            ok, text = False, "not found: /healthz, /readyz or /explain"
+        self._send(200 if ok else (404 if "not found" in text else 503), text, "text/plain")
+
+    def _send(self, code: int, text: str, content_type: str) -> None:
         data = text.encode()
-        self.send_response(200 if ok else (404 if "not found" in text else 503))
-        self.send_header("Content-Type", "text/plain")
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -208,6 +224,7 @@ class Controller:
         self._stop = threading.Event()
         self._loop: threading.Thread | None = None
         self.passes = 0
+        self._last_pass_s = 0.0
         for inf in self.cache.informers:
             # A resync is no news: the loop's own resync_s wake-up already heals missed reactions,
             # and one kick per informer resync would add up to seven passes per period.
@@ -223,7 +240,7 @@ class Controller:
             self.heartbeats.start()
         if cfg.webhook_port is not None:
             self.webhook = WebhookServer(cfg.webhook_host, cfg.webhook_port, cfg.cert_file, cfg.key_file,
-                                         self.cache.inventory, cfg.driver_name, cfg.memory_class_name,
+                                         self._webhook_inventory, cfg.driver_name, cfg.memory_class_name,
                                          self.metrics, allow_timeslice=cfg.timeslice_interval == "apply").start()
         if cfg.metrics_port is not None:
             self._metrics_server, _ = serve_metrics(self.metrics.registry, cfg.metrics_host or cfg.bind_host,
@@ -288,12 +305,49 @@ class Controller:
         return int(self._health_server.server_address[1]) if self._health_server is not None else None
 
     def ready(self) -> tuple[bool, str]:
-        """/readyz: the caches are synced and the inventory built (the webhook can shape)."""
+        """/readyz: the caches are synced and the inventory built: the webhook shapes and explain
+        answers from the whole fleet, not from part of it."""
         if not self.cache.synced:
-            return False, "informers not synced yet"
-        if self.cache.inventory() is None:
+            return False, "informers not synced yet: the fleet is still being listed"
+        inv = self.cache.inventory()
+        if inv is None:
             return False, "inventory not built yet"
-        return True, "ok"
+        return True, (f"ok: inventory of {len(inv.devices)} devices on {len(inv.nodes)} nodes, "
+                      f"ready {self.cache.ready_after_s or 0:.1f} s after start")
+
+    def explain_endpoint(self, query: dict[str, list[str]]) -> tuple[int, dict[str, Any]]:
+        """``GET /explain?namespace=&name=&policy=``: ``gpuready explain`` answered from the caches
+        and the inventory this replica keeps anyway (no list of the fleet). The CLI reaches it through
+        the API server's service proxy, which authenticates the caller and checks ``services/proxy``
+        on the explain Service (the chart's ``<release>-explain`` ClusterRole)."""
+        namespace, name = (query.get("namespace") or ["default"])[0], (query.get("name") or [""])[0]
+        policy, kind = (query.get("policy") or ["binpack"])[0], (query.get("kind") or [""])[0]
+        answer: dict[str, Any] = {"source": "gpuready-controller"}
+        if not name or policy not in ("binpack", "spread") or kind not in ("", "pod", "claim"):
+            return 400, {**answer, "status": 2,
+                         "error": "give name= (a claim or pod), policy=binpack|spread and kind= '', pod or claim"}
+        ok, why = self.ready()
+        inventory = self.cache.inventory()
+        if not ok or inventory is None:
+            return 503, {**answer, "status": 2, "error": f"not ready: {why}"}
+        pods, templates = self.cache.pods, self.cache.templates
+        started = time.monotonic()
+        subject = find_subject(
+            namespace, name, lambda n: self.cache.claims.get(f"{namespace}/{n}"),
+            lambda n: pods.get(f"{namespace}/{n}") if pods is not None else None,
+            lambda n: templates.get(f"{namespace}/{n}") if templates is not None else None, kind)
+        nodes = self.cache.nodes.items()
+        down = plugin_down_since(nodes)
+        result = subject if isinstance(subject, ExplainAnswer) else explain_subject(
+            subject, inventory, nodes, cast(Policy, policy), notes=lambda c: explain_lines(c, down))
+        log.info("explain_answered", namespace=namespace, name=name, status=result.status,
+                 ms=round((time.monotonic() - started) * 1000, 1))
+        return 200, {**answer, "text": result.text, "status": result.status, "error": result.error}
+
+    def _webhook_inventory(self) -> Inventory | None:
+        # A review that arrives before the fleet is read (the API server may call before the probe
+        # took the pod out of rotation) waits for it rather than going unshaped.
+        return self.cache.wait_inventory(WEBHOOK_WAIT_S)
 
     def healthy(self) -> tuple[bool, str]:
         """/healthz: the worker threads are alive."""
@@ -339,9 +393,15 @@ class Controller:
                 else:
                     self._kick.clear()
                 continue
-            self._stop.wait(self.config.debounce_s)  # let a burst of watch events settle into one pass
+            # Let a burst of watch events settle into one pass, and wait at least as long as the last
+            # pass took: a pass reads every cached slice, node and claim (tens of ms over a big fleet),
+            # and a stream of new claims through the webhook kicks it each time. So passes take at most
+            # half a core, and the webhook's threads keep the rest.
+            self._stop.wait(max(self.config.debounce_s, self._last_pass_s))
             self._kick.clear()
+            started = time.monotonic()
             self.run_pass()
+            self._last_pass_s = time.monotonic() - started
 
     def run_pass(self) -> None:
         """One allocator + reconciler pass (the leader loop calls it; tests may too)."""

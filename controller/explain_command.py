@@ -1,12 +1,14 @@
 """``gpuready explain <claim|pod>``: why a claim got its devices, or why it gets none.
 
-Reads the claim (or every claim of a pod), the ResourceSlices, claims, DeviceClasses and Nodes
-(whose ``GPUReady`` condition names GPUs withdrawn as unhealthy, or a kubelet plugin that is not
-running: ``controller/node_readiness/plugin_down.py``) and prints the pure explain report. A claim
-that is allocated while a pod of it waits on a preparation that keeps failing is reported from the
-Events of the claim and its pods instead (:mod:`controller.planning.prepare_failures`).
-Exit status: 0 every claim can be (or is) allocated and none is failing prepare, 1 some cannot be
-allocated, 2 not found or the cluster cannot be read, 3 some is allocated but failing prepare.
+Asks the running controller (its inventory answers at once), else reads the claim (or every claim
+of a pod), the ResourceSlices, claims, DeviceClasses and Nodes (whose ``GPUReady`` condition names
+GPUs withdrawn as unhealthy, or a kubelet plugin that is not running:
+``controller/node_readiness/plugin_down.py``) and prints the pure explain report. A claim that is
+allocated while a pod of it waits on a preparation that keeps failing is reported from the Events of
+the claim and its pods instead (:mod:`controller.planning.prepare_failures`), read with the user's
+credentials either way. Exit status: 0 every claim can be (or is) allocated and none is failing
+prepare, 1 some cannot be allocated, 2 not found or the cluster cannot be read, 3 some is allocated
+but failing prepare.
 """
 
 from __future__ import annotations
@@ -17,19 +19,20 @@ import sys
 from typing import Any
 
 from controller.cluster_snapshot import api_client, read_cluster
+from controller.explain_report import EXIT_PREPARE_FAILING, ExplainAnswer, explain_subject, find_subject
 from controller.node_readiness.plugin_down import explain_lines, plugin_down_since
-from controller.planning import explain
-from controller.planning.explain import unhealthy_from_node_conditions
 from controller.planning.prepare_failures import PrepareFailure, prepare_failure, reserving_pods
 from controller.planning.prepare_failures import render as render_prepare_failure
 from dra_driver.kube_api import describe_error
+
+# The chart's Service for the controller's explain endpoint (deploy/helm/gpuready/templates/controller-deployment.yaml).
+DEFAULT_SERVICE = "gpuready/gpuready-controller-explain"
 
 DESCRIPTION = """\
 Explain a ResourceClaim, or every claim of a Pod: for each request, which devices match its
 DeviceClass and selectors, which are excluded and why (in use by which claim, withdrawn or tainted
 as unhealthy with the reason, too little memory, MIG slices held by which placement, taint not
-tolerated, selector false or a CEL error, constraint unmet), and the best allocation now. For a
-claim that is allocated but whose preparation on the node keeps failing: the Events that say why.
+tolerated, selector false or a CEL error, constraint unmet), and the best allocation now.
 
 Examples:
   gpuready explain my-claim -n ml
@@ -43,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-n", "--namespace", default="default")
     parser.add_argument("--kubeconfig", default="", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
     parser.add_argument("--policy", choices=["binpack", "spread"], default="binpack")
+    parser.add_argument("--controller", default=DEFAULT_SERVICE, metavar="NAMESPACE/SERVICE",
+                        help="the controller's explain Service, asked through the API server's service proxy "
+                             f"(default {DEFAULT_SERVICE}; '' lists the whole fleet instead)")
 
 
 def _get(call: Any, *args: Any) -> dict[str, Any] | None:
@@ -58,33 +64,71 @@ def _get(call: Any, *args: Any) -> dict[str, Any] | None:
     return result
 
 
-def claims_of_pod(pod: dict[str, Any], read_claim: Any, read_template: Any) -> list[dict[str, Any]]:
-    """The claims a pod uses: named ones, generated ones, and (not yet generated) template specs."""
-    statuses = {s.get("name"): s.get("resourceClaimName")
-                for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []}
-    namespace = (pod.get("metadata") or {}).get("namespace", "default")
-    out = []
-    for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
-        name = ref.get("resourceClaimName") or statuses.get(ref.get("name"))
-        if name:
-            claim = read_claim(name)
-            if claim is not None:
-                out.append(claim)
-            continue
-        template_name = ref.get("resourceClaimTemplateName")
-        template = read_template(template_name) if template_name else None
-        if template is not None:
-            out.append({"metadata": {"name": f"{template_name} (template, claim not created yet)",
-                                     "namespace": namespace}, "spec": (template.get("spec") or {}).get("spec") or {}})
-    extended = ((pod.get("status") or {}).get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
-    if extended:
-        claim = read_claim(extended)
-        if claim is not None:
-            out.append(claim)
-    return out
+def run(args: argparse.Namespace) -> int:
+    """Explain the named claim or pod: from the running controller when it answers, else from a list
+    of the whole fleet (saying so)."""
+    try:
+        client = api_client(args.kubeconfig, getattr(args, "context", ""))
+    except Exception as exc:
+        print(f"gpuready explain: cannot read the cluster: {describe_error(exc)}", file=sys.stderr)
+        return 2
+    service = getattr(args, "controller", DEFAULT_SERVICE)
+    if service:
+        answer, why = controller_answer(client, service, args.namespace, args.name, args.policy, _kind(args))
+        if answer is not None:
+            status = _print(answer)
+            try:
+                failing = _prepare_failures_of(client, args) if status in (0, 1) else []
+            except Exception as exc:  # the answer stands; say why prepare was not looked at
+                print(f"gpuready explain: cannot read the claim's Events: {describe_error(exc)}", file=sys.stderr)
+                failing = []
+            for report in failing:
+                print(report)
+            return EXIT_PREPARE_FAILING if failing else status
+        print(f"gpuready explain: the controller did not answer ({why}); listing the whole fleet instead, "
+              "which takes longer on a large cluster", file=sys.stderr)
+    return _print(_from_a_list(client, args))
 
 
-EXIT_PREPARE_FAILING = 3
+def _print(answer: ExplainAnswer) -> int:
+    if answer.text:
+        print(answer.text, end="")
+    if answer.error:
+        print(f"gpuready explain: {answer.error}", file=sys.stderr)
+    return answer.status
+
+
+def _from_a_list(client: Any, args: argparse.Namespace) -> ExplainAnswer:
+    import kubernetes
+
+    try:
+        custom = kubernetes.client.CustomObjectsApi(client)
+        core = kubernetes.client.CoreV1Api(client)
+        ns = args.namespace
+
+        def read_claim(name: str) -> dict[str, Any] | None:
+            return _get(custom.get_namespaced_custom_object, "resource.k8s.io", "v1", ns, "resourceclaims", name)
+
+        def read_template(name: str) -> dict[str, Any] | None:
+            return _get(custom.get_namespaced_custom_object, "resource.k8s.io", "v1", ns,
+                        "resourceclaimtemplates", name)
+
+        subject = find_subject(ns, args.name, read_claim, lambda name: _get(core.read_namespaced_pod, name, ns),
+                               read_template, _kind(args))
+        if isinstance(subject, ExplainAnswer):
+            return subject
+        inventory = read_cluster(client)
+        nodes = json.loads(core.list_node(_preload_content=False).data).get("items", [])
+    except Exception as exc:  # any client or connection failure: one clear line, exit 2
+        return ExplainAnswer("", 2, f"cannot read the cluster: {describe_error(exc)}")
+    down = plugin_down_since(nodes)
+
+    def failing(claim: dict[str, Any]) -> str | None:
+        found = read_prepare_failure(core, claim, lambda name: _get(core.read_namespaced_pod, name, ns))
+        return render_prepare_failure(found) if found is not None else None
+
+    return explain_subject(subject, inventory, nodes, args.policy, notes=lambda c: explain_lines(c, down),
+                           prepare_failing=failing)
 
 
 def _events_about(core: Any, namespace: str, kind: str, name: str) -> list[dict[str, Any]]:
@@ -107,60 +151,48 @@ def read_prepare_failure(core: Any, claim: dict[str, Any], read_pod: Any) -> Pre
     return prepare_failure(claim, pods, events)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Explain the named claim or pod."""
+def _prepare_failures_of(client: Any, args: argparse.Namespace) -> list[str]:
+    """The prepare-failure reports of the asked claim or pod's allocated claims, read with the user's
+    own credentials (the controller's caches hold no Events): a few reads, not the fleet."""
     import kubernetes
 
+    core = kubernetes.client.CoreV1Api(client)
+    custom = kubernetes.client.CustomObjectsApi(client)
+    ns = args.namespace
+
+    def read_claim(name: str) -> dict[str, Any] | None:
+        return _get(custom.get_namespaced_custom_object, "resource.k8s.io", "v1", ns, "resourceclaims", name)
+
+    def read_pod(name: str) -> dict[str, Any] | None:
+        return _get(core.read_namespaced_pod, name, ns)
+
+    subject = find_subject(ns, args.name, read_claim, read_pod, lambda name: None, _kind(args))
+    if isinstance(subject, ExplainAnswer):
+        return []
+    found = (read_prepare_failure(core, c, read_pod) for c in subject.claims)
+    return [render_prepare_failure(f) for f in found if f is not None]
+
+
+def _kind(args: argparse.Namespace) -> str:
+    return str(getattr(args, "kind", ""))  # "pod" or "claim" from `kubectl gpuready explain pod/NAME`
+
+
+def controller_answer(client: Any, service: str, namespace: str, name: str, policy: str, kind: str = ""
+                      ) -> tuple[ExplainAnswer | None, str]:
+    """Ask the controller's ``/explain`` through the API server's service proxy (the API server
+    authenticates the caller and checks ``get`` on ``services/proxy`` of that Service); the answer,
+    or None and why there is none."""
+    from dra_driver.kube_api import JsonApi, is_unreachable
+
+    svc_ns, _, svc = service.rpartition("/")
+    path = f"/api/v1/namespaces/{svc_ns or 'gpuready'}/services/http:{svc}:explain/proxy/explain"
+    query = [("namespace", namespace), ("name", name), ("policy", policy), ("kind", kind)]
     try:
-        client = api_client(args.kubeconfig)
-        custom = kubernetes.client.CustomObjectsApi(client)
-        core = kubernetes.client.CoreV1Api(client)
-        ns = args.namespace
-
-        def read_claim(name: str) -> dict[str, Any] | None:
-            return _get(custom.get_namespaced_custom_object, "resource.k8s.io", "v1", ns, "resourceclaims", name)
-
-        def read_template(name: str) -> dict[str, Any] | None:
-            return _get(custom.get_namespaced_custom_object, "resource.k8s.io", "v1", ns,
-                        "resourceclaimtemplates", name)
-
-        claim = read_claim(args.name)
-        claims = [claim] if claim is not None else []
-        what = f"ResourceClaim {ns}/{args.name}"
-        if claim is None:
-            pod = _get(core.read_namespaced_pod, args.name, ns)
-            if pod is None:
-                print(f"gpuready explain: no ResourceClaim or Pod named {args.name!r} in namespace {ns!r}",
-                      file=sys.stderr)
-                return 2
-            what = f"Pod {ns}/{args.name}"
-            claims = claims_of_pod(pod, read_claim, read_template)
-            if not claims:
-                print(f"{what} uses no resource claims")
-                return 0
-        inventory = read_cluster(client)
-        nodes = json.loads(core.list_node(_preload_content=False).data).get("items", [])
-        failing = {id(c): read_prepare_failure(core, c, lambda name: _get(core.read_namespaced_pod, name, ns))
-                   for c in claims}
-    except Exception as exc:  # any client or connection failure: one clear line, exit 2
-        print(f"gpuready explain: cannot read the cluster: {describe_error(exc)}", file=sys.stderr)
-        return 2
-    unhealthy = unhealthy_from_node_conditions(nodes)
-    down = plugin_down_since(nodes)
-    status = 0
-    if len(claims) > 1 or claim is None:
-        print(f"{what}: {len(claims)} claim{'s' if len(claims) != 1 else ''}")
-    for c in claims:
-        failure = failing[id(c)]
-        if failure is not None:
-            print(render_prepare_failure(failure))
-            status = max(status, EXIT_PREPARE_FAILING)
-            continue
-        report = explain(c, inventory, unhealthy, policy=args.policy)
-        allocated = bool((c.get("status") or {}).get("allocation"))
-        if not allocated and report.plan.allocation is None:
-            status = max(status, 1)
-        print(report.render())
-        for line in explain_lines(c, down):
-            print(f"  {line}")
-    return status
+        body = JsonApi(client).request("GET", path, query)
+    except Exception as exc:  # no such Service, no ready endpoint, forbidden: list instead
+        if is_unreachable(exc):  # no API server to list from either: say so once
+            return ExplainAnswer("", 2, f"cannot read the cluster: {describe_error(exc)}"), ""
+        return None, describe_error(exc)[:300]
+    if not isinstance(body, dict) or body.get("source") != "gpuready-controller":
+        return None, f"{path} answered something else than the controller's explain"
+    return ExplainAnswer(str(body.get("text", "")), int(body.get("status", 2)), str(body.get("error", ""))), ""

@@ -58,7 +58,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -154,6 +154,9 @@ class Informer:
     ``deliver_initial``: whether the first list's objects go to ``on_event`` as ADDED (a user that
     only cares about changes from now on says False; later relists still deliver differences).
     ``log_fields`` go on every line the informer logs (``kind=``, ``node=``).
+    ``page_size``: list in pages of this many objects (``limit`` and ``continue``, as client-go's
+    pager does), so a client of a large collection (a fleet's ResourceSlices: hundreds of MB of
+    JSON at 5,000 nodes) never holds the whole list at once; None lists in one request.
     """
 
     def __init__(self, api: ListWatchApi, path: str, *, field_selector: str = "", label_selector: str = "",
@@ -162,7 +165,8 @@ class Informer:
                  on_resync: Callable[[], None] | None = None, resync_s: float | None = None,
                  deliver_initial: bool = True, backoff: Backoff = Backoff(),
                  relist_after: int = RELIST_AFTER_FAILURES, watch_timeout_s: int = WATCH_TIMEOUT_SECONDS,
-                 log_fields: Mapping[str, Any] | None = None, name: str = "informer") -> None:
+                 log_fields: Mapping[str, Any] | None = None, name: str = "informer",
+                 page_size: int | None = None) -> None:
         self.api = api
         self.path = path
         self.field_selector = field_selector
@@ -179,6 +183,7 @@ class Informer:
         self.watch_timeout_s = watch_timeout_s
         self.log_fields = dict(log_fields or {})
         self.name = name
+        self.page_size = page_size
         self._known: dict[str, str] = {}  # key -> resourceVersion of every object seen
         self._known_lock = threading.Lock()
         self._rv = ""
@@ -311,22 +316,42 @@ class Informer:
         return [(name, value) for name, value in (("fieldSelector", self.field_selector),
                                                   ("labelSelector", self.label_selector)) if value]
 
+    def _pages(self) -> Iterator[dict[str, Any]]:
+        """The list's answers, one page at a time (one answer when not paged)."""
+        query = self._selector()
+        if self.page_size:
+            query = [*query, ("limit", str(self.page_size))]
+        token = ""
+        while True:
+            answer = self.api.request("GET", self.path, [*query, ("continue", token)] if token else query or None) or {}
+            token = str((answer.get("metadata") or {}).get("continue") or "")
+            yield answer
+            if not token:
+                return
+
     def _list(self) -> None:
-        answer = self.api.request("GET", self.path, self._selector() or None) or {}
-        items: list[dict[str, Any]] = answer.get("items") or []
-        fresh = {object_key(o): _resource_version(o) for o in items}
         with self._known_lock:
-            old, self._known = self._known, fresh
-        self._rv = str((answer.get("metadata") or {}).get("resourceVersion") or "")
-        first = self.lists == 0
-        self.lists += 1
-        if not first or self.deliver_initial:
-            for obj in items:
-                key = object_key(obj)
+            old = dict(self._known)
+        fresh: dict[str, str] = {}
+        deliver = self.lists > 0 or self.deliver_initial
+        rv = ""
+        for answer in self._pages():
+            # Every page is of the first page's resourceVersion (the server's consistent snapshot).
+            rv = rv or str((answer.get("metadata") or {}).get("resourceVersion") or "")
+            for obj in answer.get("items") or []:
+                key, version = object_key(obj), _resource_version(obj)
+                fresh[key] = version
+                if not deliver:
+                    continue
                 if key not in old:
                     self._deliver("ADDED", obj)
-                elif old[key] != fresh[key]:
+                elif old[key] != version:
                     self._deliver("MODIFIED", obj)
+        with self._known_lock:
+            self._known = fresh
+        self._rv = rv
+        self.lists += 1
+        if deliver:
             for key in old.keys() - fresh.keys():
                 self._deliver("DELETED", _stub(key, old[key]))
         self._call("on_listed", self._on_listed)

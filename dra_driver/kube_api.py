@@ -184,10 +184,11 @@ def connect(kubeconfig: str = "", flag: str = "--kubeconfig") -> KubeConnection:
         raise KubeConfigError(str(exc)) from exc
 
 
-def make_api_client(kubeconfig: str = "", flag: str = "--kubeconfig") -> Any:
+def make_api_client(kubeconfig: str = "", flag: str = "--kubeconfig", context: str = "") -> Any:
     """The ``kubernetes`` ApiClient every command uses: from ``kubeconfig`` when given; in-cluster
     (the pod's service account) inside a pod; else the default kubeconfig (``$KUBECONFIG``,
-    ``~/.kube/config``).
+    ``~/.kube/config``). ``context`` picks a kubeconfig context other than the current one (as
+    kubectl's ``--context``; it implies a kubeconfig, never the in-cluster account).
 
     Raises ``kubernetes.config.ConfigException`` with a message naming the file, the flag and the
     fix (the library's own says only "Invalid kube-config file. No configuration found.").
@@ -202,15 +203,15 @@ def make_api_client(kubeconfig: str = "", flag: str = "--kubeconfig") -> Any:
             raise ConfigException(f"{flag} {kubeconfig}: no such file; pass a kubeconfig (e.g. one written by "
                                   f"`kubectl config view --raw`), or leave {flag} out inside a pod")
         try:
-            return kubernetes.config.new_client_from_config(config_file=kubeconfig)
+            return kubernetes.config.new_client_from_config(config_file=kubeconfig, context=context or None)
         except (ConfigException, ValueError, TypeError, KeyError, OSError) as exc:
             raise ConfigException(f"{flag} {kubeconfig}: not a usable kubeconfig ({exc}); check that it names "
                                   "a current context with a cluster and a user") from exc
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and not context:
         kubernetes.config.load_incluster_config()
         return kubernetes.client.ApiClient()
     try:
-        return kubernetes.config.new_client_from_config()
+        return kubernetes.config.new_client_from_config(context=context or None)
     except (ConfigException, ValueError, TypeError, OSError) as exc:
         where = os.environ.get("KUBECONFIG") or "~/.kube/config"
         raise ConfigException(f"no cluster to talk to: {flag} not given, not running in a pod, and the default "

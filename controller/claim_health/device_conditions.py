@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import datetime
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from controller.planning import Inventory
+from controller.planning.published_slice import PublishedSlice
 from dra_driver.slices import unhealthy_taint_key
 
 CONDITION_TYPE = "Ready"
@@ -53,10 +55,16 @@ def allocated_devices(claim: dict[str, Any], driver: str) -> list[DeviceRef]:
     return out
 
 
-def published_pools(slices: list[dict[str, Any]], driver: str) -> set[str]:
-    """Pools of ``driver`` that have at least one slice."""
-    return {str(((s.get("spec") or {}).get("pool") or {}).get("name", ""))
-            for s in slices if (s.get("spec") or {}).get("driver") == driver}
+def published_pools(slices: Sequence[dict[str, Any] | PublishedSlice], driver: str) -> set[str]:
+    """Pools of ``driver`` that have at least one slice (JSON, or as the controller's cache keeps it)."""
+    pools = set()
+    for s in slices:
+        if isinstance(s, PublishedSlice):
+            if s.driver == driver:
+                pools.add(s.pool)
+        elif (s.get("spec") or {}).get("driver") == driver:
+            pools.add(str(((s.get("spec") or {}).get("pool") or {}).get("name", "")))
+    return pools
 
 
 VALIDATING_PREFIX = "validating:"  # the plugin's GPUReady text for a device not validated yet

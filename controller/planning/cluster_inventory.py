@@ -19,18 +19,18 @@ from __future__ import annotations
 
 import gc
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, cast
 
 from controller.planning.device_view import Amount, DeviceKey, DeviceView
-from controller.planning.parse import SpecError, claim_ref, parse_counter_sets, parse_device, quantity_field
+from controller.planning.interning import IDENTITY_ATTRIBUTES, AttributeMap
+from controller.planning.parse import SpecError, claim_ref, quantity_field
+from controller.planning.published_slice import PublishedSlice, SliceCache
 from controller.planning.taint_rules import with_rule_taints
 
-# Attributes that identify one device rather than describe its kind: left out of shapes.
-IDENTITY_ATTRIBUTES = frozenset(
-    {"uuid", "parentUUID", "index", "minor", "placementStart", "pciBusID", "pcieRoot", "numaNode", "serial"}
-)
+__all__ = ["IDENTITY_ATTRIBUTES", "Inventory", "SliceCache", "build_inventory"]
 _DISTINCT_LIMIT = 64  # an attribute with more distinct values than this is treated as identity too
 
 CounterSetKey = tuple[str, str, str]
@@ -159,90 +159,44 @@ def parent_key(device: DeviceView) -> str:
     return device.id
 
 
-def _complete_pools(slices: list[dict[str, Any]], skipped: list[Skipped],
-                    incomplete: list[str]) -> list[dict[str, Any]]:
-    pools: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+def _complete_pools(slices: list[PublishedSlice], skipped: list[Skipped], incomplete: list[str]) -> list[PublishedSlice]:
+    pools: dict[tuple[str, str], list[PublishedSlice]] = defaultdict(list)
     for s in slices:
-        spec = s.get("spec") or {}
-        pool = spec.get("pool") or {}
-        if not spec.get("driver") or not pool.get("name"):
-            name = str(s.get("metadata", {}).get("name", ""))
-            skipped.append(Skipped("slice", name, f"ResourceSlice {name}: spec.driver and spec.pool.name are required",
-                                   node=spec.get("nodeName") or None))
+        if not s.driver or not s.pool:
+            skipped.append(Skipped("slice", s.name, f"ResourceSlice {s.name}: spec.driver and spec.pool.name are required",
+                                   node=s.node))
             continue
-        pools[(spec["driver"], pool["name"])].append(s)
-    usable: list[dict[str, Any]] = []
+        pools[(s.driver, s.pool)].append(s)
+    usable: list[PublishedSlice] = []
     for (driver, pool_name), members in sorted(pools.items()):
-        top = max(int(m["spec"]["pool"].get("generation", 0)) for m in members)
-        current = [m for m in members if int(m["spec"]["pool"].get("generation", 0)) == top]
-        expected = max(int(m["spec"]["pool"].get("resourceSliceCount", 1)) for m in current)
+        top = max(m.generation for m in members)
+        current = [m for m in members if m.generation == top]
+        expected = max(m.slice_count for m in current)
         if len(current) < expected:
             incomplete.append(f"{driver}/{pool_name}")
-            nodes = {m["spec"].get("nodeName") for m in current}
+            nodes = {m.node for m in current}
             skipped.append(Skipped("pool", f"{driver}/{pool_name}", (
                 f"pool {driver}/{pool_name} generation {top} has {len(current)} of {expected} slices: "
                 "skipped until it is complete (as the scheduler does)"),
                 node=nodes.pop() if len(nodes) == 1 else None))
             continue
-        usable.extend(sorted(current, key=lambda m: m.get("metadata", {}).get("name", "")))
+        usable.extend(sorted(current, key=lambda m: m.name))
     return usable
 
 
-class SliceCache:
-    """Parsed slices kept between builds, so a rebuild re-parses only slices that changed.
-
-    Keyed by the slice's UID and resourceVersion (name and pool generation where those are
-    absent): an object with the same resourceVersion has the same content. Pass the same cache to
-    every :func:`build_inventory` call of one owner; it forgets slices a build did not see.
-    """
-
-    def __init__(self) -> None:
-        self._entries: dict[tuple[str, str], tuple[dict[str, dict[str, Amount]], list[DeviceView]]] = {}
-
-    @staticmethod
-    def key(s: dict[str, Any]) -> tuple[str, str]:
-        """The identity of one version of a slice."""
-        meta = s.get("metadata") or {}
-        version = meta.get("resourceVersion") or f"gen-{(s.get('spec') or {}).get('pool', {}).get('generation')}"
-        return (str(meta.get("uid") or meta.get("name", "")), str(version))
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-
-def _parse_slice(s: dict[str, Any], cache: SliceCache | None,
-                 seen: set[tuple[str, str]]) -> tuple[dict[str, dict[str, Amount]], list[DeviceView]]:
-    spec, name = s["spec"], s.get("metadata", {}).get("name", "")
-    driver, pool = spec["driver"], spec["pool"]["name"]
-    key = SliceCache.key(s) if cache is not None else ("", "")
-    if cache is not None:
-        seen.add(key)
-        hit = cache._entries.get(key)
-        if hit is not None:
-            # Fresh views (the inventory writes shape/order into them); parsed values are shared.
-            return hit[0], [d.fresh_copy() for d in hit[1]]
-    where = f"ResourceSlice {name}"
-    counters = parse_counter_sets(spec.get("sharedCounters") or [], where)
-    node = spec.get("nodeName") or None
-    parsed = [parse_device(d, driver, pool, node, f"{where} spec.devices[{i}]")
-              for i, d in enumerate(spec.get("devices") or [])]
-    if cache is not None:
-        # The cache keeps these very objects; later builds copy them (with the CEL value and shape
-        # signature this build computes), so this inventory's views are never changed afterwards.
-        cache._entries[key] = (counters, parsed)
-    return counters, parsed
-
-
 def build_inventory(
-    slices: list[dict[str, Any]], claims: list[dict[str, Any]], device_classes: list[dict[str, Any]],
-    cache: SliceCache | None = None, taint_rules: list[dict[str, Any]] | None = None,
+    slices: Sequence[dict[str, Any] | PublishedSlice], claims: list[dict[str, Any]],
+    device_classes: list[dict[str, Any]], cache: SliceCache | None = None,
+    taint_rules: list[dict[str, Any]] | None = None,
 ) -> Inventory:
-    """Build the inventory from raw API objects (dicts as the API server returns them).
+    """Build the inventory from API objects: dicts as the API server returns them, or slices already
+    compacted as they arrived (:func:`controller.planning.published_slice.compact_slice`).
 
     ``taint_rules`` are DeviceTaintRule objects: their taint applies to the devices their
     ``spec.deviceSelector`` (driver, pool, device; unset = any) names, as if the slice carried it.
 
-    ``cache`` (a :class:`SliceCache` kept by the caller) makes rebuilds after small changes cheap.
+    ``cache`` (a :class:`SliceCache` kept by the caller) makes rebuilds from JSON after small changes
+    cheap; without one, each JSON slice is parsed for this build only.
     """
     # A build allocates hundreds of thousands of acyclic objects; the cyclic collector would run
     # repeatedly over the growing heap for nothing (measured: 2-3x slower at 150k devices). It is
@@ -256,37 +210,42 @@ def build_inventory(
             gc.enable()
 
 
-def _build(slices: list[dict[str, Any]], claims: list[dict[str, Any]], device_classes: list[dict[str, Any]],
-           cache: SliceCache | None, taint_rules: list[dict[str, Any]]) -> Inventory:
+def _compacted(slices: Sequence[dict[str, Any] | PublishedSlice], cache: SliceCache | None) -> list[PublishedSlice]:
+    seen: set[tuple[str, str]] = set()
+    owner = cache if cache is not None else SliceCache()
+    out = [s if isinstance(s, PublishedSlice) else owner.parsed(s, seen) for s in slices]
+    if cache is not None:
+        cache.forget_unseen(seen)
+    return out
+
+
+def _build(slices: Sequence[dict[str, Any] | PublishedSlice], claims: list[dict[str, Any]],
+           device_classes: list[dict[str, Any]], cache: SliceCache | None, taint_rules: list[dict[str, Any]]) -> Inventory:
     skipped: list[Skipped] = []
     incomplete: list[str] = []
     devices: dict[DeviceKey, DeviceView] = {}
     counter_totals: dict[CounterSetKey, dict[str, Amount]] = {}
     duplicated: dict[tuple[str, str], tuple[str, str | None]] = {}  # pool -> (device name, node)
-    seen: set[tuple[str, str]] = set()
     order = 0
-    for s in _complete_pools(slices, skipped, incomplete):
-        spec, name = s["spec"], s.get("metadata", {}).get("name", "")
-        driver, pool = spec["driver"], spec["pool"]["name"]
-        try:
-            counters, parsed = _parse_slice(s, cache, seen)
-        except SpecError as exc:
-            skipped.append(Skipped("slice", name, str(exc), node=spec.get("nodeName") or None))
+    for s in _complete_pools(_compacted(slices, cache), skipped, incomplete):
+        if s.error:
+            skipped.append(Skipped("slice", s.name, s.error, node=s.node))
             continue
-        for set_name, amounts in counters.items():
-            counter_totals[(driver, pool, set_name)] = amounts
-        for dev in parsed:
-            dev.slice_name, dev.order = name, order
+        for set_name, amounts in s.counters.items():
+            counter_totals[(s.driver, s.pool, set_name)] = amounts
+        for parsed in s.devices:
+            # A copy per build: the inventory writes its order and shape into it, and the parsed
+            # view is shared by every build (and read by the inventory the webhook holds now).
+            dev = parsed.fresh_copy()
+            dev.order = order
             order += 1
             if taint_rules:
                 dev = with_rule_taints(dev, taint_rules)
-            if dev.key in devices:
-                duplicated.setdefault((driver, pool), (dev.name, spec.get("nodeName") or None))
-            devices.setdefault(dev.key, dev)
+            key = (dev.driver, dev.pool, dev.name)
+            if key in devices:
+                duplicated.setdefault((s.driver, s.pool), (dev.name, s.node))
+            devices.setdefault(key, dev)
     invalid = _drop_invalid_pools(devices, counter_totals, duplicated, skipped)
-    if cache is not None:
-        for stale in set(cache._entries) - seen:
-            del cache._entries[stale]
 
     inv = Inventory(
         devices=devices,
@@ -351,12 +310,24 @@ def _classes(raw: list[dict[str, Any]], skipped: list[Skipped]) -> dict[str, Dev
 
 def _identity_attributes(devices: Any) -> frozenset[str]:
     distinct: dict[str, set[Any]] = defaultdict(set)
+    walked: set[int] = set()  # shared attribute dicts already counted (one per kind of device)
+    own: set[str] = set()
     for d in devices:
-        for qname, value in d.attributes.items():
+        attrs = d.attributes
+        if isinstance(attrs, AttributeMap):
+            # Its own values are identity attributes by name: only their names matter here.
+            own.update(attrs.own_names)
+            if id(attrs.shared) in walked:
+                continue
+            walked.add(id(attrs.shared))
+            pairs: Any = attrs.shared.items()
+        else:
+            pairs = attrs.items()
+        for qname, value in pairs:
             values = distinct[qname]
             if len(values) <= _DISTINCT_LIMIT:
                 values.add(value)
-    names = {q for q in distinct if q.rpartition("/")[2] in IDENTITY_ATTRIBUTES}
+    names = {q for q in (*distinct, *own) if q.rpartition("/")[2] in IDENTITY_ATTRIBUTES}
     names |= {q for q, values in distinct.items() if len(values) > _DISTINCT_LIMIT}
     return frozenset(names)
 
@@ -467,7 +438,7 @@ def shape_signature(dev: DeviceView, identity: frozenset[str]) -> tuple[Any, ...
     cached = dev.signature_cache
     if cached is not None and cached[0] == identity:
         return cast(tuple[Any, ...], cached[1])
-    signature = (
+    return (
         dev.driver,
         tuple(sorted((k, v) for k, v in dev.attributes.items() if k not in identity)),
         tuple(sorted(dev.capacity.items())),
@@ -477,20 +448,36 @@ def shape_signature(dev: DeviceView, identity: frozenset[str]) -> tuple[Any, ...
         dev.binding_conditions,
         dev.node is None,
     )
-    dev.signature_cache = (identity, signature)
-    return signature
+
+
+def _parts(dev: DeviceView) -> tuple[Any, ...] | None:
+    """The objects a device's signature is computed from, by identity: devices parsed by one
+    interner share them, so one signature serves every device of a kind (None: not shared)."""
+    if not isinstance(dev.attributes, AttributeMap):
+        return None
+    return (dev.driver, id(dev.attributes.shared), dev.attributes.own_names, id(dev.capacity),
+            dev.allow_multiple_allocations, id(dev.request_policies), id(dev.taints), id(dev.binding_conditions),
+            dev.node is None)
 
 
 def _build_shapes(inv: Inventory) -> None:
     by_signature: dict[tuple[Any, ...], Shape] = {}
+    # Shapes by the shared objects a signature comes from (alive for the whole build, so their ids
+    # are stable): one signature is computed and hashed per kind of device, not per device.
+    by_parts: dict[tuple[Any, ...], Shape] = {}
     for dev in sorted(inv.devices.values(), key=lambda d: d.order):
-        sig = shape_signature(dev, inv.identity_attributes)
-        shape = by_signature.get(sig)
+        parts = _parts(dev)
+        shape = by_parts.get(parts) if parts is not None else None
         if shape is None:
-            shape = Shape(len(inv.shapes), dev)
-            by_signature[sig] = shape
-            inv.shapes.append(shape)
-            inv.free.append({})
+            sig = shape_signature(dev, inv.identity_attributes)
+            shape = by_signature.get(sig)
+            if shape is None:
+                shape = Shape(len(inv.shapes), dev)
+                by_signature[sig] = shape
+                inv.shapes.append(shape)
+                inv.free.append({})
+            if parts is not None:
+                by_parts[parts] = shape
         dev.shape = shape.index
         inv.pool_devices.setdefault((dev.driver, dev.pool), []).append(dev)
         shape.devices.append(dev)

@@ -8,6 +8,7 @@ JSON; the CEL environment, planner, shaper and explain read them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -54,18 +55,22 @@ class CounterDemand:
     counters: tuple[tuple[str, Amount], ...]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class DeviceView:
-    """One published device, normalised for planning."""
+    """One published device, normalised for planning.
+
+    Slotted, and built by :mod:`controller.planning.parse` with shared values
+    (:mod:`controller.planning.interning`): a fleet holds hundreds of thousands of these, and a device
+    costs only what distinguishes it from its identical neighbours (issue 44)."""
 
     driver: str
     pool: str
     name: str
     node: str | None  # node-local pools; None = reachable from every node
-    attributes: dict[str, AttrValue]  # fully qualified names
-    capacity: dict[str, Fraction]  # fully qualified names
+    attributes: Mapping[str, AttrValue]  # fully qualified names (an AttributeMap when parsed)
+    capacity: Mapping[str, Fraction]  # fully qualified names; may be shared: never changed in place
     allow_multiple_allocations: bool = False
-    request_policies: dict[str, RequestPolicy] = field(default_factory=dict)
+    request_policies: Mapping[str, RequestPolicy] = field(default_factory=dict)
     consumes_counters: tuple[CounterDemand, ...] = ()
     taints: tuple[Taint, ...] = ()
     binding_conditions: tuple[str, ...] = ()
@@ -80,7 +85,8 @@ class DeviceView:
     def fresh_copy(self) -> DeviceView:
         """A new view sharing the parsed values, with no inventory position (for a new build)."""
         new = object.__new__(DeviceView)
-        new.__dict__.update(self.__dict__)  # far cheaper than dataclasses.replace at 100k devices
+        for name in _SLOTS:  # far cheaper than dataclasses.replace at 100k devices
+            object.__setattr__(new, name, getattr(self, name))
         new.shape = -1
         return new
 
@@ -122,6 +128,9 @@ class DeviceView:
             what = str(self.attr("productName") or self.driver)
         where = f" on {self.node}" if self.node else ""
         return f"{self.name}{where} ({what})"
+
+
+_SLOTS = tuple(f for f in DeviceView.__slots__ if f != "shape")
 
 
 def fit_key(device: DeviceView) -> FitKey:

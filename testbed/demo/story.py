@@ -264,7 +264,8 @@ def explain_unfit(p: Printer, c: DemoCluster, state: StoryState) -> None:
     p.lines([f"  Event on pod/{pod}: {event.get('type')} {event.get('reason')}:"] +
             [f"    {line}" for line in _wrap(str(event.get("message", "")), 94)])
     out = io.StringIO()
-    args = argparse.Namespace(name=pod, namespace=NAMESPACE, kubeconfig=c.kubeconfig, policy="binpack")
+    args = argparse.Namespace(name=pod, namespace=NAMESPACE, kubeconfig=c.kubeconfig, policy="binpack",
+                              controller="")  # the demo cluster has no explain Service: list it
     with contextlib.redirect_stdout(out):
         status = explain_command.run(args)
     report = out.getvalue().rstrip().splitlines()

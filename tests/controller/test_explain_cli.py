@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,8 +14,10 @@ import kubernetes
 import pytest
 import yaml
 
+from controller import kubectl_plugin
 from dra_driver.cli import main
 from testbed.apiserver import LocalApiServer
+from testbed.controller_harness import running_controller
 from testbed.planning_samples import (
     allocated,
     claim,
@@ -162,3 +167,55 @@ def test_allocate_and_reserve_patch_is_accepted_by_the_api_server(cluster: tuple
     assert again.patch is not None
     assert again.patch["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-0-mig-1g20gb-15-2"
     custom.delete_namespaced_custom_object(GROUP, VERSION, "ml", "resourceclaims", "demo-job")
+
+
+def test_the_running_controller_answers_explain_as_a_list_of_the_fleet_does(
+        cluster: tuple[LocalApiServer, str], capsys: pytest.CaptureFixture[str]) -> None:
+    # The controller answers from the inventory it keeps anyway (no list of the fleet per question);
+    # a person must read the same report, and get the same exit status, either way.
+    srv, kubeconfig = cluster
+    with running_controller(srv.api_client(), health_port=0, bind_host="127.0.0.1") as ctrl:
+        for name, kind in (("two", ""), ("job-0", "pod"), ("huge", "claim"), ("nothing", "")):
+            query = urllib.parse.urlencode({"namespace": "ml", "name": name, "kind": kind})
+            with urllib.request.urlopen(f"http://127.0.0.1:{ctrl.health_port}/explain?{query}", timeout=10) as resp:
+                answer = json.loads(resp.read())
+            listed = main(["explain", name, "-n", "ml", "--kubeconfig", kubeconfig, "--controller", ""])
+            out = capsys.readouterr()
+            assert answer["source"] == "gpuready-controller"
+            assert (answer["text"], answer["status"]) == (out.out, listed), name
+            if answer["error"]:
+                assert f"gpuready explain: {answer['error']}" in out.err, name
+        assert answer["error"] == "no ResourceClaim or Pod named 'nothing' in namespace 'ml'"
+        assert "Pod ml/job-0: 1 claim" in json.loads(urllib.request.urlopen(
+            f"http://127.0.0.1:{ctrl.health_port}/explain?namespace=ml&name=job-0", timeout=10).read())["text"]
+
+
+def test_without_a_controller_explain_lists_the_fleet_and_says_so(cluster: tuple[LocalApiServer, str],
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    _, kubeconfig = cluster
+    assert main(["explain", "two", "-n", "ml", "--kubeconfig", kubeconfig]) == 1
+    out = capsys.readouterr()
+    assert "usable now: 1: gpu-1 on node-a" in out.out
+    assert "the controller did not answer" in out.err and "listing the whole fleet instead" in out.err
+
+
+def test_kubectl_plugin_reads_the_namespace_of_the_kubeconfig_context(cluster: tuple[LocalApiServer, str],
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    _, kubeconfig = cluster
+    with open(kubeconfig) as f:
+        config = yaml.safe_load(f)
+    config["contexts"].append({"name": "ml-team", "context": {**config["contexts"][0]["context"], "namespace": "ml"}})
+    ml = os.path.join(tempfile.mkdtemp(dir="/tmp"), "kubeconfig")
+    with open(ml, "w") as f:
+        yaml.safe_dump(config, f)
+    assert kubectl_plugin.main(["explain", "pod/job-0", "--kubeconfig", ml, "--context", "ml-team",
+                                "--controller", ""]) == 1
+    assert "Pod ml/job-0: 1 claim" in capsys.readouterr().out
+    # The default context sets no namespace: "default", as kubectl, where there is no such pod.
+    assert kubectl_plugin.main(["explain", "pod/job-0", "--kubeconfig", ml, "--controller", ""]) == 2
+    assert "no Pod named 'job-0' in namespace 'default'" in capsys.readouterr().err
+    # A pod is not a claim: resourceclaim/NAME looks for claims only.
+    assert kubectl_plugin.main(["explain", "resourceclaim/job-0", "-n", "ml", "--kubeconfig", ml,
+                                "--controller", ""]) == 2
+    assert "no ResourceClaim named 'job-0'" in capsys.readouterr().err
+    assert kubectl_plugin.main(["explain", "deployment/x", "--kubeconfig", ml]) == 2

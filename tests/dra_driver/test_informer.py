@@ -321,3 +321,40 @@ def test_stop_unblocks_a_watch_blocked_in_its_read() -> None:
         inf.stop()
         took = time.monotonic() - started
         assert not inf.running and took < 1.0, f"stop took {took:.2f} s"
+
+
+class _PagedList:
+    """A collection served in pages (``limit`` and ``continue``) as kube-apiserver serves a large list;
+    each answer is the page only, so a client that ignored ``continue`` would see a short list."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self.queries: list[dict[str, str]] = []
+
+    def request(self, method: str, path: str, query: list[tuple[str, str]] | None = None) -> Any:
+        q = dict(query or [])
+        self.queries.append(q)
+        start = int(q.get("continue") or 0)
+        end = start + int(q["limit"]) if "limit" in q else len(self.names)
+        items = [{"metadata": {"name": n, "resourceVersion": "7"}} for n in self.names[start:end]]
+        meta = {"resourceVersion": "100"}
+        if end < len(self.names):
+            meta["continue"] = str(end)
+        return {"metadata": meta, "items": items}
+
+    def open_stream(self, path: str, query: list[tuple[str, str]], read_timeout: float) -> Any:
+        raise AssertionError("not watched in this test")
+
+
+def test_a_large_list_is_read_in_pages_and_a_relist_reports_what_went() -> None:
+    api = _PagedList([f"s-{i}" for i in range(5)])
+    seen = Seen()
+    inf = Informer(api, SLICES, on_event=seen.on_event, on_listed=seen.on_listed, page_size=2)
+    inf._list()
+    assert [q.get("limit") for q in api.queries] == ["2", "2", "2"]
+    assert [q.get("continue") for q in api.queries] == [None, "2", "4"]
+    assert seen.changes() == [("ADDED", f"s-{i}") for i in range(5)]
+    assert inf.resource_version == "100" and inf.known_keys() == {f"s-{i}" for i in range(5)} and seen.listed == 1
+    api.names.remove("s-3")
+    inf._list()
+    assert seen.changes()[5:] == [("DELETED", "s-3")]

@@ -67,7 +67,8 @@ def test_bootstrap_only_lifts_the_taint_when_gpus_are_ready_and_never_puts_it_ba
 
         set_gpu_ready(api, "gpu-a", "True")
         wait_for("taint removed", lambda: taint_keys(api, "gpu-a") == ["dedicated"])
-        reasons = [r for r, _ in node_events(api, "gpu-a")]
+        # The Event follows the patch: the taint may be seen gone a moment before it is written.
+        reasons = wait_for("the Event", lambda: [r for r, _ in node_events(api, "gpu-a")] or None)
         assert reasons == ["GPUReadinessTaintRemoved"]
         assert ctrl.metrics.registry.get_sample_value(
             "gpuready_controller_readiness_taint_changes_total", {"action": "remove", "result": "success"}) == 1
@@ -92,7 +93,8 @@ def test_continuous_closes_the_node_while_gpuready_is_false_and_opens_it_again(s
         wait_for("taint added", lambda: taint_keys(api, "gpu-a") == ["dedicated", DEFAULT_KEY])
         node = api.get(f"{CORE_V1}/nodes/gpu-a") or {}
         assert GATE in node["spec"]["taints"]
-        added = [m for r, m in node_events(api, "gpu-a") if r == "GPUReadinessTaintAdded"]
+        added = wait_for("the Event", lambda: [m for r, m in node_events(api, "gpu-a")
+                                               if r == "GPUReadinessTaintAdded"] or None)
         assert added and "XID 79" in added[0] and DEFAULT_KEY in added[0]
         set_gpu_ready(api, "gpu-a", "True")
         wait_for("taint removed", lambda: taint_keys(api, "gpu-a") == ["dedicated"])
