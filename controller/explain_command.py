@@ -45,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", help="a ResourceClaim name, or a Pod name (its claims are explained)")
     parser.add_argument("-n", "--namespace", default="default")
     parser.add_argument("--kubeconfig", default="", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
+    parser.add_argument("--context", default="", help="kubeconfig context (default: the current one)")
     parser.add_argument("--policy", choices=["binpack", "spread"], default="binpack")
     parser.add_argument("--controller", default=DEFAULT_SERVICE, metavar="NAMESPACE/SERVICE",
                         help="the controller's explain Service, asked through the API server's service proxy "
