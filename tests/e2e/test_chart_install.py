@@ -180,13 +180,33 @@ def test_the_plugin_renews_only_its_own_nodes_heartbeat(e2e: E2E) -> None:
         return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": name},
                 "spec": {"holderIdentity": "e2e", "leaseDurationSeconds": 5}}
 
-    leases.create_namespaced_lease(NAMESPACE, lease(f"gpuready-plugin-{e2e.node}"), dry_run="All")  # its own
+    # Its own: the plugin created it and renews it, owned by its DaemonSet (an uninstall takes it).
+    pod = e2e.release.plugin_pod().metadata.name
+    own = wait_for("the plugin's heartbeat Lease", lambda: _lease_of(e2e, pod), 30)
+    assert [(r.kind, r.controller) for r in own.metadata.owner_references or []] == [("DaemonSet", None)], \
+        own.metadata.owner_references
+    own.spec.holder_identity = "e2e"
+    leases.replace_namespaced_lease(own.metadata.name, NAMESPACE, own, dry_run="All")  # it may write it
     for other in ("gpuready-plugin-node-elsewhere", f"{RELEASE}-controller"):  # another node's; the election's
         with pytest.raises(ApiException) as refused:
             leases.create_namespaced_lease(NAMESPACE, lease(other), dry_run="All")
         assert refused.value.status in (403, 422), refused.value.body
         assert (f"may only write its own heartbeat Lease gpuready-plugin-{e2e.node}, not \\\"{other}\\\""
                 in refused.value.body), refused.value.body
+
+
+def _lease_of(e2e: E2E, pod: str) -> Any:
+    """The node's heartbeat Lease once the plugin pod ``pod`` holds it, else None."""
+    from kubernetes import client as k
+    from kubernetes.client import ApiException
+
+    try:
+        lease = k.CoordinationV1Api(e2e.api).read_namespaced_lease(f"gpuready-plugin-{e2e.node}", NAMESPACE)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return lease if (lease.spec.holder_identity or "").startswith(f"{pod}_") else None
 
 
 def test_the_controller_may_change_only_the_readiness_taint_of_a_node(e2e: E2E) -> None:
