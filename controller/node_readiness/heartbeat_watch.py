@@ -209,8 +209,13 @@ class PluginHeartbeats:
             self._set_tainted(node, verdict.tainted)
 
     def _set_tainted(self, node: str, tainted: bool) -> None:
+        """Record the node's state and its gauge at once: before its Event goes out, so whoever sees the
+        Event (an operator, a test) finds the metric agreeing."""
         with self._lock:
             (self._tainted.add if tainted else self._tainted.discard)(node)
+            nodes = set(self._tainted)
+        if self._metrics is not None:
+            self._metrics.set_plugin_down_nodes(nodes)
 
     def tainted_nodes(self) -> set[str]:
         """The nodes whose pool carries the plugin-down taint now (as far as this leader wrote or saw)."""
@@ -267,11 +272,12 @@ class PluginHeartbeats:
         else:
             self._marked_unserved[node] = previous
             log.warning("plugin_down_not_tainted", **fields, reason="DeviceTaintRule not served")
+        self._set_tainted(node, True)
+        self._count("taint", ok=True)
         lease = f"{self.namespace}/{lease_name(node)}"
         condition = plugin_down.down_condition(lease, since, now, name if path else "not served by this cluster")
         self._write_condition(node, index, condition, expect_reason=None)
         self._event(node_obj, node, "GPUPluginNotRunning", "Warning", condition["message"])
-        self._count("taint", ok=True)
         return True
 
     def _lift(self, node: str, rule: dict[str, Any] | None, now: float, why: str) -> bool:
@@ -287,6 +293,7 @@ class PluginHeartbeats:
                     self._count("lift", ok=False)
                     return False
         self._pending[node] = None
+        self._set_tainted(node, False)
         self._count("lift", ok=True)
         log.info("plugin_down_lifted", node=node, rule=name, why=why)
         node_obj = self.cache.nodes.get(node)
