@@ -12,35 +12,17 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import signal
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from dra_driver.opaque_config import API_VERSION
-from kubelet_plugin.mps.mps_dirs import claim_dir_name, daemon_alive
+from kubelet_plugin.mps.mps_dirs import claim_dir_name
 from testbed import local_faults
-from testbed.fake_mps_control import events, write_fake
+from testbed.fake_mps_control import events
 from testbed.plugin_harness import PluginHarness, opaque
 
 NODE = "shm"
 SIZE = 2 << 20
-
-
-@pytest.fixture
-def fake_mps(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The stand-in MPS control on PATH; any daemon it left is killed at the end."""
-    bin_dir = str(tmp_path / "bin")
-    write_fake(bin_dir)
-    record = str(tmp_path / "record.jsonl")
-    monkeypatch.setenv("FAKE_MPS_RECORD", record)
-    monkeypatch.setenv("PATH", bin_dir + os.pathsep + os.environ.get("PATH", ""))
-    monkeypatch.delenv("MPS_CONTROL_PATH", raising=False)
-    yield record
-    for e in events(record):
-        if e["kind"] == "daemon" and daemon_alive(e["pid"]):
-            os.kill(e["pid"], signal.SIGKILL)
 
 
 def _prepare_mps(h: PluginHarness) -> tuple[str, str]:

@@ -10,11 +10,6 @@ directory is writable the claim is gone without a trace. The directory is made r
 
 from __future__ import annotations
 
-import os
-import signal
-from collections.abc import Iterator
-from typing import Any
-
 import pytest
 
 from dra_driver.opaque_config import API_VERSION
@@ -23,28 +18,13 @@ from kubelet_plugin.daemon import KubeletPlugin
 from kubelet_plugin.mps.control_daemon import MpsControl, MpsControlSettings
 from kubelet_plugin.mps.mps_dirs import daemon_alive
 from testbed import local_faults
-from testbed.fake_mps_control import events, write_fake
+from testbed.fake_mps_control import events
 from testbed.plugin_harness import PluginHarness, opaque
 from testbed.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(bool(local_faults.unavailable()), reason=local_faults.unavailable())
 
 NODE = "rollback"
-
-
-@pytest.fixture
-def fake_mps(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The stand-in MPS control on PATH; its record file; any daemon it left is killed at the end."""
-    bin_dir = str(tmp_path / "bin")
-    write_fake(bin_dir)
-    record = str(tmp_path / "record.jsonl")
-    monkeypatch.setenv("FAKE_MPS_RECORD", record)
-    monkeypatch.setenv("PATH", bin_dir + os.pathsep + os.environ.get("PATH", ""))
-    monkeypatch.delenv("MPS_CONTROL_PATH", raising=False)
-    yield record
-    for e in events(record):
-        if e["kind"] == "daemon" and daemon_alive(e["pid"]):
-            os.kill(e["pid"], signal.SIGKILL)
 
 
 def test_a_rollback_on_a_read_only_cdi_dir_stops_the_daemon_is_retried_and_completes_once_writable(
