@@ -269,7 +269,7 @@ class KubeletPlugin:
         self.inventory.subscribe("driver reload", DriverReloadFollower(
             preparer, cfg.driver_root, cfg.cdi_driver_root, cfg.node_name,
             lambda reason, message, kind: emit_node_event(self.api_client, cfg.node_name, reason, message, kind)))
-        self.recovery = recover(preparer, self.boot_id)
+        self.recovery = recover(preparer, self.boot_id, self.kubelet.claim_reader())
         self.metrics.set_prepared_claims(len(self.checkpoint.records()))
         return preparer
 

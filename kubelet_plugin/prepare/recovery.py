@@ -23,9 +23,13 @@
   (:func:`reverify_salvaged`): a hand-edited but well-formed record once moved its claim onto another
   GPU, so the real one lost its protection and a second claim was prepared on a GPU whose spec still
   granted the first. A salvaged record whose claim has a CDI spec is rebuilt from the spec (and NVML's
-  MIG instances); one without a spec keeps its devices taken but is never used to write a spec.
-  Until the kubelet prepares the claim again (which checks its allocation), a prepare that would
-  double-book one of its devices is refused, with an Event naming both claims.
+  MIG instances); one without a spec is checked against the API server's allocation of its claim
+  (:func:`_allocated_here`): the claim gone (or another claim under that name), the record is undone
+  (MIG instances no other record names are destroyed); allocated, the record holds the devices the
+  allocation names, never the ones the file says; the API server unreachable, it keeps the file's
+  devices taken. Such a record is never used to write a spec. Until the kubelet prepares the claim
+  again (which checks its allocation), a prepare that would double-book one of its devices is
+  refused, with an Event naming both claims.
 
 Nothing here raises for one bad record: it is logged and the rest still recovers.
 """
@@ -34,7 +38,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from dra_driver.logs import get_logger
 from kubelet_plugin.cdi.cdi_spec import CDI_CLASS, cdi_vendor
@@ -60,6 +64,8 @@ class RecoveryReport:
     specs_refreshed: list[str] = field(default_factory=list)  # rewritten for the driver files found now
     records_rebuilt: list[str] = field(default_factory=list)  # from CDI specs whose record was lost
     records_reverified: list[str] = field(default_factory=list)  # salvaged, then rebuilt from their spec
+    records_checked_with_api: list[str] = field(default_factory=list)  # salvaged, no spec: devices from the API
+    records_of_gone_claims: list[str] = field(default_factory=list)  # salvaged, no spec, claim deleted: undone
     temp_files_removed: int = 0
     failures: list[str] = field(default_factory=list)
 
@@ -79,12 +85,20 @@ def open_checkpoint(checkpoint: CheckpointStore, api_client: Any, node: str) -> 
     return True
 
 
-def recover(preparer: Preparer, boot_id: str) -> RecoveryReport:
-    """Bring the checkpoint, the CDI directory and MIG instances back in line."""
+class ClaimLookup(Protocol):
+    """Reading a claim from the API server (:class:`kubelet_plugin.kubelet.claims.KubeClaims`)."""
+
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The claim as JSON, None when it does not exist; other API failures raise."""
+
+
+def recover(preparer: Preparer, boot_id: str, claims: ClaimLookup | None = None) -> RecoveryReport:
+    """Bring the checkpoint, the CDI directory and MIG instances back in line (``claims``: where a
+    salvaged record without a spec is checked; None, it is only kept)."""
     report = RecoveryReport()
     store = preparer.checkpoint
     previous_boot = store.file_boot_id is not None and store.file_boot_id != boot_id
-    report.records_reverified = reverify_salvaged(preparer, report)
+    report.records_reverified = reverify_salvaged(preparer, report, claims)
     report.records_rebuilt = rebuild_from_specs(preparer, report)
     for uid in store.records():
         try:
@@ -123,6 +137,8 @@ def recover(preparer: Preparer, boot_id: str) -> RecoveryReport:
              specs_rebuilt=len(report.specs_rebuilt), specs_refreshed=len(report.specs_refreshed),
              unprepares_finished=len(report.unprepares_finished), records_rebuilt=len(report.records_rebuilt),
              records_reverified=len(report.records_reverified),
+             records_checked_with_api=len(report.records_checked_with_api),
+             records_of_gone_claims=len(report.records_of_gone_claims),
              temp_files_removed=report.temp_files_removed,
              node=preparer.settings.pool)
     return report
@@ -134,10 +150,12 @@ def _mig_gone(preparer: Preparer, record: ClaimRecord) -> bool:
     return ops is not None and any(ops.existing(m) is None for m in record.mig)
 
 
-def reverify_salvaged(preparer: Preparer, report: RecoveryReport) -> list[str]:
+def reverify_salvaged(preparer: Preparer, report: RecoveryReport, claims: ClaimLookup | None = None) -> list[str]:
     """Replace each record salvaged from a corrupt checkpoint by what the node can verify: the record
     rebuilt from the claim's CDI spec; without a spec, the record loses its spec copy (nothing
-    unverified is ever written as a spec) and keeps its devices taken. The UIDs rebuilt from specs."""
+    unverified is ever written as a spec) and holds the devices the API server allocated to its
+    claim (or is undone when the claim is gone; kept as read when the API cannot say). The UIDs
+    rebuilt from specs."""
     store, settings = preparer.checkpoint, preparer.settings
     found = store.salvaged
     if found is None:
@@ -157,17 +175,63 @@ def reverify_salvaged(preparer: Preparer, report: RecoveryReport) -> list[str]:
                                               preparer.mig.ops is not None, settings.pool)
                     rebuilt.append(uid)
                 else:
+                    allocated = _allocated_here(claims, salvaged, settings.driver_name, settings.pool)
+                    if allocated is GONE:
+                        _undo_gone(preparer, salvaged)
+                        report.records_of_gone_claims.append(uid)
+                        continue
                     record = replace(salvaged, cdi_spec=None)
+                    if isinstance(allocated, list):
+                        record = replace(record, devices=allocated,
+                                         shared_devices=[d for d in salvaged.shared_devices if d in allocated])
+                        report.records_checked_with_api.append(uid)
                 with store.update() as records:
                     records[uid] = record
             if sorted(record.devices) != sorted(salvaged.devices):
-                log.warning("claim_record_contradicted_by_spec", claim_uid=uid, node=settings.pool,
-                            recorded=",".join(salvaged.devices), spec=",".join(record.devices),
-                            reason="the salvaged record failed its checksum; the CDI spec's devices are kept taken")
+                log.warning("claim_record_contradicted", claim_uid=uid, node=settings.pool,
+                            recorded=",".join(salvaged.devices), verified=",".join(record.devices),
+                            reason="the salvaged record failed its checksum; the devices its CDI spec or its "
+                                   "claim's allocation names are kept taken")
         except Exception as exc:
             report.failures.append(f"{uid}: re-verifying its salvaged record: {exc}")
             log.error("claim_record_reverify_failed", claim_uid=uid, node=settings.pool, error=str(exc))
     return rebuilt
+
+
+GONE = "gone"  # _allocated_here: the record's claim no longer exists
+
+
+def _allocated_here(claims: ClaimLookup | None, record: ClaimRecord, driver: str, pool: str) -> list[str] | str | None:
+    """The devices of this driver and node that the API server allocated to the record's claim;
+    :data:`GONE` when the claim was deleted (or its name now belongs to another claim); None when
+    it cannot be told (no API, the API unreachable, no allocation yet: the file's devices stay taken)."""
+    if claims is None or not record.namespace or not record.name:
+        return None
+    try:
+        claim = claims.get(record.namespace, record.name)
+    except Exception as exc:
+        log.warning("claim_record_not_checked", claim_uid=record.uid, node=pool, error=str(exc),
+                    reason="the API server could not be read; the salvaged record's devices stay taken")
+        return None
+    if claim is None or (claim.get("metadata") or {}).get("uid") != record.uid:
+        return GONE
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        return None
+    results = (allocation.get("devices") or {}).get("results") or []
+    return sorted({r["device"] for r in results if r.get("driver") == driver and r.get("pool") == pool
+                   and isinstance(r.get("device"), str)})
+
+
+def _undo_gone(preparer: Preparer, record: ClaimRecord) -> None:
+    """Undo a salvaged record whose claim was deleted. Its MIG list is unverified: an instance that
+    another record names is left alone (an edit must never destroy another claim's instance)."""
+    others = {m.uuid for uid, r in preparer.checkpoint.records().items() if uid != record.uid for m in r.mig}
+    mig = [m for m in record.mig if m.uuid not in others]
+    log.warning("claim_record_of_deleted_claim_undone", claim_uid=record.uid, node=preparer.settings.pool,
+                device=",".join(record.devices), claim=f"{record.namespace}/{record.name}",
+                reason="salvaged from a corrupt checkpoint, no CDI spec, and the claim no longer exists")
+    preparer.undo(replace(record, mig=mig))
 
 
 def rebuild_from_specs(preparer: Preparer, report: RecoveryReport) -> list[str]:

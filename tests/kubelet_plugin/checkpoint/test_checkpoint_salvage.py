@@ -310,3 +310,47 @@ def test_a_hand_edited_record_failing_its_checksum_is_rebuilt_from_its_cdi_spec_
         assert again.ok, again.error
         completed = plugin.checkpoint.get(uid)
         assert completed is not None and (completed.namespace, completed.name) == ("default", "c1")
+
+
+def _remove_specs(h: PluginHarness) -> None:
+    """The CDI directory cleaned (a reboot of /var/run, an operator's rm): no spec to verify against."""
+    for name in h.cdi_files(NODE):
+        os.unlink(os.path.join(h.node_dirs(NODE).cdi, name))
+
+
+def test_a_salvaged_record_without_its_spec_holds_what_the_api_server_allocated() -> None:
+    """The record moved to gpu-3 by hand and its spec gone: the API server's allocation of c1
+    (gpu-0) is what stays taken, not what the untrusted file says."""
+    with PluginHarness() as h:
+        before, uid, path, _ = _prepare_c1_and_stop(h)
+        raw = json.loads(Path(path).read_text())
+        raw["claims"][uid]["devices"] = ["gpu-3"]  # checksum left as it was: it fails
+        Path(path).write_text(json.dumps(raw))
+        _remove_specs(h)
+
+        plugin, kubelet = _restart(h, before)
+        record = plugin.checkpoint.get(uid)
+        assert record is not None and record.devices == ["gpu-0"] and record.cdi_spec is None
+        assert plugin.recovery is not None and plugin.recovery.records_checked_with_api == [uid]
+        c2 = h.create_claim("c2", [("gpu", NODE, "gpu-0")])
+        refused = kubelet.prepare([("default", "c2", c2)])[c2]
+        assert not refused.ok and f"already prepared for ResourceClaim default/c1 ({uid})" in refused.error
+        c3 = h.create_claim("c3", [("gpu", NODE, "gpu-3")])
+        assert kubelet.prepare([("default", "c3", c3)])[c3].ok  # nothing holds the GPU the edit named
+
+
+def test_a_salvaged_record_whose_claim_was_deleted_frees_its_gpu() -> None:
+    """Checksum broken, spec gone and the claim deleted while the plugin was down: the record is
+    undone at start-up, so gpu-0 is not held for a claim that no longer exists."""
+    with PluginHarness() as h:
+        before, uid, path, _ = _prepare_c1_and_stop(h)
+        _edited_no_checksum(path, uid)
+        _remove_specs(h)
+        h.delete_claim("c1")
+
+        plugin, kubelet = _restart(h, before)
+        assert plugin.checkpoint.get(uid) is None
+        assert plugin.recovery is not None and plugin.recovery.records_of_gone_claims == [uid]
+        c2 = h.create_claim("c2", [("gpu", NODE, "gpu-0")])
+        taken = kubelet.prepare([("default", "c2", c2)])[c2]
+        assert taken.ok, taken.error

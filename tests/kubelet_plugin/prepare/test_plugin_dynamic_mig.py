@@ -167,9 +167,13 @@ def test_an_xid_on_a_created_instance_withdraws_that_instance_only() -> None:
         uid = h.create_claim("hot", [("gpu", node, device)])
         assert h.kubelet(node).prepare([("default", "hot", uid)])[uid].ok
         mig = plugin.checkpoint.get(uid).mig[0]
-        # The collectors see the new instance too (the DCGM series of a MIG device carry its GI id).
-        dcgm = [s for m in plugin.metrics.registry.collect() if m.name == "DCGM_FI_DEV_FB_USED" for s in m.samples]
-        assert any(s.labels.get("GPU_I_ID") == str(mig.gpu_instance_id) for s in dcgm)
+        # The collectors see the new instance too (the DCGM series of a MIG device carry its GI id),
+        # once the inventory's refresh thread has re-read the node: the prepare does not wait for it.
+        deadline = time.monotonic() + 30
+        while not any(s.labels.get("GPU_I_ID") == str(mig.gpu_instance_id) for m in plugin.metrics.registry.collect()
+                      if m.name == "DCGM_FI_DEV_FB_USED" for s in m.samples):
+            assert time.monotonic() < deadline, "the DCGM series never showed the created instance"
+            time.sleep(0.05)
 
         gpu0 = gpu_named(plugin.inventory.current().devices, "gpu-0")
         plugin.nvml.faults.inject_xid(gpu0.index, 79, gpu_instance_id=mig.gpu_instance_id,
