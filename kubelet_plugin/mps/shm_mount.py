@@ -72,5 +72,5 @@ def propagation_problem(path: str, mountinfo: str = "/proc/self/mountinfo") -> s
         return ""
     return (f"the mount holding {path} ({best or '/'}) is not shared, so a tmpfs there would not reach the host "
             "and the claim's containers would get another /dev/shm than their MPS server (the chart: "
-            "mountPropagation: Bidirectional on the mpsRoot volume)")
+            "kubeletPlugin.mpsMountPropagation=Bidirectional, with the MPS root's host path on a shared mount)")
 

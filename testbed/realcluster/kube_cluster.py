@@ -41,6 +41,7 @@ from testbed.realcluster import (
     component_config,
     containerd_config,
     fake_nodes,
+    host_mounts,
     hostnet,
     images,
     node_readiness,
@@ -337,6 +338,7 @@ class Cluster:
             if imported is not None:
                 imported.result()
                 self._phase("images")
+                host_mounts.make_shared()  # the chart's MPS root, as on a systemd node
                 kubelet = self._start_kubelet()
             scheduler.wait_ready(lambda: self._healthy(f"https://127.0.0.1:{self._scheduler_port}/healthz",
                                                        client=False), cfg.start_timeout, "healthy", watch=self._running())

@@ -239,6 +239,23 @@ def test_daemonset_privileges_are_what_the_plugin_needs_and_no_more() -> None:
     assert pod["priorityClassName"] == "system-node-critical"
 
 
+@pytest.mark.parametrize(("values", "propagation"), [
+    ({}, "Bidirectional"),  # the per-claim tmpfs for MPS's /dev/shm reaches the host and the claim
+    ({"kubeletPlugin": {"mpsMountPropagation": "None"}}, None),  # a host whose /run is private
+    ({"kubeletPlugin": {"mpsShmSize": "0"}}, None),  # no tmpfs: nothing to propagate
+    ({"kubeletPlugin": {"privileged": False}}, None),  # the API server refuses Bidirectional otherwise
+])
+def test_the_mps_root_propagates_the_plugins_mounts_only_when_it_mounts_them(
+        values: dict[str, Any], propagation: str | None) -> None:
+    mounts = {m["name"]: m for m in _plugin_pod(values)["containers"][0]["volumeMounts"]}
+    assert mounts["mps"].get("mountPropagation") == propagation
+
+
+def test_a_propagation_the_runtime_does_not_know_is_refused_at_install() -> None:
+    with pytest.raises(Exception, match="mpsMountPropagation"):
+        render({"kubeletPlugin": {"mpsMountPropagation": "Shared"}})
+
+
 def test_daemonset_rolls_with_surge_and_per_pod_sockets() -> None:
     ds = one({}, "DaemonSet")
     assert ds["spec"]["updateStrategy"] == {"type": "RollingUpdate",
