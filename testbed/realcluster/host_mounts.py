@@ -15,6 +15,7 @@ import os
 import subprocess
 
 from kubelet_plugin.mps.shm_mount import propagation_problem
+from testbed.realcluster.cleanup import mounts_under, unmount_all
 
 MPS_ROOT = "/run/gpuready/mps"  # the chart's kubeletPlugin.mpsRoot default
 
@@ -27,3 +28,14 @@ def make_shared(path: str = MPS_ROOT) -> None:
     if not os.path.ismount(path):
         subprocess.run(["mount", "--bind", path, path], check=True, capture_output=True, timeout=30)
     subprocess.run(["mount", "--make-shared", path], check=True, capture_output=True, timeout=30)
+
+
+def unmount_claim_mounts(path: str = MPS_ROOT) -> list[str]:
+    """Unmount what the plugin mounted below ``path`` (MPS claims' tmpfs, shared with the host) and a
+    stopped cluster never unprepared; the shared root itself stays. The mount points that would not go."""
+    root = os.path.realpath(path).rstrip("/")
+    stuck: list[str] = []
+    for point in mounts_under(root):
+        if point != root:
+            stuck += unmount_all(point)
+    return stuck

@@ -216,7 +216,7 @@ class Cluster:
         for name in ("kube-apiserver", "etcd"):
             if name in self.components:
                 self.components[name].stop()
-        stuck = cleanup.unmount_all(self.dir)
+        stuck = cleanup.unmount_all(self.dir) + host_mounts.unmount_claim_mounts()
         cleanup.remove_links_into("/var/log/containers", self.dir)
         self.device_nodes.remove()
         if self.config.kubelet and not self.config.host_network:
