@@ -11,6 +11,12 @@ Discovery only reads; it never changes a GPU's settings. Every NVML error is han
 A GPU NVML no longer lists (fallen off the bus and gone from the PCI bus) is simply absent, and the
 NVML indices of the GPUs after it are one lower: ``Gpu.index`` is the index at this reading, while
 the device names come from the minor number, which does not shift (tests/kubelet_plugin/health/test_gpu_off_bus.py).
+
+A MIG device is read here once for everyone: by :func:`discover`, and by
+:mod:`kubelet_plugin.nvml.mig_lifecycle` to read back the instance it just created
+(:func:`read_mig_device`, with its ``/dev/nvidia-caps`` nodes). Strings from pynvml's calls arrive
+as ``str`` (its decorated calls decode them); only struct fields are bytes, which
+:mod:`kubelet_plugin.nvml.nvml_names` decodes.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import pynvml
 
 from dra_driver.devices import MIB, Gpu, MigDevice, MigMode, MigPlacementRange, MigProfile, NodeDevices
 from dra_driver.logs import get_logger
-from kubelet_plugin.nvml.host_info import HostInfo, SysfsHost, mig_caps_device_nodes
+from kubelet_plugin.nvml.host_info import HostInfo, SysfsHost
 from kubelet_plugin.nvml.nvml_errors import SIM_HINT, NvmlUnavailableError, describe_nvml_error
 from kubelet_plugin.nvml.nvml_names import (
     architecture_name,
@@ -31,7 +37,6 @@ from kubelet_plugin.nvml.nvml_names import (
     cuda_version,
     normalise_pci_bus_id,
     profile_name,
-    text,
 )
 
 log = get_logger(__name__)
@@ -39,6 +44,12 @@ T = TypeVar("T")
 
 _DEFAULT_PROFILE_COUNT = 0x12  # NVML_GPU_INSTANCE_PROFILE_COUNT in nvidia-ml-py 13.x
 _PLACEMENTS_FALLBACK_LEN = 32
+# /proc/driver/nvidia-caps/mig-minors numbers capabilities in a fixed layout: "config" 1, "monitor" 2,
+# then per GPU minor 15 GPU instances x (1 access + 8 compute instances) = 135 minors, from 3.
+NVIDIA_CAPS_DIR = "/dev/nvidia-caps"
+_MIG_MINORS_BASE = 3
+_MIG_MINORS_PER_GPU = 135
+_MIG_MINORS_PER_GI = 9
 
 
 class GpuReadError(Exception):
@@ -91,7 +102,7 @@ def discover(nvml: Any, host: HostInfo | None = None) -> NodeDevices:
     try:
         host = host or host_for(nvml)
         try:
-            driver = text(nvml.nvmlSystemGetDriverVersion())
+            driver = nvml.nvmlSystemGetDriverVersion()
             cuda = cuda_version(int(nvml.nvmlSystemGetCudaDriverVersion()))
             count = int(nvml.nvmlDeviceGetCount())
         except pynvml.NVMLError as exc:
@@ -122,7 +133,7 @@ def discover(nvml: Any, host: HostInfo | None = None) -> NodeDevices:
 def read_gpu(nvml: Any, index: int, host: HostInfo, minors: dict[str, int] | None = None) -> Gpu:
     """Read one GPU by NVML index (raises :class:`GpuReadError`)."""
     handle = call(nvml, "nvmlDeviceGetHandleByIndex", index)
-    uuid = text(call(nvml, "nvmlDeviceGetUUID", handle))
+    uuid = call(nvml, "nvmlDeviceGetUUID", handle)
     minor = int(call(nvml, "nvmlDeviceGetMinorNumber", handle))
     pci = call(nvml, "nvmlDeviceGetPciInfo", handle)
     bus_id = normalise_pci_bus_id(pci.busId)
@@ -138,7 +149,7 @@ def read_gpu(nvml: Any, index: int, host: HostInfo, minors: dict[str, int] | Non
         minor=minor,
         uuid=uuid,
         pci_bus_id=bus_id,
-        product_name=text(call(nvml, "nvmlDeviceGetName", handle)),
+        product_name=call(nvml, "nvmlDeviceGetName", handle),
         brand=brand_name(optional(nvml, "nvmlDeviceGetBrand", handle)),
         architecture=architecture_name(optional(nvml, "nvmlDeviceGetArchitecture", handle)),
         cuda_compute_capability=f"{cc[0]}.{cc[1]}" if cc else "",
@@ -159,7 +170,8 @@ def _log_name(nvml: Any, handle: Any) -> str:
         return f"gpu-{int(nvml.nvmlDeviceGetMinorNumber(handle))}"
     except Exception:
         try:
-            return text(nvml.nvmlDeviceGetUUID(handle))
+            uuid: str = nvml.nvmlDeviceGetUUID(handle)
+            return uuid
         except Exception:
             return "unknown"
 
@@ -294,7 +306,7 @@ def read_mig_device(
     if profile is None:
         profile = _unlisted_profile(nvml, mig_handle, int(gi_info.profileId), placement)
     return MigDevice(
-        uuid=text(call(nvml, "nvmlDeviceGetUUID", mig_handle)),
+        uuid=call(nvml, "nvmlDeviceGetUUID", mig_handle),
         parent_uuid=parent_uuid,
         parent_minor=parent_minor,
         parent_index=parent_index,
@@ -307,10 +319,23 @@ def read_mig_device(
     )
 
 
+def mig_caps_device_nodes(
+    gpu_minor: int, gi_id: int, ci_id: int, minors: dict[str, int] | None = None
+) -> tuple[str, str]:
+    """The ``/dev/nvidia-caps`` nodes granting access to a GPU instance and its compute instance: the
+    host's numbers (``minors``, from ``mig-minors``), else the driver's fixed layout."""
+    known = minors or {}
+    gi_key = f"gpu{gpu_minor}/gi{gi_id}/access"
+    ci_key = f"gpu{gpu_minor}/gi{gi_id}/ci{ci_id}/access"
+    gi_minor = known.get(gi_key, _MIG_MINORS_BASE + gpu_minor * _MIG_MINORS_PER_GPU + gi_id * _MIG_MINORS_PER_GI)
+    ci_minor = known.get(ci_key, gi_minor + 1 + ci_id)
+    return (f"{NVIDIA_CAPS_DIR}/nvidia-cap{gi_minor}", f"{NVIDIA_CAPS_DIR}/nvidia-cap{ci_minor}")
+
+
 def _unlisted_profile(nvml: Any, mig_handle: Any, gi_profile_id: int,
                       placement: MigPlacementRange) -> MigProfile:
     """A MIG device whose profile the table did not list: name it from the device, counts unknown."""
-    name = text(call(nvml, "nvmlDeviceGetName", mig_handle))
+    name = call(nvml, "nvmlDeviceGetName", mig_handle)
     short = name.rsplit("MIG ", 1)[-1] if "MIG " in name else f"profile{gi_profile_id}"
     log.warning("mig_profile_not_listed", device=_log_name(nvml, mig_handle), gi_profile_id=gi_profile_id, name=name)
     memory = int(call(nvml, "nvmlDeviceGetMemoryInfo", mig_handle).total)

@@ -1,5 +1,9 @@
 """What discovery needs from the host besides NVML: PCIe roots, NUMA nodes, MIG capability minors.
 
+Only the host's answers: how a MIG device's capability nodes are named from them (or from the
+driver's fixed layout where the host does not say) is the MIG device reader's, in
+:mod:`kubelet_plugin.nvml.discovery`.
+
 :class:`SysfsHost` reads ``/sys`` and ``/proc`` on a real node; the simulated NVML provides its own
 (``SimulatedNvml.host_info()``) from the node profile, so discovery code is the same for both.
 """
@@ -8,13 +12,6 @@ from __future__ import annotations
 
 import os
 from typing import Protocol
-
-NVIDIA_CAPS_DIR = "/dev/nvidia-caps"
-# /proc/driver/nvidia-caps/mig-minors numbers capabilities in a fixed layout: "config" 1, "monitor" 2,
-# then per GPU minor 15 GPU instances x (1 access + 8 compute instances) = 135 minors, from 3.
-_MIG_MINORS_BASE = 3
-_MIG_MINORS_PER_GPU = 135
-_MIG_MINORS_PER_GI = 9
 
 
 class HostInfo(Protocol):
@@ -74,14 +71,3 @@ class SysfsHost:
             return {}
         return minors
 
-
-def mig_caps_device_nodes(
-    gpu_minor: int, gi_id: int, ci_id: int, minors: dict[str, int] | None = None
-) -> tuple[str, str]:
-    """The ``/dev/nvidia-caps`` nodes granting access to a GPU instance and its compute instance."""
-    known = minors or {}
-    gi_key = f"gpu{gpu_minor}/gi{gi_id}/access"
-    ci_key = f"gpu{gpu_minor}/gi{gi_id}/ci{ci_id}/access"
-    gi_minor = known.get(gi_key, _MIG_MINORS_BASE + gpu_minor * _MIG_MINORS_PER_GPU + gi_id * _MIG_MINORS_PER_GI)
-    ci_minor = known.get(ci_key, gi_minor + 1 + ci_id)
-    return (f"{NVIDIA_CAPS_DIR}/nvidia-cap{gi_minor}", f"{NVIDIA_CAPS_DIR}/nvidia-cap{ci_minor}")

@@ -17,7 +17,8 @@ ARCHITECTURE_NAMES: dict[int, str] = {
 
 
 def text(value: str | bytes) -> str:
-    """NVML strings arrive as ``str`` from decorated pynvml calls and ``bytes`` from struct fields."""
+    """A struct field's string (a bus id, a profile name) arrives as ``bytes``; pynvml's decorated calls
+    (UUID, name, driver version) already give ``str``, so discovery reads those as they come."""
     return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 

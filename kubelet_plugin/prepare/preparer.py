@@ -305,7 +305,7 @@ class Preparer:
         assert view is not None
         index = view.index
         mine = [(d, d.device.occupancy) for d in plan.devices]
-        mig = planned_mig((d.device for d in plan.devices), f"ResourceClaim {plan.namespace}/{plan.name}") \
+        mig = planned_mig([d.device for d in plan.devices], f"ResourceClaim {plan.namespace}/{plan.name}") \
             if plan.needs_mig else []
         shared = [d.device.name for d in plan.devices if d.shared]
         with self.checkpoint.update() as records:
