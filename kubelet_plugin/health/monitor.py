@@ -51,10 +51,11 @@ from kubelet_plugin.health.nvml_checks import (
 from kubelet_plugin.health.nvml_session import NvmlSession
 from kubelet_plugin.health.policy import HealthPolicy
 from kubelet_plugin.health.probe_runner import Prober, prober_for
-from kubelet_plugin.health.snapshot import DeviceHealth, HealthSnapshot
 from kubelet_plugin.health.state import (
+    DeviceHealth,
     DeviceRecord,
     Fault,
+    HealthSnapshot,
     HealthState,
     Transition,
     apply_fault,
@@ -347,8 +348,8 @@ class HealthMonitor(NvmlSession, ValidationLoop):
         return fresh
 
     def _handle_event(self, reg: Registration, event: Any) -> None:
-        ev = decode_event(self._nvml, reg, event)
-        topo = self._topo.get(ev.gpu_uuid or "")
+        ev = decode_event(self._nvml, reg, event, self._topo)  # its GPU, and which of its devices
+        topo = ev.topology
         if topo is None:
             log.warning("nvml_event_unattributed", event_type=ev.event_type, data=ev.data)
             self._poll_wake.set()
@@ -356,19 +357,12 @@ class HealthMonitor(NvmlSession, ValidationLoop):
         if ev.event_type & XID_EVENT:
             policy = self._policy  # the catalogue's action under the policy's overrides (health/xid.py)
             decision = classify_xid(ev.data, policy.extra_fatal_xids, policy.extra_ignored_xids)
-            names = topo.names_for_event(ev.gpu_instance_id, ev.compute_instance_id)
-            where = ""
-            if ev.gpu_instance_id not in (None, 0xFFFFFFFF):
-                where = f" (GPU instance {ev.gpu_instance_id}"
-                if ev.compute_instance_id not in (None, 0xFFFFFFFF):
-                    where += f", compute instance {ev.compute_instance_id}"
-                where += ")"
-            self._report_xid(topo, names, ev.data, decision.action is not XidAction.IGNORE)
+            self._report_xid(topo, ev.names, ev.data, decision.action is not XidAction.IGNORE)
             if decision.action is XidAction.IGNORE:
-                log.info("xid_ignored", device=topo.gpu.name, xid=ev.data, reason=decision.reason + where,
+                log.info("xid_ignored", device=topo.gpu.name, xid=ev.data, reason=decision.reason + ev.where,
                          node=self._node or None)
                 return
-            self._fault(names, Fault(decision.code, decision.reason + where))
+            self._fault(ev.names, Fault(decision.code, decision.reason + ev.where))
         elif ev.event_type & DBE_EVENT:
             self._fault(topo.device_names, Fault("EccDoubleBit", "uncorrectable (double-bit) ECC memory error"))
         # Both kinds leave traces the poll reads (remapped rows, lost GPU): look now, not in 10 s.

@@ -1,10 +1,8 @@
-"""Which published device names a GPU-level fact or an NVML event concerns. Pure.
+"""Which published device names a GPU-level fact concerns, and how each is probed. Pure.
 
 A fault on a physical GPU concerns every device carved from it: the whole GPU, its MIG devices and, in
-dynamic MIG mode, every MIG placement that could be created on it. An XID event that NVML attributes
-to a GPU instance (and compute instance) concerns only the matching MIG device(s); an attribution
-that matches nothing we know of falls back to the whole GPU (being wrong that way withdraws too much
-for a while; being wrong the other way hands a broken GPU to the next job).
+dynamic MIG mode, every MIG placement that could be created on it. Which of them an NVML event
+attributed to one instance concerns is the event's decoding (:func:`kubelet_plugin.health.events.names_for_event`).
 """
 
 from __future__ import annotations
@@ -13,9 +11,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from dra_driver.devices import Gpu, MigMode, NodeDevices
-
-NVML_ID_ANY = 0xFFFFFFFF
-"""NVML's gpuInstanceId/computeInstanceId when an event is not attributable to one instance."""
 
 
 class ProbeMode(StrEnum):
@@ -54,18 +49,6 @@ class GpuTopology:
     gpu: Gpu
     device_names: tuple[str, ...]
     probe_targets: tuple[ProbeTarget, ...]
-
-    def names_for_event(self, gpu_instance_id: int | None, compute_instance_id: int | None) -> tuple[str, ...]:
-        """The devices an event on this GPU concerns, by its GPU/compute instance attribution."""
-        gi = None if gpu_instance_id in (None, NVML_ID_ANY) else gpu_instance_id
-        ci = None if compute_instance_id in (None, NVML_ID_ANY) else compute_instance_id
-        if gi is None:
-            return self.device_names
-        matches = tuple(
-            m.name for m in self.gpu.mig_devices
-            if m.gpu_instance_id == gi and (ci is None or m.compute_instance_id == ci)
-        )
-        return matches or self.device_names
 
 
 def gpu_topology(gpu: Gpu, dynamic_mig: bool = False, temporary_mig: bool | None = None) -> GpuTopology:

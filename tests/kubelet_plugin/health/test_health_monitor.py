@@ -361,14 +361,15 @@ def test_dynamic_mig_attribution_follows_created_instances(rig_factory: Callable
 
 
 def test_unattributable_instance_falls_back_to_the_whole_gpu() -> None:
+    from kubelet_plugin.health.events import names_for_event
     from kubelet_plugin.health.topology import gpu_topology
 
     devices = discover(open_nvml("sim:h100-7x1g"))
     topo = gpu_topology(devices.gpus[0])
     mig = devices.gpus[0].mig_devices[0]
-    assert topo.names_for_event(mig.gpu_instance_id, mig.compute_instance_id) == (mig.name,)
-    assert topo.names_for_event(0xFFFFFFFF, 0xFFFFFFFF) == topo.device_names
-    assert topo.names_for_event(99, 0) == topo.device_names  # an instance we do not know: be safe
+    assert names_for_event(topo, mig.gpu_instance_id, mig.compute_instance_id) == (mig.name,)
+    assert names_for_event(topo, 0xFFFFFFFF, 0xFFFFFFFF) == topo.device_names
+    assert names_for_event(topo, 99, 0) == topo.device_names  # an instance we do not know: be safe
     assert len(topo.device_names) == 8  # the parent and its seven 1g devices
 
 
