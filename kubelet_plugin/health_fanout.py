@@ -1,6 +1,6 @@
 """Every health change to everything that reports it: one fan-out, each reporter a subscriber.
 
-The health monitor hands each :class:`~kubelet_plugin.health.snapshot.HealthSnapshot` to
+The health monitor hands each :class:`~kubelet_plugin.health.state.HealthSnapshot` to
 :meth:`HealthFanout.deliver` (from its event, poll or validation thread). The fan-out completes the
 snapshot with what only the node knows (the ``annotate`` step: the node's prerequisites and which
 devices the pool lists, :meth:`kubelet_plugin.node_pool.NodePool.annotate`), then calls each
@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 
 from dra_driver.logs import get_logger
-from kubelet_plugin.health.snapshot import HealthSnapshot
+from kubelet_plugin.health.state import HealthSnapshot
 from kubelet_plugin.inventory import NodeView
 
 log = get_logger(__name__)

@@ -28,7 +28,7 @@ from dra_driver.logs import get_logger
 from dra_driver.slices import SliceOptions, SliceSpec, build_pool, listed_device_names
 from kubelet_plugin.config import PluginConfig
 from kubelet_plugin.feature_fallback import PublishFallback
-from kubelet_plugin.health.snapshot import HealthSnapshot
+from kubelet_plugin.health.state import HealthSnapshot
 from kubelet_plugin.health.topology import gpu_topology
 from kubelet_plugin.inventory import NodeInventory
 

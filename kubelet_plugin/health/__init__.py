@@ -12,7 +12,6 @@ The CUDA probe child (``cuda_probe.py``) is run as a file and never imports this
 
 from kubelet_plugin.health.monitor import HealthMonitor
 from kubelet_plugin.health.policy import HealthPolicy
-from kubelet_plugin.health.snapshot import DeviceHealth, HealthSnapshot
-from kubelet_plugin.health.state import HealthState
+from kubelet_plugin.health.state import DeviceHealth, HealthSnapshot, HealthState
 
 __all__ = ["DeviceHealth", "HealthMonitor", "HealthPolicy", "HealthSnapshot", "HealthState"]

@@ -13,8 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from kubelet_plugin.health.snapshot import DeviceHealth, HealthSnapshot
-from kubelet_plugin.health.state import HealthState
+from kubelet_plugin.health.state import DeviceHealth, HealthSnapshot, HealthState
 from kubelet_plugin.inventory import NodeInventory, NodeView
 
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import time
 
-from kubelet_plugin.health.snapshot import HealthSnapshot
-from kubelet_plugin.health.state import HealthState
+from kubelet_plugin.health.state import HealthSnapshot, HealthState
 from kubelet_plugin.kubelet.health_stream import HealthBroadcaster, HealthStreamEntry, truncate_message
 
 # Recovering devices are still withdrawn: to a pod they are unhealthy. Validating ones have never

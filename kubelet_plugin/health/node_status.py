@@ -21,8 +21,7 @@ from typing import Any
 
 from dra_driver.kube_api import describe_error
 from dra_driver.logs import get_logger
-from kubelet_plugin.health.snapshot import DeviceHealth, HealthSnapshot
-from kubelet_plugin.health.state import NOT_PROBED_CODE, HealthState
+from kubelet_plugin.health.state import NOT_PROBED_CODE, DeviceHealth, HealthSnapshot, HealthState
 
 log = get_logger(__name__)
 

@@ -22,8 +22,14 @@ from kubelet_plugin.health.mig_probe import run_target
 from kubelet_plugin.health.nvml_checks import POLLED_KEYS, NvmlUnavailable, check_gpu
 from kubelet_plugin.health.policy import HealthPolicy
 from kubelet_plugin.health.probe_runner import COVERED, Prober, ProbeResult
-from kubelet_plugin.health.snapshot import HealthSnapshot
-from kubelet_plugin.health.state import DeviceRecord, Fault, HealthState, Transition, apply_validation
+from kubelet_plugin.health.state import (
+    DeviceRecord,
+    Fault,
+    HealthSnapshot,
+    HealthState,
+    Transition,
+    apply_validation,
+)
 from kubelet_plugin.health.topology import GpuTopology, ProbeMode, ProbeTarget
 from kubelet_plugin.health.validation import DEVICE_NODE_KEY, ValidationConfig, device_node_faults
 from kubelet_plugin.inventory import NodeInventory

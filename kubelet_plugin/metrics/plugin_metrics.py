@@ -26,7 +26,7 @@ from dra_driver import __version__
 from dra_driver.metric_families import CounterFamily, GaugeFamily, HistogramFamily, MetricSet, families_of
 
 if TYPE_CHECKING:
-    from kubelet_plugin.health.snapshot import HealthSnapshot
+    from kubelet_plugin.health.state import HealthSnapshot
 
 HEALTH_STATES: tuple[str, ...] = ("Healthy", "Unhealthy", "Recovering", "Validating")
 # Health monitor states -> the states exported (Unknown counts as not healthy).

@@ -15,8 +15,7 @@ import pytest
 
 from kubelet_plugin.daemon import KubeletPlugin
 from kubelet_plugin.health.node_status import gpu_ready_condition
-from kubelet_plugin.health.snapshot import DeviceHealth, HealthSnapshot
-from kubelet_plugin.health.state import HealthState
+from kubelet_plugin.health.state import DeviceHealth, HealthSnapshot, HealthState
 from kubelet_plugin.node_prerequisites import NodeDirectory, NodePrerequisiteError, problem_with
 from testbed.plugin_harness import PluginHarness
 from testbed.waiting import wait_for

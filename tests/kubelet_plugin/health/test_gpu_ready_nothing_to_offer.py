@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kubelet_plugin.health.node_status import gpu_ready_condition
-from kubelet_plugin.health.snapshot import DeviceHealth, HealthSnapshot
-from kubelet_plugin.health.state import HealthState
+from kubelet_plugin.health.state import DeviceHealth, HealthSnapshot, HealthState
 from testbed.plugin_harness import PluginHarness
 from testbed.waiting import wait_for
 

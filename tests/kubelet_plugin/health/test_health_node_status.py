@@ -16,8 +16,7 @@ from kubelet_plugin.health.node_status import (
     node_events,
     transition_groups,
 )
-from kubelet_plugin.health.snapshot import DeviceHealth, HealthSnapshot
-from kubelet_plugin.health.state import HealthState, Transition
+from kubelet_plugin.health.state import DeviceHealth, HealthSnapshot, HealthState, Transition
 from testbed.apiserver import LocalApiServer
 
 NODE = "gpu-node-1"
