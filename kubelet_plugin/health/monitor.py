@@ -25,6 +25,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 import pynvml
@@ -36,7 +37,7 @@ from kubelet_plugin.health.events import (
     DBE_EVENT,
     XID_EVENT,
     Registration,
-    decode_event,
+    device_uuid,
     free_events,
     register_events,
     register_more,
@@ -66,7 +67,7 @@ from kubelet_plugin.health.state import (
 from kubelet_plugin.health.topology import GpuTopology, node_topology
 from kubelet_plugin.health.validation import DEVICE_NODE_KEY, ValidationConfig, device_node_faults
 from kubelet_plugin.health.validation_loop import ValidationLoop
-from kubelet_plugin.health.xid import XidAction, classify_xid
+from kubelet_plugin.health.xid import XidAction, classify_xid, decode_event
 from kubelet_plugin.inventory import NodeInventory, NodeView
 from kubelet_plugin.nvml.mig_lifecycle import mig_gate
 
@@ -348,7 +349,8 @@ class HealthMonitor(NvmlSession, ValidationLoop):
         return fresh
 
     def _handle_event(self, reg: Registration, event: Any) -> None:
-        ev = decode_event(self._nvml, reg, event, self._topo)  # its GPU, and which of its devices
+        # Its GPU, and which of its devices (NVML is asked only for a handle the set did not register).
+        ev = decode_event(event, reg.uuid_by_handle, self._topo, partial(device_uuid, self._nvml))
         topo = ev.topology
         if topo is None:
             log.warning("nvml_event_unattributed", event_type=ev.event_type, data=ev.data)

@@ -2,7 +2,7 @@
 
 A fault on a physical GPU concerns every device carved from it: the whole GPU, its MIG devices and, in
 dynamic MIG mode, every MIG placement that could be created on it. Which of them an NVML event
-attributed to one instance concerns is the event's decoding (:func:`kubelet_plugin.health.events.names_for_event`).
+attributed to one instance concerns is the event's decoding (:func:`kubelet_plugin.health.xid.names_for_event`).
 """
 
 from __future__ import annotations

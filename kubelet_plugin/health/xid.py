@@ -1,4 +1,11 @@
-"""XID policy: which NVIDIA XID errors withdraw a GPU, and the words a person reads about each.
+"""What an NVML health event means: which GPU and devices it concerns, and whether its XID withdraws them.
+
+The health monitor's event thread reads this one module to know what to do with an event: first
+:func:`decode_event` (at the end) names its GPU, by the device handle the event set registered
+(:mod:`kubelet_plugin.health.events` is the NVML side), and the devices its instance attribution
+concerns; then :func:`classify_xid` judges an XID against NVIDIA's catalogue.
+
+XID policy: which NVIDIA XID errors withdraw a GPU, and the words a person reads about each.
 
 Classification follows the immediate action in NVIDIA's XID catalogue (NVIDIA's XID catalogue) instead of the fixed six-item skip list NVIDIA's own components use (k8s-device-plugin #1974):
 
@@ -12,14 +19,20 @@ activates the remap: 63 (retirement recorded, reset to activate), 92 (excessive 
 and 94 (contained uncorrectable ECC). An XID not in the table withdraws (NVML reports 999 for an XID it
 does not know): when in doubt, do not hand the GPU to the next job.
 
-Pure: no I/O. Operators move codes either way with :class:`HealthPolicy`.
+Pure: no I/O (a device handle the event set never registered is looked up through the function the
+caller passes). Operators move codes either way with :class:`HealthPolicy`.
 """
 
 from __future__ import annotations
 
+import ctypes
 import re
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
+
+from kubelet_plugin.health.topology import GpuTopology
 
 
 class XidAction(StrEnum):
@@ -173,3 +186,78 @@ def parse_xid_list(text: str, field_name: str) -> frozenset[int]:
         out.add(value)
     return frozenset(out)
 
+
+# ---- an NVML event in our terms ------------------------------------------------------------------
+# An event that NVML attributes to a GPU instance (and compute instance) concerns only the matching MIG
+# device(s); an attribution that matches nothing we know of falls back to the whole GPU (being wrong
+# that way withdraws too much for a while; being wrong the other way hands a broken GPU to the next job).
+
+NVML_ID_ANY = 0xFFFFFFFF
+"""NVML's gpuInstanceId/computeInstanceId when an event is not attributable to one instance."""
+
+
+def handle_key(handle: Any) -> Hashable:
+    """A key identifying an NVML device handle: the pointer value for ctypes handles."""
+    try:
+        return ("ptr", ctypes.cast(handle, ctypes.c_void_p).value)
+    except (TypeError, ctypes.ArgumentError):
+        pass
+    try:
+        hash(handle)
+        return ("obj", handle)
+    except TypeError:
+        return ("id", id(handle))
+
+
+@dataclass(frozen=True)
+class DecodedEvent:
+    """An NVML event in our terms: which GPU, and which of its devices it concerns."""
+
+    gpu_uuid: str | None  # None: the event's GPU could not be identified
+    event_type: int
+    data: int  # the XID for XID events
+    gpu_instance_id: int | None
+    compute_instance_id: int | None
+    topology: GpuTopology | None = None  # the GPU's, None when it is not one the monitor tracks
+    names: tuple[str, ...] = ()  # the devices the event concerns (every device of the GPU, or its MIG device's)
+    where: str = ""  # " (GPU instance 1, compute instance 0)" when NVML attributed it to one, for the reason
+
+
+def decode_event(event: Any, uuid_by_handle: Mapping[Hashable, str], topologies: Mapping[str, GpuTopology],
+                 ask_uuid: Callable[[Any], str | None]) -> DecodedEvent:
+    """Identify the GPU of an event by its registered handle (``uuid_by_handle``, the event set's;
+    ``ask_uuid`` asks NVML for a handle not among them) and the devices it concerns (``topologies``:
+    the monitor's, by GPU UUID)."""
+    device = getattr(event, "device", None)
+    uuid = uuid_by_handle.get(handle_key(device))
+    if uuid is None:
+        uuid = ask_uuid(device)
+    gi, ci = getattr(event, "gpuInstanceId", None), getattr(event, "computeInstanceId", None)
+    topology = topologies.get(uuid or "")
+    where = ""
+    if gi not in (None, NVML_ID_ANY):
+        where = f" (GPU instance {gi}" + (f", compute instance {ci}" if ci not in (None, NVML_ID_ANY) else "") + ")"
+    return DecodedEvent(
+        gpu_uuid=uuid,
+        event_type=int(getattr(event, "eventType", 0)),
+        data=int(getattr(event, "eventData", 0)),
+        gpu_instance_id=gi,
+        compute_instance_id=ci,
+        topology=topology,
+        names=names_for_event(topology, gi, ci) if topology is not None else (),
+        where=where,
+    )
+
+
+def names_for_event(topology: GpuTopology, gpu_instance_id: int | None,
+                    compute_instance_id: int | None) -> tuple[str, ...]:
+    """The devices an event on this GPU concerns, by its GPU/compute instance attribution."""
+    gi = None if gpu_instance_id in (None, NVML_ID_ANY) else gpu_instance_id
+    ci = None if compute_instance_id in (None, NVML_ID_ANY) else compute_instance_id
+    if gi is None:
+        return topology.device_names
+    matches = tuple(
+        m.name for m in topology.gpu.mig_devices
+        if m.gpu_instance_id == gi and (ci is None or m.compute_instance_id == ci)
+    )
+    return matches or topology.device_names

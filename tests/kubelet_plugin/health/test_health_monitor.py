@@ -361,8 +361,8 @@ def test_dynamic_mig_attribution_follows_created_instances(rig_factory: Callable
 
 
 def test_unattributable_instance_falls_back_to_the_whole_gpu() -> None:
-    from kubelet_plugin.health.events import names_for_event
     from kubelet_plugin.health.topology import gpu_topology
+    from kubelet_plugin.health.xid import names_for_event
 
     devices = discover(open_nvml("sim:h100-7x1g"))
     topo = gpu_topology(devices.gpus[0])
