@@ -21,12 +21,10 @@ import pynvml
 from dra_driver.devices import Gpu
 from dra_driver.logs import get_logger
 from kubelet_plugin.health.nvml_checks import describe_nvml_error
-from kubelet_plugin.health.xid import handle_key
+from kubelet_plugin.health.xid import DBE_EVENT, XID_EVENT, handle_key
 
 log = get_logger(__name__)
 
-XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError
-DBE_EVENT = 0x2  # nvmlEventTypeDoubleBitEccError
 WANTED_EVENTS = XID_EVENT | DBE_EVENT
 
 

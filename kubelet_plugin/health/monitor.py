@@ -34,8 +34,6 @@ from dra_driver.devices import NodeDevices
 from dra_driver.logs import get_logger
 from kubelet_plugin.health import gpu_set as gpu_sets
 from kubelet_plugin.health.events import (
-    DBE_EVENT,
-    XID_EVENT,
     Registration,
     device_uuid,
     free_events,
@@ -67,7 +65,7 @@ from kubelet_plugin.health.state import (
 from kubelet_plugin.health.topology import GpuTopology, node_topology
 from kubelet_plugin.health.validation import DEVICE_NODE_KEY, ValidationConfig, device_node_faults
 from kubelet_plugin.health.validation_loop import ValidationLoop
-from kubelet_plugin.health.xid import XidAction, classify_xid, decode_event
+from kubelet_plugin.health.xid import DBE_EVENT, XidAction, decode_event
 from kubelet_plugin.inventory import NodeInventory, NodeView
 from kubelet_plugin.nvml.mig_lifecycle import mig_gate
 
@@ -349,16 +347,18 @@ class HealthMonitor(NvmlSession, ValidationLoop):
         return fresh
 
     def _handle_event(self, reg: Registration, event: Any) -> None:
-        # Its GPU, and which of its devices (NVML is asked only for a handle the set did not register).
-        ev = decode_event(event, reg.uuid_by_handle, self._topo, partial(device_uuid, self._nvml))
+        # Its GPU, its devices and, for an XID, the catalogue's action under the policy's overrides
+        # (health/xid.py; NVML is asked only for a handle the event set did not register).
+        policy = self._policy
+        ev = decode_event(event, reg.uuid_by_handle, self._topo, partial(device_uuid, self._nvml),
+                          policy.extra_fatal_xids, policy.extra_ignored_xids)
         topo = ev.topology
         if topo is None:
             log.warning("nvml_event_unattributed", event_type=ev.event_type, data=ev.data)
             self._poll_wake.set()
             return
-        if ev.event_type & XID_EVENT:
-            policy = self._policy  # the catalogue's action under the policy's overrides (health/xid.py)
-            decision = classify_xid(ev.data, policy.extra_fatal_xids, policy.extra_ignored_xids)
+        decision = ev.decision
+        if decision is not None:
             self._report_xid(topo, ev.names, ev.data, decision.action is not XidAction.IGNORE)
             if decision.action is XidAction.IGNORE:
                 log.info("xid_ignored", device=topo.gpu.name, xid=ev.data, reason=decision.reason + ev.where,

@@ -1,9 +1,9 @@
 """What an NVML health event means: which GPU and devices it concerns, and whether its XID withdraws them.
 
-The health monitor's event thread reads this one module to know what to do with an event: first
+The health monitor's event thread reads this one module to know what to do with an event:
 :func:`decode_event` (at the end) names its GPU, by the device handle the event set registered
 (:mod:`kubelet_plugin.health.events` is the NVML side), and the devices its instance attribution
-concerns; then :func:`classify_xid` judges an XID against NVIDIA's catalogue.
+concerns, and judges an XID against NVIDIA's catalogue (:func:`classify_xid`).
 
 XID policy: which NVIDIA XID errors withdraw a GPU, and the words a person reads about each.
 
@@ -192,6 +192,8 @@ def parse_xid_list(text: str, field_name: str) -> frozenset[int]:
 # device(s); an attribution that matches nothing we know of falls back to the whole GPU (being wrong
 # that way withdraws too much for a while; being wrong the other way hands a broken GPU to the next job).
 
+XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError
+DBE_EVENT = 0x2  # nvmlEventTypeDoubleBitEccError
 NVML_ID_ANY = 0xFFFFFFFF
 """NVML's gpuInstanceId/computeInstanceId when an event is not attributable to one instance."""
 
@@ -221,13 +223,16 @@ class DecodedEvent:
     topology: GpuTopology | None = None  # the GPU's, None when it is not one the monitor tracks
     names: tuple[str, ...] = ()  # the devices the event concerns (every device of the GPU, or its MIG device's)
     where: str = ""  # " (GPU instance 1, compute instance 0)" when NVML attributed it to one, for the reason
+    decision: XidDecision | None = None  # an XID event's on a tracked GPU: withdraw or ignore, and why
 
 
 def decode_event(event: Any, uuid_by_handle: Mapping[Hashable, str], topologies: Mapping[str, GpuTopology],
-                 ask_uuid: Callable[[Any], str | None]) -> DecodedEvent:
+                 ask_uuid: Callable[[Any], str | None], extra_fatal: frozenset[int] = frozenset(),
+                 extra_ignored: frozenset[int] = frozenset()) -> DecodedEvent:
     """Identify the GPU of an event by its registered handle (``uuid_by_handle``, the event set's;
-    ``ask_uuid`` asks NVML for a handle not among them) and the devices it concerns (``topologies``:
-    the monitor's, by GPU UUID)."""
+    ``ask_uuid`` asks NVML for a handle not among them), the devices it concerns (``topologies``: the
+    monitor's, by GPU UUID) and, for an XID, what the catalogue says under the policy's overrides
+    (``extra_fatal``, ``extra_ignored``: see :func:`classify_xid`)."""
     device = getattr(event, "device", None)
     uuid = uuid_by_handle.get(handle_key(device))
     if uuid is None:
@@ -237,15 +242,18 @@ def decode_event(event: Any, uuid_by_handle: Mapping[Hashable, str], topologies:
     where = ""
     if gi not in (None, NVML_ID_ANY):
         where = f" (GPU instance {gi}" + (f", compute instance {ci}" if ci not in (None, NVML_ID_ANY) else "") + ")"
+    event_type, data = int(getattr(event, "eventType", 0)), int(getattr(event, "eventData", 0))
     return DecodedEvent(
         gpu_uuid=uuid,
-        event_type=int(getattr(event, "eventType", 0)),
-        data=int(getattr(event, "eventData", 0)),
+        event_type=event_type,
+        data=data,
         gpu_instance_id=gi,
         compute_instance_id=ci,
         topology=topology,
         names=names_for_event(topology, gi, ci) if topology is not None else (),
         where=where,
+        decision=classify_xid(data, extra_fatal, extra_ignored)
+        if topology is not None and event_type & XID_EVENT else None,
     )
 
 
