@@ -338,7 +338,8 @@ class Cluster:
             if imported is not None:
                 imported.result()
                 self._phase("images")
-                host_mounts.make_shared()  # the chart's MPS root, as on a systemd node
+                if not cfg.host_network:  # the chart's node (the GPU machine runs the plugin as a process)
+                    host_mounts.make_shared()  # the chart's MPS root, as on a systemd node
                 kubelet = self._start_kubelet()
             scheduler.wait_ready(lambda: self._healthy(f"https://127.0.0.1:{self._scheduler_port}/healthz",
                                                        client=False), cfg.start_timeout, "healthy", watch=self._running())
