@@ -122,8 +122,9 @@ def claims_wait_while_the_plugin_is_down(e2e: E2E, namespace: str, rules: ApiWat
     time.sleep(8)
     pod = e2e.core.read_namespaced_pod("after-death", namespace)
     assert pod.status.phase == "Pending" and not pod.spec.node_name
-    claims = e2e.resource.list_namespaced_resource_claim(namespace).items
-    assert claims and all(c.status is None or c.status.allocation is None for c in claims)
+    claims = [c for c in e2e.resource.list_namespaced_resource_claim(namespace).items
+              if any(o.name == "after-death" for o in c.metadata.owner_references or [])]
+    assert claims and all(c.status is None or c.status.allocation is None for c in claims), claims
     capsys.readouterr()
     main(["explain", "after-death", "-n", namespace, "--kubeconfig", e2e.kubeconfig])
     out = capsys.readouterr().out
