@@ -31,7 +31,7 @@ VARIANT_FIGURES = ROOT / "docs" / "benchmarks-kubelet-variants.jsonl"
 RESULTS = ROOT / "docs" / "benchmarks-results.jsonl"
 # Areas measured on real Kubernetes components (testbed/realcluster); every other area runs against
 # the stand-ins (local API server, simulated NVML, in-process gRPC client): micro-benchmarks.
-REAL_KUBELET_AREAS = ("kubelet", "node_load")
+REAL_KUBELET_AREAS = ("kubelet", "node_load", "plugin_death")
 # Areas with a report of their own, run only when named in ``--only``: a fleet of fake nodes on a real
 # control plane takes minutes per fleet size, and its figures need their own tables and reading.
 SEPARATE_REPORTS = {"fleet": "docs/scale.md"}
@@ -157,7 +157,10 @@ def render(results: dict[str, list[dict[str, object]]], errors: dict[str, str],
         "56 MIG devices, and on the example driver's 56 mock devices when it is given (the two taking",
         "turns A B B A, two bursts each, pooled), whose p50/p99 per call are the bounds of the kubelet's",
         "and the plugin's histogram buckets; a claim of 8 GPUs and a MIG device created at prepare time",
-        "(dynamic MIG), gpuready alone.",
+        "(dynamic MIG), gpuready alone. The `plugin_death` rows kill a node's plugin -9 and time, from a",
+        "watch, until its GPUs are no longer offered to new claims (`benchmarks/bench_plugin_death.py`):",
+        "gpuready's controller taints the pool once the plugin's heartbeat is 5 s silent (the chart's",
+        "defaults), the example driver's slices stay until the kubelet wipes them.",
         "",
         *_table(real),
     ]

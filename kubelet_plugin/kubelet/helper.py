@@ -25,7 +25,7 @@ from dra_driver.logs import get_logger
 from kubelet_plugin.kubelet.health_stream import HealthBroadcaster
 from kubelet_plugin.kubelet.slice_publisher import SlicePublisher
 from kubelet_plugin.kubelet.slice_requests import pool_has_devices
-from kubelet_plugin.kubelet.sockets import SocketPaths, discard_socket
+from kubelet_plugin.kubelet.sockets import SocketPaths, discard_socket, remove_dead_sockets
 
 if TYPE_CHECKING:
     import grpc
@@ -94,6 +94,11 @@ class KubeletHelper:
         from kubelet_plugin.kubelet.registration import RegistrationServer
 
         cfg = self.settings
+        # A predecessor killed before it removed its sockets (its pod since replaced) would stay
+        # registered with the kubelet, and its files would outlive an uninstall.
+        for path in remove_dead_sockets(cfg.registrar_dir, cfg.plugin_data_dir, cfg.driver_name, self.paths):
+            log.info("dead_socket_removed", socket=path, node=cfg.node_name,
+                     reason="no process listens on it: left by a plugin instance that was killed")
         self.claims = self.claim_reader()
         if cfg.claim_prefetch:
             self.claims.prefetch = self.claim_prefetch = ClaimPrefetch(

@@ -16,6 +16,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import socket
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -111,3 +113,55 @@ def restrict_socket(path: str) -> None:
     """Set the socket's mode to :data:`SOCKET_MODE` explicitly, not from the umask (under umask 000
     any local user could otherwise call prepare). Called right after the bind."""
     os.chmod(path, SOCKET_MODE)
+
+
+def _nobody_listens(path: str) -> bool:
+    """Whether ``path`` is a Unix socket no process listens on (connecting is refused). A socket that
+    answers, or that cannot be told apart (a timeout, no permission), counts as in use."""
+    try:
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            return False
+    except OSError:
+        return False
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return False
+
+
+def remove_dead_sockets(registry_dir: str, plugin_dir: str, driver: str, own: SocketPaths) -> list[str]:
+    """Remove this driver's sockets that no process listens on any more: those of an instance killed
+    before it could remove them (kill -9, the OOM killer, a node's runtime restarting), whose pod was
+    then replaced by another with other socket names. Left alone, the kubelet keeps such a plugin
+    registered forever (it deregisters a plugin only when its registration socket goes) and the files
+    outlive even an uninstall. Another instance's live sockets (the old pod during a rolling update)
+    answer a connect and are kept. Returns the paths removed.
+
+    Registration sockets are recognised by the ``<driver>-...-reg.sock`` names :func:`registration_socket_path`
+    gives (its last, hashed form names no driver and is left alone); the plugin directory is this
+    driver's own, so every ``dra*.sock`` in it is."""
+    candidates: list[str] = []
+    for directory, wanted in ((registry_dir, lambda n: n.startswith(f"{driver}-") and n.endswith("-reg.sock")),
+                              (plugin_dir, lambda n: n.startswith("dra") and n.endswith(".sock"))):
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError:
+            continue
+        candidates += [os.path.join(directory, n) for n in names if wanted(n)]
+    removed = []
+    for path in candidates:
+        if path in (own.registration, own.dra) or not _nobody_listens(path):
+            continue
+        try:
+            os.unlink(path)
+        except OSError:
+            continue  # gone meanwhile, or not ours to remove: nothing this start depends on
+        removed.append(path)
+    return removed

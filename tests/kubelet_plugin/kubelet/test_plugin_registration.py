@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 
 import grpc
 
 from kubelet_plugin.daemon import KubeletPlugin
-from kubelet_plugin.kubelet.sockets import MAX_SOCKET_PATH, SocketPaths, registration_socket_path
+from kubelet_plugin.kubelet.sockets import (
+    MAX_SOCKET_PATH,
+    SocketPaths,
+    dra_socket_path,
+    registration_socket_path,
+    remove_dead_sockets,
+)
 from kubelet_plugin.nvml import open_nvml
 from proto import dra_v1_pb2, dra_v1_pb2_grpc
 from testbed.plugin_harness import PluginHarness
@@ -95,6 +102,36 @@ def test_rolling_update_instances_have_own_sockets_and_share_prepared_state() ->
         finally:
             old.stop()
             new.stop()
+
+
+def _dead_socket(path: str) -> str:
+    """A socket file as a killed process leaves it: bound, then nobody listening."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    sock.close()
+    return path
+
+
+def test_a_killed_instances_sockets_go_when_the_next_pod_starts_and_a_live_ones_stay() -> None:
+    with PluginHarness() as h:
+        d = h.node_dirs("n1")
+        # Killed -9 (its pod then replaced): its two sockets stay behind with nobody listening.
+        dead = [_dead_socket(registration_socket_path(d.registry, "gpu.nvidia.com", UID_A)),
+                _dead_socket(dra_socket_path(d.plugin, UID_A))]
+        other_driver = _dead_socket(os.path.join(d.registry, "gpu.example.com-reg.sock"))
+        live = KubeletPlugin(h.config("n1", pod_uid=UID_B), h.api_client, open_nvml("sim:8xh100@n1"))
+        live.start()
+        try:
+            assert not [p for p in dead if os.path.exists(p)], "a killed instance's sockets were left"
+            assert os.path.exists(other_driver), "another driver's socket is not ours to remove"
+            # The next pod of a rolling update starts while this one serves: this one's sockets answer.
+            uid_c = "6f1a3c2e-3333-4a2b-9c3d-cccccccccccc"
+            assert remove_dead_sockets(d.registry, d.plugin, "gpu.nvidia.com",
+                                       SocketPaths.for_instance(d.registry, d.plugin, "gpu.nvidia.com", uid_c)) == []
+            assert os.path.exists(live.paths.registration) and os.path.exists(live.paths.dra)
+            assert h.kubelet("n1").prepare([]) == {}  # the live instance registers and answers
+        finally:
+            live.stop()
 
 
 def test_socket_names_fit_unix_socket_limits() -> None:
