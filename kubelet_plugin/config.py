@@ -31,6 +31,10 @@ class PluginConfig:
     nvml: str = "real"  # "real" or "<backend>:<argument>" (kubelet_plugin/nvml/backends.py)
     mig_mode: str = "static"  # "static" | "dynamic"
     shared_gpus: bool | frozenset[str] = False
+    # How shared GPUs are shared (dra_driver.slices.shared_gpus): memory, unlimited or a number of
+    # shares, for the node and per GPU name.
+    share_mode: str = "memory"
+    gpu_share_modes: tuple[tuple[str, str], ...] = ()
     health_mode: str = "withdraw"  # "withdraw" | "taint" | "off" (publish everything, no monitor)
     pod_uid: str = ""  # rolling updates: per-instance socket names
     health_interval: float = 20.0  # resend the full health snapshot at least this often (seconds)

@@ -119,6 +119,7 @@ class NodePool:
         binding = BindingConditions.for_driver(self._driver) if self.config.bind_time_validation else None
         return SliceOptions(mig_mode="dynamic" if self._dynamic_mig else "static",
                             shared_gpus=self.fallback.shared_gpus, health_mode=self.fallback.health_mode,
+                            share_mode=self.config.share_mode, gpu_share_modes=self.config.gpu_share_modes,
                             binding_conditions=binding)
 
     def _listed_names(self, devices: NodeDevices) -> frozenset[str]:

@@ -13,7 +13,7 @@ from typing import Any
 from dra_driver.devices import NodeDevices
 from dra_driver.fd_budget import raise_nofile_limit
 from dra_driver.logs import get_logger, set_process_fields
-from dra_driver.slices.shared_gpus import SharedGpuNames, check_shared_gpu_names
+from dra_driver.slices.shared_gpus import SharedGpuNames, check_shared_gpu_names, parse_share_mode
 from kubelet_plugin.config import (
     DEFAULT_CDI_ROOT,
     DEFAULT_DRIVER,
@@ -112,6 +112,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="static: publish existing MIG devices; dynamic: create MIG instances at prepare (env MIG_MODE)")
     a("--shared-gpus", default=_env("SHARED_GPUS", ""),
       help="publish GPUs as shareable by memory: 'all' or a comma list like gpu-0,gpu-1 (env SHARED_GPUS)")
+    a("--share-mode", default=_env("SHARE_MODE", "memory"),
+      help="how --shared-gpus GPUs are shared: memory (claims consume VRAM), unlimited (any number of claims), "
+           "or a number N (a 'shares' capacity: at most N claims per GPU, as NVIDIA's consumable shares) "
+           "(env SHARE_MODE)")
+    a("--gpu-share-modes", default=_env("GPU_SHARE_MODES", ""),
+      help="per-GPU overrides of --share-mode, a comma list such as gpu-0=4,gpu-1=unlimited (env GPU_SHARE_MODES)")
     a("--health-mode", default=_env("HEALTH_MODE", "withdraw"), choices=["withdraw", "taint", "off"],
       help="unhealthy devices: withdraw from slices, taint them, or off (no monitor) (env HEALTH_MODE)")
     a("--pod-uid", default=_env("POD_UID", ""),
@@ -182,6 +188,31 @@ def _shared(value: str) -> bool | frozenset[str]:
     return frozenset(v.strip() for v in value.split(",") if v.strip())
 
 
+def _share_modes(args: argparse.Namespace) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """--share-mode and --gpu-share-modes, checked; ValueError naming the flag, its variable and the fix."""
+    mode = str(getattr(args, "share_mode", "memory"))
+    try:
+        mode = parse_share_mode(mode, "--share-mode (env SHARE_MODE)")
+    except ValueError as exc:
+        raise ValueError(f"{exc}; fix the flag or the SHARE_MODE environment variable (Helm value shareMode)") \
+            from None
+    overrides: dict[str, str] = {}
+    for entry in str(getattr(args, "gpu_share_modes", "")).split(","):
+        if not entry.strip():
+            continue
+        name, sep, value = (part.strip() for part in entry.partition("="))
+        where = f"--gpu-share-modes (env GPU_SHARE_MODES) entry {entry.strip()!r}"
+        if not sep or not name:
+            raise ValueError(f"{where}: write <GPU name>=<mode>, such as gpu-0=4 (Helm value gpuShareModes)")
+        if name in overrides:
+            raise ValueError(f"{where}: {name} is given twice; keep one entry per GPU")
+        try:
+            overrides[name] = parse_share_mode(value, where + ":")
+        except ValueError as exc:
+            raise ValueError(f"{exc} (Helm value gpuShareModes)") from None
+    return mode, tuple(sorted(overrides.items()))
+
+
 def report_shared_gpu_names(config: PluginConfig, devices: NodeDevices | None) -> SharedGpuNames | None:
     """Log once, at start, the ``--shared-gpus`` entries that share nothing on this node.
 
@@ -242,7 +273,8 @@ def _directories(args: argparse.Namespace) -> tuple[str, str]:
 def config_from_args(args: argparse.Namespace) -> PluginConfig:
     """Build and validate the config (ValueError names the flag to fix)."""
     registrar_dir, plugin_dir = _directories(args)
-    return PluginConfig(
+    share_mode, gpu_share_modes = _share_modes(args)
+    return PluginConfig(share_mode=share_mode, gpu_share_modes=gpu_share_modes,
         node_name=args.node_name, driver_name=args.driver_name, registrar_dir=registrar_dir,
         plugin_dir=plugin_dir, cdi_root=args.cdi_root, driver_root=args.driver_root,
         host_driver_root=args.host_driver_root, nvml=args.nvml, mig_mode=args.mig_mode,

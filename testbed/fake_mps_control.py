@@ -121,12 +121,18 @@ if __name__ == "__main__":
 '''
 
 
+def fake_text(interpreter: str = sys.executable) -> str:
+    """The stand-in as an executable script run by ``interpreter`` (a path, or ``/usr/bin/env python3``
+    for one found on ``PATH`` wherever it runs, as in the gpuready image)."""
+    return f"#!{interpreter}\n{FAKE}"
+
+
 def write_fake(directory: str) -> str:
     """Write the stand-in nvidia-cuda-mps-control into ``directory``; returns its path."""
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, "nvidia-cuda-mps-control")
     with open(path, "w") as f:
-        f.write(f"#!{sys.executable}\n{FAKE}")
+        f.write(fake_text())
     os.chmod(path, 0o755)
     return path
 

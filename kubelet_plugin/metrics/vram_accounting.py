@@ -91,8 +91,10 @@ def prepared_claim_from_api(claim: Mapping[str, Any], driver: str, pool: str) ->
         devices.append(r["device"])
         consumed = r.get("consumedCapacity") or {}
         memory = consumed.get("memory", consumed.get(f"{driver}/memory"))
-        if memory is not None:
-            requested.append((r["device"], _quantity_bytes(memory)))
+        # 0 is what a claim that named no memory consumes on a GPU shared by shares or unlimited (the
+        # policy's default): it asked for none, so no VRAM it uses is "more than it requested".
+        if memory is not None and (nbytes := _quantity_bytes(memory)) > 0:
+            requested.append((r["device"], nbytes))
     pods = tuple(PodRef(ref.get("name", ""), meta.get("namespace", ""), ref.get("uid", ""))
                  for ref in status.get("reservedFor") or [] if ref.get("resource") == "pods")
     return PreparedClaim(claim_uid=meta.get("uid", ""), claim_name=meta.get("name", ""),

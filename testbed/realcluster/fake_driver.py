@@ -10,7 +10,13 @@ installed has where gpuready's plugin looks (``kubelet_plugin/cdi/driver_files.p
 * ``etc/ld.so.conf`` naming ``/usr/lib/x86_64-linux-gnu`` and ``etc/ld.so.cache`` written by the
   host's real ``ldconfig -r <root>``, so the plugin finds the library through the loader cache the
   way it does on a real host;
-* ``usr/bin/nvidia-smi``: a small real ELF executable (gcc, static) printing ``fake nvidia-smi``.
+* ``usr/bin/nvidia-smi``: a small real ELF executable (gcc, static) printing ``fake nvidia-smi``;
+* ``usr/bin/nvidia-cuda-mps-control``: the testbed's MPS control stand-in
+  (:mod:`testbed.fake_mps_control`), run by whatever ``python3`` is on ``PATH`` where the plugin runs
+  (the gpuready image's in chart mode, the host's in process mode), so a claim shared with
+  ``sharing.strategy: MPS`` gets a control daemon, its pipe directory and its ``/dev/shm``, as on a
+  host with the driver's MPS tool. Being a script, it is not mounted into containers (the plugin
+  logs ``driver_file_skipped`` for it once at start).
 
 The e2e suite makes it the node's driver root (chart value ``driverRoot``, the plugin's
 ``--driver-root``), so a pod's container gets the library and tool through gpuready's CDI spec and
@@ -25,6 +31,7 @@ import os
 import shutil
 import subprocess
 
+from testbed.fake_mps_control import fake_text
 from testbed.realcluster.cuda_images import (
     _CFLAGS,
     FAKE_DRIVER_VERSION,
@@ -39,6 +46,7 @@ from testbed.realcluster.procs import ComponentError
 LIB_DIR = "/usr/lib/x86_64-linux-gnu"  # where Debian's driver packages put the libraries
 LIBCUDA = f"libcuda.so.{FAKE_DRIVER_VERSION}"
 NVIDIA_SMI_OUTPUT = "fake nvidia-smi"
+MPS_CONTROL = "nvidia-cuda-mps-control"
 _NVIDIA_SMI_SRC = f'#include <stdio.h>\nint main(void) {{ puts("{NVIDIA_SMI_OUTPUT}"); return 0; }}\n'
 _HOST_LDCONFIG = "/sbin/ldconfig"
 
@@ -70,15 +78,16 @@ def _install(source: str, dest: str, mode: int) -> None:
     os.chmod(dest, mode)
 
 
-def _write_text(dest: str, text: str) -> None:
+def _write_text(dest: str, text: str, mode: int = 0o644) -> None:
     if os.path.isfile(dest) and not os.path.islink(dest):
         with open(dest) as f:
             if f.read() == text:
+                os.chmod(dest, mode)
                 return
     tmp = f"{dest}.{os.getpid()}.partial"
     with open(tmp, "w") as f:
         f.write(text)
-    os.chmod(tmp, 0o644)
+    os.chmod(tmp, mode)
     os.replace(tmp, dest)
 
 
@@ -116,6 +125,7 @@ def make_fake_driver_root(path: str, cache_dir: str) -> str:
     _symlink(LIBCUDA, os.path.join(lib_dir, "libcuda.so.1"))
     _write_text(os.path.join(root, "etc", "ld.so.conf"), LIB_DIR + "\n")
     _install(fake_nvidia_smi(cache_dir), os.path.join(root, "usr", "bin", "nvidia-smi"), 0o755)
+    _write_text(os.path.join(root, "usr", "bin", MPS_CONTROL), fake_text("/usr/bin/env python3"), 0o755)
     _ldconfig(root)  # glibc's ldconfig writes ld.so.cache~ and renames it: never seen half-written
     for d in ("", "etc", "usr", "usr/bin", "usr/lib", LIB_DIR):  # makedirs' mode is cut by the umask
         os.chmod(root + "/" + d.strip("/") if d else root, 0o755)

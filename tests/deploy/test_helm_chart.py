@@ -36,6 +36,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
                              "xid": {"ignore": [13, 31], "fatal": [43]}},
     "custom-driver": {"driverName": "gpu.example.com", "deviceClasses": {"extendedResourceName": "example.com/gpu"}},
     "no-controller": {"controller": {"enabled": False}, "sharedGpus": ["gpu-0", "gpu-2"]},
+    "shares": {"sharedGpus": True, "shareMode": 1000000, "gpuShareModes": {"gpu-1": "unlimited", "gpu-0": "4"}},
     "simulated-evict": {"nvml": {"source": "simulated", "simulatedProfile": "8xh100"},
                         "controller": {"unhealthyClaimPolicy": "evict", "replicas": 1},
                         "kubeletPlugin": {"vramAccounting": False}, "logLevel": "debug"},
@@ -335,6 +336,15 @@ def test_daemon_options_reach_the_plugin(monkeypatch: pytest.MonkeyPatch) -> Non
     assert "host-proc" not in {v["name"] for v in sim["volumes"]}
 
 
+def test_share_modes_reach_the_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A number unquoted in YAML reaches the plugin as digits (Helm reads it as a float: not "1e+06").
+    config = _plugin_config_from_chart(VALUE_SETS["shares"], monkeypatch)
+    assert (config.shared_gpus, config.share_mode) == (True, "1000000")
+    assert config.gpu_share_modes == (("gpu-0", "4"), ("gpu-1", "unlimited"))
+    config = _plugin_config_from_chart({}, monkeypatch)
+    assert (config.share_mode, config.gpu_share_modes) == ("memory", ())
+
+
 def test_vram_accounting_settings_reach_the_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
     config = _plugin_config_from_chart({}, monkeypatch)
     assert (config.proc_root, config.vram_interval) == ("/host/proc", 15)
@@ -564,6 +574,10 @@ def test_grafana_dashboard_is_valid_json_over_exported_metrics() -> None:
     ({"controller": {"placementPolicy": "random"}}, "/controller/placementPolicy"),
     ({"driverRoot": "run/nvidia/driver"}, "/driverRoot"),
     ({"sharedGpus": ["0"]}, "/sharedGpus/0"),
+    ({"shareMode": "shares"}, "/shareMode"),
+    ({"shareMode": 0}, "/shareMode"),
+    ({"gpuShareModes": {"gpu-0": "4x"}}, "/gpuShareModes/gpu-0"),
+    ({"gpuShareModes": {"GPU-0": "4"}}, "/gpuShareModes"),
     ({"migMode": "off"}, "/migMode"),
     ({"kubeletPlugin": {"vramCheckIntervalSeconds": -1}}, "/kubeletPlugin/vramCheckIntervalSeconds"),
     ({"kubeletPlugin": {"podResources": {"hostPath": "var/lib/kubelet/pod-resources"}}},

@@ -120,10 +120,12 @@ class ChartRelease:
         finally:
             done.set()
 
-    def upgrade(self, image: str, wait: bool = True) -> None:
-        """``helm upgrade`` to another image, the values otherwise unchanged."""
+    def upgrade(self, image: str, wait: bool = True, extra: dict[str, Any] | None = None) -> None:
+        """``helm upgrade`` to ``image``, with the suite's values plus ``extra`` (top-level keys, such
+        as ``sharedGpus``; an upgrade without them goes back to the suite's values)."""
+        values = {**self.values(image), **(extra or {})}
         self.helm("upgrade", RELEASE, CHART, "--namespace", NAMESPACE, "--values",
-                  self._values_file(self.values(image)), *(["--wait", "--timeout", "4m"] if wait else []))
+                  self._values_file(values), *(["--wait", "--timeout", "4m"] if wait else []))
         self.image = image
 
     def uninstall(self) -> str:

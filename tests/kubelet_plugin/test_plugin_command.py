@@ -37,6 +37,30 @@ def test_environment_variables_fill_every_setting(monkeypatch: pytest.MonkeyPatc
     assert policy.extra_ignored_xids == {13, 43}
 
 
+def test_share_modes_are_read_per_node_and_per_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = command.config_from_args(_args(["--node-name", "n", "--share-mode", "4",
+                                          "--gpu-share-modes", "gpu-1=unlimited, gpu-0=memory"]))
+    assert (cfg.share_mode, cfg.gpu_share_modes) == ("4", (("gpu-0", "memory"), ("gpu-1", "unlimited")))
+    monkeypatch.setenv("SHARE_MODE", "unlimited")
+    monkeypatch.setenv("GPU_SHARE_MODES", "gpu-3=8")
+    cfg = command.config_from_args(_args(["--node-name", "n"]))
+    assert (cfg.share_mode, cfg.gpu_share_modes) == ("unlimited", (("gpu-3", "8"),))
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--share-mode", "shares"], "--share-mode (env SHARE_MODE) 'shares': use memory, unlimited, or a number of "
+                                 "shares from 1 to 1000000; fix the flag or the SHARE_MODE environment variable"),
+    (["--share-mode", "0"], "--share-mode (env SHARE_MODE) '0': use memory"),
+    (["--gpu-share-modes", "gpu-0"], "--gpu-share-modes (env GPU_SHARE_MODES) entry 'gpu-0': write <GPU name>=<mode>"),
+    (["--gpu-share-modes", "gpu-0=4,gpu-0=2"], "entry 'gpu-0=2': gpu-0 is given twice"),
+    (["--gpu-share-modes", "gpu-0=four"], "entry 'gpu-0=four': 'four': use memory, unlimited, or a number"),
+])
+def test_a_bad_share_mode_names_the_flag_and_the_fix(argv: list[str], message: str) -> None:
+    with pytest.raises(ValueError) as err:
+        command.config_from_args(_args(["--node-name", "n", *argv]))
+    assert message in str(err.value)
+
+
 def test_the_upstream_helpers_directory_flags_work_as_ours(monkeypatch: pytest.MonkeyPatch) -> None:
     # A DaemonSet written for another DRA driver passes these names (flags or environment).
     cfg = command.config_from_args(_args(["--node-name", "n", "--kubelet-registrar-directory-path", "/k/registry",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kubelet_plugin.cdi.driver_files import find_driver_files
+from kubelet_plugin.cdi.driver_files import find_driver_binary, find_driver_files
 from kubelet_plugin.cdi.ld_cache import native_entries, parse_ld_cache
 from testbed.realcluster import fake_driver
 
@@ -65,7 +65,11 @@ def test_discovery_finds_the_fake_libcuda_through_the_loader_cache_and_the_fake_
     assert [(f.source, f.container_path) for f in files.libraries] == [
         (f"{LIB_DIR}/libcuda.so.{fake_driver.FAKE_DRIVER_VERSION}", "/usr/local/nvidia/lib64/libcuda.so.1")]
     assert [(f.source, f.container_path) for f in files.tools] == [("/usr/bin/nvidia-smi", "/usr/bin/nvidia-smi")]
-    assert files.skipped == ()
+    # The MPS control stand-in is a script: the plugin runs it, containers do not get it.
+    assert files.skipped == ("/usr/bin/nvidia-cuda-mps-control: not an ELF executable (a wrapper script?); "
+                             "not mounted",)
+    assert find_driver_binary("nvidia-cuda-mps-control", root, search_path="") == \
+        f"{root}/usr/bin/nvidia-cuda-mps-control"
 
     # The tool really runs (statically linked, so in any image too).
     done = subprocess.run([f"{root}/usr/bin/nvidia-smi"], capture_output=True, text=True, timeout=10, check=False)

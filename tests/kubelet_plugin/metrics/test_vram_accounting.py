@@ -192,6 +192,14 @@ def test_prepared_claim_from_a_claim_the_real_scheduler_allocated() -> None:
     whole = copy.deepcopy(SHARED_CLAIM)
     del whole["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"]
     assert prepared_claim_from_api(whole, driver="gpu.example.com", pool="node-y").requested_for("gpu-0") is None
+    # A share of a GPU published as N shares (or unlimited) that named no memory consumes 0 of it: no
+    # request, so its VRAM use never raises "more than requested".
+    share = copy.deepcopy(SHARED_CLAIM)
+    share["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"] = {"shares": "1", "memory": "0"}
+    prepared = prepared_claim_from_api(share, driver="gpu.example.com", pool="node-y")
+    assert prepared.requested_for("gpu-0") is None
+    usage = attribute_vram({"gpu-0": [ProcessVram("gpu-0", 1, 3 * GIB, POD_UID)]}, [prepared]).claims[0]
+    assert usage.used_bytes == 3 * GIB and not usage.over_request
 
 
 def test_attribution_splits_a_shared_gpu_between_claims_and_reports_strays() -> None:

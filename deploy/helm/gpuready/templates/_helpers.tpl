@@ -93,6 +93,20 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if kindIs "slice" $v -}}{{ join "," $v }}{{- else if $v -}}all{{- end -}}
 {{- end -}}
 
+{{/* A share mode as the plugin reads it: a number unquoted in YAML comes as a float ("1e+06" with %v). */}}
+{{- define "gpuready.shareModeText" -}}
+{{- if kindIs "string" . }}{{ . }}{{ else }}{{ int64 . }}{{ end -}}
+{{- end -}}
+
+{{/* GPU_SHARE_MODES for the plugin: gpuShareModes as "gpu-0=4,gpu-1=unlimited" (sorted by name). */}}
+{{- define "gpuready.gpuShareModes" -}}
+{{- $out := list -}}
+{{- range $name, $mode := .Values.gpuShareModes -}}
+{{- $out = append $out (printf "%s=%s" $name (include "gpuready.shareModeText" $mode)) -}}
+{{- end -}}
+{{- join "," $out -}}
+{{- end -}}
+
 {{/* controller.placementMode as "off" or "gated" (YAML 1.1 reads an unquoted off as false). */}}
 {{- define "gpuready.placementMode" -}}
 {{- if eq (toString .Values.controller.placementMode) "gated" }}gated{{ else }}off{{ end -}}
