@@ -81,7 +81,9 @@ def test_vram_accounting_reads_consumed_capacity_with_the_same_grammar(sample: Q
     prepared = prepared_claim_from_api(claim, "gpu.nvidia.com", "n1")
     assert sample.value is not None
     whole = -((-sample.value.numerator) // sample.value.denominator)  # a fraction of a byte rounds up
-    assert prepared.requested_memory == (("gpu-0", whole),)
+    # A share that consumed no memory (shares or unlimited mode, no memory asked) has no request: a
+    # request of 0 bytes would make every process on it "use more VRAM than requested".
+    assert prepared.requested_memory == ((("gpu-0", whole),) if whole else ())
 
 
 def test_whole_quantities_name_what_is_wrong() -> None:
