@@ -60,7 +60,8 @@ def test_a_pod_whose_claim_carries_nvidias_mps_config_runs_with_the_claims_mps_d
     # NVIDIA's fields: a default pinned limit for every device, overridden for device index 0.
     mps = {"defaultActiveThreadPercentage": 40, "defaultPinnedDeviceMemoryLimit": "10Gi",
            "defaultPerDevicePinnedMemoryLimit": {"0": "5Gi"}}
-    report = 'env; echo pipe: $(ls "$CUDA_MPS_PIPE_DIRECTORY"); echo shm: $(ls /dev/shm)'
+    report = ('env; echo pipe: $(ls "$CUDA_MPS_PIPE_DIRECTORY"); echo shm: $(ls /dev/shm); '
+              'echo shmfs: $(grep " /dev/shm " /proc/mounts)')
     e2e.apply(_manifest("nv-mps", {"apiVersion": NV, "kind": "GpuConfig", "sharing": {
         "strategy": "MPS", "mpsConfig": mps}}, report), namespace)
     e2e.wait_pod_phase(namespace, "nv-mps", "Running", timeout=60)
@@ -77,6 +78,12 @@ def test_a_pod_whose_claim_carries_nvidias_mps_config_runs_with_the_claims_mps_d
     assert {"control", "nvidia-cuda-mps-control.pid"} <= set(pipe), log
     [shm] = [line.split()[1:] for line in lines if line.startswith("shm:")]
     assert [f for f in shm if f.startswith("fake-mps-")], log
+    if MODE == "chart":
+        # The claim's own size-limited tmpfs (the chart's mpsShmSize, 64Mi), mounted by the plugin in
+        # its container and propagated to the node (mpsMountPropagation: Bidirectional), so the
+        # container and its MPS server share it and neither can fill the node's memory through it.
+        [shmfs] = [line.split()[1:] for line in lines if line.startswith("shmfs:")]
+        assert shmfs[:3] == ["tmpfs", "/dev/shm", "tmpfs"] and "size=65536k" in shmfs[3].split(","), log
     assert os.path.isdir(pipe_dir)  # the same path on the node (chart: the mpsRoot hostPath)
 
     e2e.delete_pod(namespace, "nv-mps")
