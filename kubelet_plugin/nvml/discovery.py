@@ -139,6 +139,7 @@ def read_gpu(nvml: Any, index: int, host: HostInfo, minors: dict[str, int] | Non
     bus_id = normalise_pci_bus_id(pci.busId)
     cc = optional(nvml, "nvmlDeviceGetCudaComputeCapability", handle)
     numa = optional(nvml, "nvmlDeviceGetNumaNodeId", handle)
+    addressing = read_addressing_mode(nvml, handle)
     mig_mode = read_mig_mode(nvml, handle)
     profiles = read_mig_profiles(nvml, handle) if mig_mode != MigMode.UNSUPPORTED else ()
     mig_devices: tuple[MigDevice, ...] = ()
@@ -161,7 +162,24 @@ def read_gpu(nvml: Any, index: int, host: HostInfo, minors: dict[str, int] | Non
         numa_node=int(numa) if numa is not None else host.numa_node(bus_id),
         memory_slice_count=max((p.start + p.size for pr in profiles for p in pr.placements), default=0),
         compute_slice_count=max((pr.compute_slices for pr in profiles), default=0),
+        addressing_mode=addressing,
     )
+
+
+ADDRESSING_MODES = {0: "None", 1: "HMM", 2: "ATS"}  # NVML_DEVICE_ADDRESSING_MODE_*, NVIDIA's published words
+
+
+def read_addressing_mode(nvml: Any, handle: Any) -> str | None:
+    """How the GPU shares the CPU's address space (``addressingMode``, as NVIDIA's driver publishes
+    it), or None where NVML does not say: a driver older than the call (function not found), a GPU
+    that does not report it, or any other error. An optional attribute never fails a GPU's read."""
+    try:
+        value = nvml.nvmlDeviceGetAddressingMode(handle)
+    except pynvml.NVMLError as exc:
+        if not isinstance(exc, (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound)):
+            log.warning("addressing_mode_unread", gpu=_log_name(nvml, handle), error=describe_nvml_error(exc))
+        return None
+    return ADDRESSING_MODES.get(int(value))
 
 
 def _log_name(nvml: Any, handle: Any) -> str:

@@ -147,6 +147,16 @@ class DeviceApi(SimCore):
                 raise pynvml.NVMLError_NotSupported()
             return gpu.spec.numa_node
 
+    def nvmlDeviceGetAddressingMode(self, handle: Any) -> int:
+        """``NVML_DEVICE_ADDRESSING_MODE_*``, or NOT_SUPPORTED where the profile gives none."""
+        with self._lock:
+            gpu = self._gpu_only(handle, "nvmlDeviceGetAddressingMode")
+            modes = {"None": pynvml.NVML_DEVICE_ADDRESSING_MODE_NONE, "HMM": pynvml.NVML_DEVICE_ADDRESSING_MODE_HMM,
+                     "ATS": pynvml.NVML_DEVICE_ADDRESSING_MODE_ATS}
+            if gpu.spec.addressing_mode is None:
+                raise pynvml.NVMLError_NotSupported()
+            return modes[gpu.spec.addressing_mode]
+
     def nvmlDeviceGetBrand(self, handle: Any) -> int:
         """``NVML_BRAND_*`` value."""
         with self._lock:

@@ -86,6 +86,9 @@ class GpuSpec:
     numa_node: int | None  # None: nvmlDeviceGetNumaNodeId answers NOT_SUPPORTED (as on the real H200 VM)
     mig_mode: str  # "disabled" | "enabled" | "unsupported"
     mig_devices: tuple[tuple[str, int], ...]  # (profile name, placement start) created at load
+    # nvmlDeviceGetAddressingMode's answer ("None", "HMM", "ATS"); None: NOT_SUPPORTED (no reading of a
+    # real card's answer is bundled, so the bundled profiles leave it out).
+    addressing_mode: str | None = None
 
 
 @dataclass(frozen=True)
@@ -191,6 +194,8 @@ def parse_profile(raw: dict[str, Any], source: str) -> NodeProfile:
              _need(d, "placement_start", int, f"{where}.mig_devices[{j}]"))
             for j, d in enumerate(g.get("mig_devices", []))
         )
+        if g.get("addressing_mode") not in (None, "None", "HMM", "ATS"):
+            raise ProfileError(f"{where}: addressing_mode must be None, HMM or ATS, got {g['addressing_mode']!r}")
         if devices and mig_mode != "enabled":
             raise ProfileError(f"{where}: mig_devices need mig_mode 'enabled'")
         gpus.append(GpuSpec(
@@ -202,6 +207,7 @@ def parse_profile(raw: dict[str, Any], source: str) -> NodeProfile:
             numa_node=g.get("numa_node"),
             mig_mode=mig_mode,
             mig_devices=devices,
+            addressing_mode=g.get("addressing_mode"),
         ))
     return NodeProfile(
         name=_need(raw, "name", str, source),

@@ -149,3 +149,40 @@ def test_a_gpu_without_mig_reports_unsupported_and_no_profiles() -> None:
     assert round(gpu.memory_bytes / GIB, 1) == 45.0
     with pytest.raises(pynvml.NVMLError_NotSupported):
         sim.nvmlDeviceGetMigMode(sim.nvmlDeviceGetHandleByIndex(0))
+
+
+def test_the_addressing_mode_nvml_reports_is_published_as_nvidias_driver_publishes_it() -> None:
+    """``addressingMode`` (NVIDIA's attribute; its test suite expects it on a GPU that reports one):
+    read from nvmlDeviceGetAddressingMode, published on the GPU and its MIG devices; a GPU whose
+    NVML does not report it (NOT_SUPPORTED, or a driver older than the call) has none, and its read
+    never fails for it."""
+    from dataclasses import replace
+
+    from dra_driver.slices import build_pool
+    from testbed.nvml_sim import load_profile
+
+    base = load_profile("h100-mixed-mig")
+    modes = ["HMM", "ATS", "None", None]
+    profile = replace(base, gpus=tuple(replace(g, addressing_mode=modes[i % 4]) for i, g in enumerate(base.gpus)))
+    node = discover(SimulatedNvml(profile))
+    assert [g.addressing_mode for g in node.gpus] == [modes[i % 4] for i in range(len(node.gpus))]
+    published = {d.name: d for s in build_pool(node, "n", "gpu.nvidia.com") for d in s.devices}
+    for gpu in node.gpus:
+        for name in [gpu.name, *(m.name for m in gpu.mig_devices)]:
+            if name in published:
+                assert published[name].attribute("addressingMode") == gpu.addressing_mode, name
+
+    class OldDriver(SimulatedNvml):
+        def nvmlDeviceGetAddressingMode(self, handle: object) -> int:
+            raise pynvml.NVMLError_FunctionNotFound()
+
+    assert [g.addressing_mode for g in discover(OldDriver(profile)).gpus] == [None] * len(node.gpus)
+
+
+def test_a_profile_with_an_addressing_mode_nvml_never_answers_is_refused() -> None:
+    raw = {"name": "x", "driver_version": "580.159.04", "cuda_driver_version": 13000,
+           "gpus": [{"model": "h100-80gb", "minor": 0, "pci_bus_id": "00000000:18:00.0", "addressing_mode": "hmm"}]}
+    from testbed.nvml_sim.node_profiles import parse_profile
+
+    with pytest.raises(ProfileError, match="addressing_mode must be None, HMM or ATS, got 'hmm'"):
+        parse_profile(raw, "x.json")

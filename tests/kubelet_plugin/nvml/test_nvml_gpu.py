@@ -32,6 +32,13 @@ def test_real_h200_matches_the_fixture_readings() -> None:
 def test_real_readings_and_event_wait() -> None:
     nvml = open_nvml("real")
     gpu = discover(nvml).gpus[0]
+    # addressingMode as NVIDIA's driver publishes it, where this driver answers the call at all; the
+    # raw answer is checked against the published word (an unknown code would publish nothing).
+    try:
+        raw = nvml.nvmlDeviceGetAddressingMode(nvml.nvmlDeviceGetHandleByUUID(gpu.uuid))
+    except pynvml.NVMLError:
+        raw = None
+    assert gpu.addressing_mode == ({0: "None", 1: "HMM", 2: "ATS"}[raw] if raw is not None else None), raw
     found = read_processes(nvml, gpu.uuid)
     assert found.error is None, found.error
     assert all(p.pid > 0 for p in found.processes)
