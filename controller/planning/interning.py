@@ -30,6 +30,7 @@ IDENTITY_ATTRIBUTES = frozenset(
 )
 
 _LIMIT = 200_000  # distinct shared values kept; past it the table starts afresh (old values stay valid)
+SENT_LIMIT = _LIMIT
 
 
 def is_identity(qualified_name: str) -> bool:
@@ -113,6 +114,9 @@ class Interner:
         self._names: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._memo: dict[Any, Any] = {}
         self._drivers: dict[str, dict[str, tuple[str, bool]]] = {}
+        # Parsed values by what the API server sent (bytes, or msgspec records), one table per
+        # purpose and driver: controller.planning.slice_wire looks up ~10 per device, so plain dicts.
+        self._sent: dict[tuple[str, str], dict[Any, Any]] = {}
 
     @property
     def size(self) -> int:
@@ -137,6 +141,14 @@ class Interner:
         """Attribute names as sent by ``driver`` -> (fully qualified, whether it names one device):
         filled by the parser, a dozen names per driver."""
         return self._drivers.setdefault(driver, {})
+
+    def sent(self, purpose: str, driver: str = "") -> dict[Any, Any]:
+        """A table of parsed values keyed by what was sent, for one purpose (and driver); its user
+        clears it when it grows past :data:`SENT_LIMIT` (everything handed out stays valid)."""
+        table = self._sent.get((purpose, driver))
+        if table is None:
+            table = self._sent[(purpose, driver)] = {}
+        return table
 
     def memo(self, key: Any, make: Callable[[], Any]) -> Any:
         """What ``make()`` returned for an equal ``key`` before (``key``: the JSON content it parses,
