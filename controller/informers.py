@@ -351,6 +351,8 @@ class ClusterCache:
         self._allocations: dict[str, Any] = {}  # claim key -> status.allocation, of allocated claims
         self._built = threading.Event()  # set once the first inventory is kept
         self._gc_paused = False  # the cyclic collector is off while the first lists load (start)
+        # Run on each new inventory before anyone is handed it (the webhook's warm-up): set before start().
+        self.warm: Callable[[Inventory], object] | None = None
         self.ready_after_s: float | None = None  # seconds from start() to the first inventory
         self._started = time.monotonic()
         for inf in (self.slices, self.classes, self.taint_rules):
@@ -450,6 +452,8 @@ class ClusterCache:
 
     def _keep(self, inv: Inventory, changes: int) -> None:
         first = not self._built.is_set()
+        if self.warm is not None:
+            self.warm(inv)
         if first and len(inv.devices) >= FREEZE_FROM_DEVICES:
             # The fleet just read is long-lived: out of the collector's way, so a full collection
             # (0.2 s at 1,000 nodes, about 1 s at 5,000, holding the GIL) never stalls the webhook
