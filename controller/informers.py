@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
+import msgspec
+
 from controller.api_client import (
     CORE_V1,
     RESOURCE_V1,
@@ -363,7 +365,7 @@ class ClusterCache:
         with self._intern_lock:  # one interner for every informer thread that parses slices
             return compact_slice(raw, self._interner)
 
-    def _slice_bytes(self, data: bytes) -> PublishedSlice:
+    def _slice_bytes(self, data: bytes | msgspec.Raw) -> PublishedSlice:
         with self._intern_lock:
             return compact_slice_bytes(data, self._interner)
 

@@ -42,19 +42,19 @@ class _Fallback(Exception):
     """This slice needs the dict path (something the fast path does not handle)."""
 
 
-class _Meta(msgspec.Struct, frozen=True):
+class _Meta(msgspec.Struct, frozen=True, gc=False):
     name: str = ""
     uid: str = ""
     resourceVersion: str = ""
 
 
-class _Pool(msgspec.Struct, frozen=True):
+class _Pool(msgspec.Struct, frozen=True, gc=False):
     name: str = ""
     generation: int = 0
     resourceSliceCount: int = 1
 
 
-class _Value(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class _Value(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     """One attribute value as sent (``{"string": "gpu"}``): hashable, so equal values find each other."""
 
     i: int | None = msgspec.field(default=None, name="int")
@@ -74,7 +74,7 @@ class _Value(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 if value is not None}
 
 
-class _Device(msgspec.Struct, frozen=True):
+class _Device(msgspec.Struct, frozen=True, gc=False):
     name: str = ""
     attributes: dict[str, _Value] = {}
     capacity: msgspec.Raw = _NULL
@@ -89,7 +89,7 @@ class _Device(msgspec.Struct, frozen=True):
     nodeSelector: msgspec.Raw = _NULL
 
 
-class _Spec(msgspec.Struct, frozen=True):
+class _Spec(msgspec.Struct, frozen=True, gc=False):
     driver: str = ""
     pool: _Pool = _Pool()
     nodeName: str | None = None
@@ -97,17 +97,17 @@ class _Spec(msgspec.Struct, frozen=True):
     devices: list[_Device] = []
 
 
-class _Slice(msgspec.Struct, frozen=True):
+class _Slice(msgspec.Struct, frozen=True, gc=False):
     metadata: _Meta = _Meta()
     spec: _Spec = _Spec()
 
 
-class _ListMeta(msgspec.Struct, frozen=True):
+class _ListMeta(msgspec.Struct, frozen=True, gc=False):
     resourceVersion: str = ""
     continue_: str = msgspec.field(default="", name="continue")
 
 
-class _Page(msgspec.Struct, frozen=True):
+class _Page(msgspec.Struct, frozen=True, gc=False):
     metadata: _ListMeta = _ListMeta()
     items: list[msgspec.Raw] = []
 
@@ -116,7 +116,7 @@ _PAGE = msgspec.json.Decoder(_Page)
 _SLICE = msgspec.json.Decoder(_Slice)
 
 
-def decode_slice_page(data: bytes, keep: Callable[[bytes], PublishedSlice]) -> dict[str, Any]:
+def decode_slice_page(data: bytes, keep: Callable[[msgspec.Raw], PublishedSlice]) -> dict[str, Any]:
     """A ResourceSlice list answer (one page) as the informer reads a list: ``metadata``
     (``resourceVersion``, ``continue``) and ``items``, each a :class:`PublishedSlice` made by ``keep``
     (:func:`compact_slice_bytes` with its owner's interner) from the slice's bytes as the informer
@@ -131,16 +131,16 @@ def decode_slice_page(data: bytes, keep: Callable[[bytes], PublishedSlice]) -> d
         decoded: dict[str, Any] = json.loads(data)
         return decoded
     return {"metadata": {"resourceVersion": page.metadata.resourceVersion, "continue": page.metadata.continue_},
-            "items": (keep(bytes(item)) for item in page.items)}
+            "items": (keep(item) for item in page.items)}
 
 
-def compact_slice_bytes(data: bytes, interner: Interner) -> PublishedSlice:
-    """One slice's JSON bytes into what planning keeps: the same record as
-    :func:`~controller.planning.published_slice.compact_slice` of the decoded JSON."""
+def compact_slice_bytes(data: bytes | msgspec.Raw, interner: Interner) -> PublishedSlice:
+    """One slice's JSON bytes (or a list page's view of them) into what planning keeps: the same
+    record as :func:`~controller.planning.published_slice.compact_slice` of the decoded JSON."""
     try:
         return _fast(_SLICE.decode(data), interner)
     except (msgspec.DecodeError, _Fallback, ValueError, TypeError, KeyError, AttributeError):
-        return compact_slice(json.loads(data), interner)
+        return compact_slice(json.loads(bytes(data)), interner)
 
 
 def _decoded(raw: msgspec.Raw) -> Any:
@@ -213,24 +213,19 @@ def _device(d: _Device, pool: str, node: str | None, slice_name: str, t: _Tables
         if parsed is None:
             parsed = t.put(t.values, value, _own_value(value))
         values.append(parsed)
-    kind = tuple(attributes.items())
+    kind = (keys, *attributes.values())  # the names as sent (order included), then the kind's values
     shared = t.kinds.get(kind)
     if shared is None:
         shared = t.put(t.kinds, kind, share.attribute_kind(
             {qualify(k, driver): _attribute(v.as_json(), _WHERE) for k, v in attributes.items()}))
-    dev = DeviceView(
-        driver=driver, pool=pool, name=share.string(d.name), node=node,
-        attributes=AttributeMap(shared, names, tuple(values)),
-        capacity=capacity,
-        allow_multiple_allocations=d.allowMultipleAllocations,
-        request_policies=policies,
-        consumes_counters=demands,
-        taints=() if d.taints is _NULL else _taints(d.taints, share),
-        binding_conditions=_strings(d.bindingConditions, share),
-        binding_failure_conditions=_strings(d.bindingFailureConditions, share),
+    return DeviceView(  # in field order, not by keyword: 171,000 of these at 5,000 nodes
+        driver, pool, share.string(d.name), node, AttributeMap(shared, names, tuple(values)), capacity,
+        d.allowMultipleAllocations, policies, demands,
+        () if d.taints is _NULL else _taints(d.taints, share),
+        () if d.bindingConditions is _NULL else _strings(d.bindingConditions, share),
+        () if d.bindingFailureConditions is _NULL else _strings(d.bindingFailureConditions, share),
+        slice_name,
     )
-    dev.slice_name = slice_name
-    return dev
 
 
 _WHERE = "ResourceSlice spec.devices[]"  # reaches no message: an error sends the slice to the dict path
@@ -254,6 +249,4 @@ def _taints(raw: msgspec.Raw, share: Interner) -> Any:
 
 
 def _strings(raw: msgspec.Raw, share: Interner) -> Any:
-    if raw is _NULL:
-        return ()
     return share.value(tuple(str(c) for c in _decoded(raw) or ()))
