@@ -310,13 +310,16 @@ def _classes(raw: list[dict[str, Any]], skipped: list[Skipped]) -> dict[str, Dev
 
 def _identity_attributes(devices: Any) -> frozenset[str]:
     distinct: dict[str, set[Any]] = defaultdict(set)
-    walked: set[int] = set()  # shared attribute dicts already counted (one per kind of device)
+    walked: set[int] = set()  # shared attribute dicts and name tuples already counted (one per kind of device)
     own: set[str] = set()
     for d in devices:
         attrs = d.attributes
         if isinstance(attrs, AttributeMap):
-            # Its own values are identity attributes by name: only their names matter here.
-            own.update(attrs.own_names)
+            # Its own values are identity attributes by name: only their names matter here (a tuple
+            # shared by every device that has the same ones).
+            if id(attrs.own_names) not in walked:
+                walked.add(id(attrs.own_names))
+                own.update(attrs.own_names)
             if id(attrs.shared) in walked:
                 continue
             walked.add(id(attrs.shared))
@@ -420,6 +423,29 @@ def _is_free(inv: Inventory, dev: DeviceView) -> bool:
     return (dev.allow_multiple_allocations and dev.key in inv.capacity_used) or inv.counters_fit(dev)
 
 
+def _free_at_build(inv: Inventory, dev: DeviceView, fits: dict[tuple[int, int], bool]) -> bool:
+    """:func:`_is_free` for a build: where nothing is drawn yet from the counter sets a device draws
+    from, whether its costs fit depends only on them and the sets' totals, both shared by every
+    device of a kind (interned), so it is worked out once per kind (``fits``, for this build only:
+    the ids are those of objects the build holds). 130,000 dynamic-MIG devices at 5,000 nodes."""
+    if dev.key in inv.taken_by:
+        return False
+    if dev.allow_multiple_allocations and dev.key in inv.capacity_used:
+        return True
+    for demand in dev.consumes_counters:
+        ckey = (dev.driver, dev.pool, demand.counter_set)
+        total = inv.counter_totals.get(ckey)
+        if total is None or ckey in inv.counter_used:
+            return inv.counters_fit(dev)
+        key = (id(demand), id(total))
+        fit = fits.get(key)
+        if fit is None:
+            fit = fits[key] = all(amount <= total.get(cname, -1) for cname, amount in demand.counters)
+        if not fit:
+            return False
+    return True
+
+
 def _refresh(inv: Inventory, touched: set[DeviceKey]) -> None:
     """Recompute the free lists of every device that shares a pool with a touched device."""
     pools = {(k[0], k[1]) for k in touched}
@@ -465,6 +491,7 @@ def _build_shapes(inv: Inventory) -> None:
     # Shapes by the shared objects a signature comes from (alive for the whole build, so their ids
     # are stable): one signature is computed and hashed per kind of device, not per device.
     by_parts: dict[tuple[Any, ...], Shape] = {}
+    fits: dict[tuple[int, int], bool] = {}
     for dev in sorted(inv.devices.values(), key=lambda d: d.order):
         parts = _parts(dev)
         shape = by_parts.get(parts) if parts is not None else None
@@ -482,5 +509,5 @@ def _build_shapes(inv: Inventory) -> None:
         inv.pool_devices.setdefault((dev.driver, dev.pool), []).append(dev)
         shape.devices.append(dev)
         shape.by_node.setdefault(dev.node, []).append(dev)
-        if _is_free(inv, dev):
+        if _free_at_build(inv, dev, fits):
             inv.free[shape.index].setdefault(dev.node, []).append(dev)
