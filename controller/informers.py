@@ -439,16 +439,16 @@ class ClusterCache:
         deadline = time.monotonic() + timeout
         return all(i.wait_synced(max(0.0, deadline - time.monotonic())) for i in self.informers)
 
-    def _build(self) -> tuple[Inventory, int]:
-        """A build of the caches as they are now, and the change count it reflects (at least)."""
-        with self._build_lock:
-            with self._inv_lock:
-                changes = self._changes
-            started = time.monotonic()
-            inv = build_inventory(self.slices.items(), self.claims.items(), self.classes.items(),
-                                  taint_rules=self.taint_rules.items())
-            self._last_build_s = time.monotonic() - started
-            self._log_skipped(inv.skipped)
+    def _build_locked(self) -> tuple[Inventory, int]:
+        """A build of the caches as they are now, and the change count it reflects (at least); the
+        caller holds the build lock (one build at a time: the slice cache is not shared)."""
+        with self._inv_lock:
+            changes = self._changes
+        started = time.monotonic()
+        inv = build_inventory(self.slices.items(), self.claims.items(), self.classes.items(),
+                              taint_rules=self.taint_rules.items())
+        self._last_build_s = time.monotonic() - started
+        self._log_skipped(inv.skipped)
         self.builds += 1
         return inv, changes
 
@@ -500,9 +500,15 @@ class ClusterCache:
             with self._inv_lock:
                 if self._inventory is not None and self._built_from == self._changes:
                     return self._inventory  # nothing changed since the last build
-            self._dirty.clear()
-            inv, changes = self._build()
-            self._keep(inv, changes)
+            with self._build_lock:
+                # A build may have finished while this waited for the lock (at start, the rebuild
+                # thread's first build and the leader's first pass both ask): that one will do.
+                with self._inv_lock:
+                    if self._inventory is not None and self._built_from == self._changes:
+                        return self._inventory
+                self._dirty.clear()
+                inv, changes = self._build_locked()
+                self._keep(inv, changes)
             return inv
         with self._inv_lock:
             return self._inventory
@@ -524,9 +530,10 @@ class ClusterCache:
                 if self._inventory is not None and self._built_from == self._changes:
                     continue  # a fresh read built it meanwhile
             try:
-                inv, changes = self._build()
+                with self._build_lock:  # built and kept under one lock: a fresh read waiting for it takes this one
+                    inv, changes = self._build_locked()
+                    self._keep(inv, changes)
             except Exception as exc:  # a bad object must not stop the rebuilds: keep the last inventory
                 log.error("inventory_build_failed", error=repr(exc))
                 self._resume_gc()  # no quick first inventory to wait for: collect as usual
                 continue
-            self._keep(inv, changes)
