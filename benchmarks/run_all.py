@@ -34,7 +34,9 @@ RESULTS = ROOT / "docs" / "benchmarks-results.jsonl"
 REAL_KUBELET_AREAS = ("kubelet", "node_load", "plugin_death")
 # Areas with a report of their own, run only when named in ``--only``: a fleet of fake nodes on a real
 # control plane takes minutes per fleet size, and its figures need their own tables and reading.
-SEPARATE_REPORTS = {"fleet": "docs/scale.md"}
+# bench_controller_start runs the controller over a fleet served from memory: its figures sit beside
+# bench_fleet's in scale.md.
+SEPARATE_REPORTS = {"fleet": "docs/scale.md", "controller_start": "docs/scale.md"}
 # Plugins in bench_kubelet's figures that are peers, not gpuready (benchmarks/kubelet_variants.py).
 PEER_NAMES = ("example", "nvidia", "nvidia-health")
 

@@ -188,7 +188,7 @@ def _fail(code: int, event: str, **fields: Any) -> int:
 def run(args: argparse.Namespace) -> int:
     """Run until SIGTERM/SIGINT; the leader releases its Lease on the way out."""
     from controller.daemon import Controller
-    from dra_driver.kube_api import make_api_client
+    from dra_driver.kube_api import connect
 
     try:
         config = config_from_args(args)
@@ -200,7 +200,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _fail(2, "invalid_configuration", error=str(exc))
     try:
-        client = make_api_client(args.kubeconfig)
+        # The node daemon's connection: a kubeconfig with a certificate or token (and a pod's service
+        # account) needs no `kubernetes` package, whose import was 0.4-1.7 s of the controller's
+        # start; exec plugins and auth providers still go through it.
+        client = connect(args.kubeconfig)
     except Exception as exc:
         return _fail(2, "kube_client_config_failed", kubeconfig=args.kubeconfig or None, error=str(exc),
                      fix="give --kubeconfig, or run in a pod with a service account")

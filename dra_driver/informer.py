@@ -83,7 +83,8 @@ class ListWatchApi(Protocol):
     """What the informer needs of an API client (:class:`~dra_driver.kube_api.JsonApi` has it)."""
 
     def request(self, method: str, path: str, query: list[tuple[str, str]] | None = None) -> Any:
-        """One request; the decoded JSON answer (``ApiError`` for an error answer)."""
+        """One request; the decoded JSON answer (``ApiError`` for an error answer). With a
+        ``page_decoder`` the informer also passes ``decode=`` (see :class:`~dra_driver.kube_api.JsonApi`)."""
 
     def open_stream(self, path: str, query: list[tuple[str, str]], read_timeout: float) -> StreamingResponse:
         """An open streaming GET (``ApiError`` for an error answer)."""
@@ -114,6 +115,26 @@ def _resource_version(obj: dict[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("resourceVersion") or "")
 
 
+class Listed(Protocol):
+    """What a ``page_decoder`` may list in place of an object's dict: a record that knows its key
+    and version (the controller's compact slices)."""
+
+    @property
+    def object_key(self) -> str:
+        """``namespace/name``, or ``name`` (as :func:`object_key`)."""
+
+    @property
+    def resource_version(self) -> str:
+        """The object's resourceVersion."""
+
+
+def key_and_version(obj: dict[str, Any] | Listed) -> tuple[str, str]:
+    """An object's key and resourceVersion, from its dict or from a page decoder's record."""
+    if isinstance(obj, dict):
+        return object_key(obj), _resource_version(obj)
+    return obj.object_key, obj.resource_version
+
+
 def _stub(key: str, rv: str) -> dict[str, Any]:
     """The object a relist reports DELETED: only what the informer kept of it."""
     ns, _, name = key.rpartition("/")
@@ -121,6 +142,31 @@ def _stub(key: str, rv: str) -> dict[str, Any]:
     if ns:
         meta["namespace"] = ns
     return {"metadata": meta}
+
+
+class _Prefetch:
+    """One list page requested on a thread of its own; :meth:`result` waits for it (or raises what
+    the request raised)."""
+
+    def __init__(self, get: Callable[[list[tuple[str, str]]], dict[str, Any]], query: list[tuple[str, str]],
+                 name: str) -> None:
+        self._answer: dict[str, Any] = {}
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(get, query), name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self, get: Callable[[list[tuple[str, str]]], dict[str, Any]], query: list[tuple[str, str]]) -> None:
+        try:
+            self._answer = get(query)
+        except BaseException as exc:  # handed to the list's own thread, which reports it
+            self._error = exc
+
+    def result(self) -> dict[str, Any]:
+        """The page's answer, once it arrived."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._answer
 
 
 class _Expired(Exception):
@@ -156,7 +202,12 @@ class Informer:
     ``log_fields`` go on every line the informer logs (``kind=``, ``node=``).
     ``page_size``: list in pages of this many objects (``limit`` and ``continue``, as client-go's
     pager does), so a client of a large collection (a fleet's ResourceSlices: hundreds of MB of
-    JSON at 5,000 nodes) never holds the whole list at once; None lists in one request.
+    JSON at 5,000 nodes) never holds the whole list at once; None lists in one request. The next
+    page is requested while the user's callbacks take in the one before (on a thread of its own:
+    the API server prepares and sends it meanwhile, instead of waiting for the client's parsing).
+    ``page_decoder``: turns a list answer's bytes into its dict (``metadata``, ``items``) instead
+    of ``json``; its items may be records of its own (:class:`Listed`), handed to ``on_event`` as
+    they are. Watch events are always JSON dicts.
     """
 
     def __init__(self, api: ListWatchApi, path: str, *, field_selector: str = "", label_selector: str = "",
@@ -166,7 +217,7 @@ class Informer:
                  deliver_initial: bool = True, backoff: Backoff = Backoff(),
                  relist_after: int = RELIST_AFTER_FAILURES, watch_timeout_s: int = WATCH_TIMEOUT_SECONDS,
                  log_fields: Mapping[str, Any] | None = None, name: str = "informer",
-                 page_size: int | None = None) -> None:
+                 page_size: int | None = None, page_decoder: Callable[[bytes], dict[str, Any]] | None = None) -> None:
         self.api = api
         self.path = path
         self.field_selector = field_selector
@@ -184,6 +235,7 @@ class Informer:
         self.log_fields = dict(log_fields or {})
         self.name = name
         self.page_size = page_size
+        self.page_decoder = page_decoder
         self._known: dict[str, str] = {}  # key -> resourceVersion of every object seen
         self._known_lock = threading.Lock()
         self._rv = ""
@@ -316,18 +368,28 @@ class Informer:
         return [(name, value) for name, value in (("fieldSelector", self.field_selector),
                                                   ("labelSelector", self.label_selector)) if value]
 
+    def _get_page(self, query: list[tuple[str, str]] | None) -> dict[str, Any]:
+        if self.page_decoder is None:
+            answer = self.api.request("GET", self.path, query)
+        else:
+            answer = self.api.request("GET", self.path, query, decode=self.page_decoder)  # type: ignore[call-arg]
+        return answer or {}
+
     def _pages(self) -> Iterator[dict[str, Any]]:
-        """The list's answers, one page at a time (one answer when not paged)."""
+        """The list's answers, one page at a time (one answer when not paged); each next page is
+        already on its way while the caller reads the one before."""
         query = self._selector()
         if self.page_size:
             query = [*query, ("limit", str(self.page_size))]
-        token = ""
+        answer = self._get_page(query or None)
         while True:
-            answer = self.api.request("GET", self.path, [*query, ("continue", token)] if token else query or None) or {}
             token = str((answer.get("metadata") or {}).get("continue") or "")
-            yield answer
             if not token:
+                yield answer
                 return
+            following = _Prefetch(self._get_page, [*query, ("continue", token)], f"{self.name}-page")
+            yield answer
+            answer = following.result()
 
     def _list(self) -> None:
         with self._known_lock:
@@ -339,7 +401,7 @@ class Informer:
             # Every page is of the first page's resourceVersion (the server's consistent snapshot).
             rv = rv or str((answer.get("metadata") or {}).get("resourceVersion") or "")
             for obj in answer.get("items") or []:
-                key, version = object_key(obj), _resource_version(obj)
+                key, version = key_and_version(obj)
                 fresh[key] = version
                 if not deliver:
                     continue

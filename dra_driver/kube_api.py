@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlencode
 
@@ -64,12 +64,15 @@ class JsonApi:
         return target, headers
 
     def request(self, method: str, path: str, query: list[tuple[str, str]] | None = None,
-                body: Any = None, content_type: str = JSON) -> Any:
+                body: Any = None, content_type: str = JSON, decode: Callable[[bytes], Any] | None = None) -> Any:
         """One request; the decoded JSON answer, :class:`ApiError` for an error answer, or
-        :class:`~dra_driver.http_transport.ApiUnreachable` for none."""
+        :class:`~dra_driver.http_transport.ApiUnreachable` for none. ``decode`` turns a successful
+        answer's bytes into what is returned instead of ``json`` (the controller's slice lists)."""
         target, headers = self.target(path, query, content_type)
         payload = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
         status, data = self.connection.transport.request(method, target, payload, headers, REQUEST_TIMEOUT)
+        if decode is not None and 200 <= status < 300 and data:
+            return decode(data)
         try:
             decoded = json.loads(data) if data else None
         except ValueError:

@@ -73,13 +73,18 @@ class HealthReconciler:
         inventory = self.cache.inventory(fresh=True)
         if inventory is None:
             return stats
-        pools = published_pools(self.cache.slices.items(), self.driver)
-        node_reasons = unhealthy_from_node_conditions(self.cache.nodes.items())
-        if self.cache.pods is not None:  # forget pods that are gone (bounded memory)
+        if self.cache.pods is not None and self._evicted:  # forget pods that are gone (bounded memory)
             live = {str((p.get("metadata") or {}).get("uid", "")) for p in self.cache.pods.items()}
             self._evicted &= live
-        for claim in self.cache.claims.items():
-            refs = allocated_devices(claim, self.driver)
+        allocated = [(claim, refs) for claim in self.cache.claims.items()
+                     if (refs := allocated_devices(claim, self.driver))]
+        if not allocated:
+            # Nothing to check: no walk over every slice and node (half a second of CPU at 5,000
+            # nodes, right when a fresh replica turns ready and its webhook gets its first claims).
+            return stats
+        pools = published_pools(self.cache.slices.items(), self.driver)
+        node_reasons = unhealthy_from_node_conditions(self.cache.nodes.items())
+        for claim, refs in allocated:
             for ref in refs:
                 state, reason = device_health(ref, inventory, pools, node_reasons)
                 if state == "unknown":

@@ -310,13 +310,15 @@ def _classes(raw: list[dict[str, Any]], skipped: list[Skipped]) -> dict[str, Dev
 
 def _identity_attributes(devices: Any) -> frozenset[str]:
     distinct: dict[str, set[Any]] = defaultdict(set)
-    walked: set[int] = set()  # shared attribute dicts already counted (one per kind of device)
+    walked: set[int] = set()  # shared attribute dicts and name tuples already counted (one per kind of device)
     own: set[str] = set()
     for d in devices:
         attrs = d.attributes
         if isinstance(attrs, AttributeMap):
-            # Its own values are identity attributes by name: only their names matter here.
-            own.update(attrs.own_names)
+            # Its own values are identity attributes by name: only their names (a shared tuple) matter.
+            if id(attrs.own_names) not in walked:
+                walked.add(id(attrs.own_names))
+                own.update(attrs.own_names)
             if id(attrs.shared) in walked:
                 continue
             walked.add(id(attrs.shared))
@@ -413,11 +415,27 @@ def _account_claim(inv: Inventory, claim: dict[str, Any], sign: int = 1) -> set[
     return touched
 
 
-def _is_free(inv: Inventory, dev: DeviceView) -> bool:
+def _is_free(inv: Inventory, dev: DeviceView, fits: dict[tuple[int, int], bool] | None = None) -> bool:
     if dev.key in inv.taken_by:
         return False
     # A shared device already in use has paid its counters; anything else must still fit.
-    return (dev.allow_multiple_allocations and dev.key in inv.capacity_used) or inv.counters_fit(dev)
+    if dev.allow_multiple_allocations and dev.key in inv.capacity_used:
+        return True
+    if fits is None:
+        return inv.counters_fit(dev)
+    # A build: with nothing drawn yet from a set, whether a kind's costs fit its (interned) totals is
+    # worked out once per kind (``fits``: ids of objects the build holds), not per device.
+    for demand in dev.consumes_counters:
+        ckey = (dev.driver, dev.pool, demand.counter_set)
+        total = inv.counter_totals.get(ckey)
+        if total is None or ckey in inv.counter_used:
+            return inv.counters_fit(dev)
+        fit = fits.get((id(demand), id(total)))
+        if fit is None:
+            fit = fits[(id(demand), id(total))] = all(a <= total.get(c, -1) for c, a in demand.counters)
+        if not fit:
+            return False
+    return True
 
 
 def _refresh(inv: Inventory, touched: set[DeviceKey]) -> None:
@@ -465,6 +483,7 @@ def _build_shapes(inv: Inventory) -> None:
     # Shapes by the shared objects a signature comes from (alive for the whole build, so their ids
     # are stable): one signature is computed and hashed per kind of device, not per device.
     by_parts: dict[tuple[Any, ...], Shape] = {}
+    fits: dict[tuple[int, int], bool] = {}
     for dev in sorted(inv.devices.values(), key=lambda d: d.order):
         parts = _parts(dev)
         shape = by_parts.get(parts) if parts is not None else None
@@ -482,5 +501,5 @@ def _build_shapes(inv: Inventory) -> None:
         inv.pool_devices.setdefault((dev.driver, dev.pool), []).append(dev)
         shape.devices.append(dev)
         shape.by_node.setdefault(dev.node, []).append(dev)
-        if _is_free(inv, dev):
+        if _is_free(inv, dev, fits):
             inv.free[shape.index].setdefault(dev.node, []).append(dev)

@@ -83,11 +83,19 @@ class DeviceView:
     fit_key_cache: Any = field(default=None, repr=False)  # dra_driver.ordering key, built once
 
     def fresh_copy(self) -> DeviceView:
-        """A new view sharing the parsed values, with no inventory position (for a new build)."""
+        """A new view sharing the parsed values, with no inventory position (for a new build).
+
+        Field by field, spelled out: a build copies every device of the fleet (171,000 at 5,000
+        nodes), and this is 4x faster than a loop over the slots (``_COPIED`` is checked against
+        them below, so a new field cannot be forgotten)."""
         new = object.__new__(DeviceView)
-        for name in _SLOTS:  # far cheaper than dataclasses.replace at 100k devices
-            object.__setattr__(new, name, getattr(self, name))
-        new.shape = -1
+        new.driver, new.pool, new.name, new.node = self.driver, self.pool, self.name, self.node
+        new.attributes, new.capacity = self.attributes, self.capacity
+        new.allow_multiple_allocations, new.request_policies = self.allow_multiple_allocations, self.request_policies
+        new.consumes_counters, new.taints = self.consumes_counters, self.taints
+        new.binding_conditions, new.binding_failure_conditions = self.binding_conditions, self.binding_failure_conditions
+        new.slice_name, new.order, new.shape = self.slice_name, self.order, -1
+        new.cel_cache, new.signature_cache, new.fit_key_cache = self.cel_cache, self.signature_cache, self.fit_key_cache
         return new
 
     @property
@@ -130,7 +138,11 @@ class DeviceView:
         return f"{self.name}{where} ({what})"
 
 
-_SLOTS = tuple(f for f in DeviceView.__slots__ if f != "shape")
+_COPIED = ("driver", "pool", "name", "node", "attributes", "capacity", "allow_multiple_allocations",
+           "request_policies", "consumes_counters", "taints", "binding_conditions", "binding_failure_conditions",
+           "slice_name", "order", "shape", "cel_cache", "signature_cache", "fit_key_cache")
+if set(_COPIED) != set(DeviceView.__slots__):  # pragma: no cover - a field added without a copy
+    raise AssertionError(f"DeviceView.fresh_copy copies {sorted(_COPIED)}, the fields are {sorted(DeviceView.__slots__)}")
 
 
 def fit_key(device: DeviceView) -> FitKey:

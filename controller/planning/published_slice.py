@@ -42,6 +42,11 @@ class PublishedSlice:
     error: str = ""
 
     @property
+    def object_key(self) -> str:
+        """The informer's key of the slice (cluster-scoped: its name)."""
+        return self.name
+
+    @property
     def key(self) -> tuple[str, str]:
         """The identity of this version of the slice (see :meth:`SliceCache.key`)."""
         return (self.uid or self.name, self.resource_version or f"gen-{self.generation}")

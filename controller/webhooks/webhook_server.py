@@ -52,6 +52,29 @@ CERT_CHECK_S = 5.0
 WEBHOOK_LIMITS = HttpLimits(max_connections=128, read_timeout_s=30.0)
 
 
+def warm_up(inventory: Inventory, driver: str, memory_class: str, allow_timeslice: bool = False) -> float:
+    """Shape and validate one VRAM claim against ``inventory`` off the request path; seconds it took.
+
+    The first review a process answers compiles the DeviceClasses' CEL selectors and fills the
+    inventory's per-shape verdicts: 46 ms at 5,000 nodes, twice the API server's 25 ms bucket, for
+    each of the claims that arrive together right after the controller turns ready. Run on every
+    inventory before the webhook gets it, so no review pays for it. Never raises: a warm-up that
+    fails leaves the work to the first review, as before."""
+    started = time.monotonic()
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": "gpuready-warm-up", "namespace": "default"},
+             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                 "deviceClassName": memory_class, "capacity": {"requests": {"memory": "1Gi"}}}}]}}}
+    request = {"uid": "gpuready-warm-up", "operation": "CREATE", "object": claim,
+               "kind": {"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"}}
+    try:
+        mutate(request, inventory, memory_class)
+        validate(request, driver, inventory, allow_timeslice, driver_classes(inventory, driver, memory_class))
+    except Exception as exc:  # the decisions fail open or closed themselves; this is belt and braces
+        log.warning("webhook_warm_up_failed", error=repr(exc))
+    return time.monotonic() - started
+
+
 class _TlsServer(GuardedServerMixin, LoggedErrorsMixin, ThreadingHTTPServer):
     log_name = "webhook"
     daemon_threads = True

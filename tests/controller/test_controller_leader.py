@@ -154,3 +154,37 @@ def test_a_missing_chart_lease_is_said_once_with_the_fix_and_never_created(caplo
     [record] = [r for r in caplog.records if r.getMessage() == "lease_missing"]
     assert "helm upgrade" in record.kv["fix"]  # type: ignore[attr-defined]
     assert not [r for r in caplog.records if r.getMessage() == "lease_update_failed"]
+
+
+@pytest.mark.parametrize("allocate", [False, True], ids=["webhook-only", "allocator"])
+def test_a_claim_without_an_allocation_runs_a_pass_only_where_a_pass_places_claims(
+        srv: LocalApiServer, allocate: bool) -> None:
+    # A fleet's webhook admits claims in bursts; without the allocator or placement mode a pass reads
+    # only allocated claims, and a pass per burst (every slice and node read) slowed the webhook beside it.
+    api = KubeApi(srv.api_client())
+    install_device_classes(api)
+    publish_node(api, "node-a", "sim:8xh100")
+    ctrl = Controller(ControllerConfig(leader_elect=False, allocate=allocate, resync_s=60.0, debounce_s=0.02),
+                      srv.api_client()).start()
+    claims = f"{RESOURCE_V1}/namespaces/default/resourceclaims"
+    try:
+        assert ctrl.wait_ready(20)
+        wait_for("the first pass", lambda: ctrl.passes >= 1)
+        before = -1
+        while before != ctrl.passes:  # the start's passes are done (none for 0.5 s)
+            before = ctrl.passes
+            time.sleep(0.5)
+        api.request("POST", claims, body={"metadata": {"name": "new"}, "spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}})
+        wait_for("the claim in the cache", lambda: ctrl.cache.claims.get("default/new") is not None)
+        if allocate:  # the allocator places it: a pass at once
+            wait_for("a pass for the new claim", lambda: ctrl.passes > before)
+            return
+        time.sleep(0.5)
+        assert ctrl.passes == before
+        api.request("PATCH", f"{claims}/new/status", body={"status": {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-0"}]}}}},
+            content_type="application/merge-patch+json")
+        wait_for("a pass for the allocated claim (its devices' health)", lambda: ctrl.passes > before)
+    finally:
+        ctrl.stop()
