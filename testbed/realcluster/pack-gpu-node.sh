@@ -32,7 +32,7 @@ PY
 python -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_34_x86_64 \
-  -d .gpu-bundle-b/wheels "kubernetes>=34" "grpcio>=1.85.1" "protobuf>=7.35.1" "cel-python>=0.5" "cryptography>=42" PyYAML
+  -d .gpu-bundle-b/wheels "kubernetes>=34" "grpcio>=1.85.1" "protobuf>=7.35.1" "cel-python>=0.5" "cryptography>=42" "msgspec>=0.18" PyYAML
 # The kubernetes client's async half (aiohttp and its parts) is never imported by the sync client
 # gpuready uses, and that machine has aiohttp anyway: leave it out to stay under the size a call carries.
 rm -f .gpu-bundle-b/wheels/{aiohttp,aiohttp_retry,aiohappyeyeballs,aiosignal,frozenlist,multidict,propcache,yarl}-*.whl
