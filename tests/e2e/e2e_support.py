@@ -187,6 +187,18 @@ class E2E:
             field_selector=f"spec.nodeName={node or self.node},spec.driver={DRIVER}")
         return {d.name: self.api.sanitize_for_serialization(d) for s in slices.items for d in (s.spec.devices or [])}
 
+    def whole_pool(self, node: str) -> dict[str, dict[str, Any]]:
+        """A node's published devices once every slice of its pool's newest generation is there
+        (``resourceSliceCount`` of them); {} while the pool is still arriving."""
+        slices = self.resource.list_resource_slice(field_selector=f"spec.nodeName={node},spec.driver={DRIVER}").items
+        if not slices:
+            return {}
+        newest = max(s.spec.pool.generation for s in slices)
+        current = [s for s in slices if s.spec.pool.generation == newest]
+        if len(current) != current[0].spec.pool.resource_slice_count:
+            return {}
+        return {d.name: self.api.sanitize_for_serialization(d) for s in current for d in (s.spec.devices or [])}
+
     def kubelet_grpc_operations(self) -> dict[str, Operation]:
         """The kubelet's ``dra_grpc_operations_duration_seconds`` for our driver, per method (OK calls)."""
         text = self.cluster.https_get(self.cluster.kubelet_url("/metrics")).decode()

@@ -84,8 +84,9 @@ def test_scheduler_allocates_dynamic_mig_slices_and_shares_a_gpu_by_memory(e2e: 
         plugin = start_plugin(e2e.cluster, NODE_B, "4xh200",
                               extra_args=("--mig-mode", "dynamic", "--shared-gpus", "gpu-3"))
         try:
-            # The pool spans several slices: wait for all of it (the shared GPU and the MIG devices).
-            published = wait_for(f"{NODE_B}'s whole pool", lambda: (d := e2e.slice_devices(NODE_B)) and "gpu-3" in d
+            # The pool spans several slices: wait for all of them (a snapshot taken while the last
+            # slices were on their way once lacked the MIG device the scheduler then allocated).
+            published = wait_for(f"{NODE_B}'s whole pool", lambda: (d := e2e.whole_pool(NODE_B)) and "gpu-3" in d
                                  and any(n.startswith("gpu-2-mig-") for n in d) and d, 60)
             assert published["gpu-3"].get("allowMultipleAllocations") is True, published["gpu-3"]
             migs = {n for n, d in published.items() if d["attributes"]["type"]["string"] == "mig"}
