@@ -117,7 +117,7 @@ def make_driver_root(root: str) -> str:
     for soname in SONAMES:
         real = f"{soname.rsplit('.', 1)[0]}.{DRIVER_VERSION}"
         _write(os.path.join(lib_dir, real), shared_object_elf(soname), 0o755)
-        _symlink(real, os.path.join(lib_dir, soname))
+        replace_symlink(real, os.path.join(lib_dir, soname))
     _write(os.path.join(bin_dir, "nvidia-smi"), nvidia_smi_elf(), 0o755)
     _write(os.path.join(root, "etc", "ld.so.conf"), (LIB_DIR + "\n").encode(), 0o644)
     return root
@@ -131,7 +131,8 @@ def _write(path: str, data: bytes, mode: int) -> None:
     os.replace(tmp, path)  # a plugin starting beside a rolling update never reads half a file
 
 
-def _symlink(target: str, link: str) -> None:
+def replace_symlink(target: str, link: str) -> None:
+    """Point ``link`` at ``target`` in one rename (a reader never finds it missing); no-op when it does."""
     if os.path.islink(link) and os.readlink(link) == target:
         return
     tmp = f"{link}.{os.getpid()}.partial"

@@ -42,6 +42,7 @@ from testbed.realcluster.cuda_images import (
     fake_libcuda,
 )
 from testbed.realcluster.procs import ComponentError
+from testbed.simulated_node import replace_symlink
 
 LIB_DIR = "/usr/lib/x86_64-linux-gnu"  # where Debian's driver packages put the libraries
 LIBCUDA = f"libcuda.so.{FAKE_DRIVER_VERSION}"
@@ -91,14 +92,6 @@ def _write_text(dest: str, text: str, mode: int = 0o644) -> None:
     os.replace(tmp, dest)
 
 
-def _symlink(target: str, link: str) -> None:
-    if os.path.islink(link) and os.readlink(link) == target:
-        return
-    tmp = f"{link}.{os.getpid()}.partial"
-    os.symlink(target, tmp)
-    os.replace(tmp, link)
-
-
 def _ldconfig(root: str) -> None:
     """``root``/etc/ld.so.cache from the host's ldconfig over ``root``/etc/ld.so.conf (``-X``: the
     links are ours). ``-r`` chroots: as root, or in a user namespace otherwise."""
@@ -122,7 +115,7 @@ def make_fake_driver_root(path: str, cache_dir: str) -> str:
     for d in (lib_dir, os.path.join(root, "etc"), os.path.join(root, "usr", "bin")):
         os.makedirs(d, mode=0o755, exist_ok=True)
     _install(fake_libcuda(cache_dir), os.path.join(lib_dir, LIBCUDA), 0o755)
-    _symlink(LIBCUDA, os.path.join(lib_dir, "libcuda.so.1"))
+    replace_symlink(LIBCUDA, os.path.join(lib_dir, "libcuda.so.1"))
     _write_text(os.path.join(root, "etc", "ld.so.conf"), LIB_DIR + "\n")
     _install(fake_nvidia_smi(cache_dir), os.path.join(root, "usr", "bin", "nvidia-smi"), 0o755)
     _write_text(os.path.join(root, "usr", "bin", MPS_CONTROL), fake_text("/usr/bin/env python3"), 0o755)

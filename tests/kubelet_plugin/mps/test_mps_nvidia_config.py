@@ -8,17 +8,14 @@ The MPS control daemon is the stand-in of tests/kubelet_plugin/mps/test_mps_life
 
 from __future__ import annotations
 
-import os
-import signal
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from kubelet_plugin.mps.control_daemon import MpsControl, MpsControlSettings
-from kubelet_plugin.mps.mps_dirs import daemon_alive
 from testbed.device_samples import gpu_named
-from testbed.fake_mps_control import events, write_fake
+from testbed.fake_mps_control import events
 from testbed.plugin_harness import PluginHarness, opaque
 
 NODE = "node-nv"
@@ -33,19 +30,10 @@ def h() -> Iterator[PluginHarness]:
 
 
 @pytest.fixture
-def fake(h: PluginHarness, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The stand-in daemon on PATH for the module's plugin; yields its record file; kills what it left."""
-    bin_dir = str(tmp_path / "bin")
-    write_fake(bin_dir)
-    record = str(tmp_path / "record.jsonl")
-    monkeypatch.setenv("FAKE_MPS_RECORD", record)
-    monkeypatch.setenv("PATH", bin_dir + os.pathsep + os.environ.get("PATH", ""))
-    monkeypatch.delenv("MPS_CONTROL_PATH", raising=False)
+def fake(h: PluginHarness, fake_mps: str) -> str:
+    """The stand-in daemon (tests/kubelet_plugin/conftest.py) for the module's plugin; yields its record file."""
     h.plugins[NODE].preparer.mps = MpsControl(MpsControlSettings(start_timeout=5.0, stop_timeout=3.0, node=NODE))
-    yield record
-    for e in events(record):
-        if e["kind"] == "daemon" and daemon_alive(e["pid"]):
-            os.kill(e["pid"], signal.SIGKILL)
+    return fake_mps
 
 
 def _prepare(h: PluginHarness, name: str, device: str, parameters: dict[str, Any]) -> tuple[str, Any]:
