@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from dra_driver.logs import get_logger
-from kubelet_plugin.cdi.spec_files import atomic_write
+from kubelet_plugin.cdi.cdi_spec import atomic_write
 from kubelet_plugin.checkpoint.boot_id import BOOT_ID_PATH, read_boot_id
 from kubelet_plugin.checkpoint.records import ClaimRecord, RecordError
 from kubelet_plugin.checkpoint.salvage import Salvage, salvage

@@ -84,7 +84,7 @@ def rewrite_specs(preparer: Preparer, present: Collection[str] | None = None, ca
                         log.warning("cdi_spec_not_rewritten", claim_uid=uid, claim=claim_ref(record),
                                     node=settings.pool, reason=plan.reason, cause=cause or None)
                     continue
-                preparer.write_spec(preparer.spec_path(uid), plan.spec)
+                preparer.rewrite_spec(uid, plan.spec)
                 with preparer.checkpoint.update() as records:
                     if uid in records:
                         records[uid] = replace(records[uid], cdi_spec=plan.spec, updated_at=time.time())

@@ -34,8 +34,15 @@ from dataclasses import replace
 from typing import Any
 
 from dra_driver.logs import get_logger
-from kubelet_plugin.cdi.cdi_spec import CdiDevice, ClaimFiles, claim_files, claim_spec_path, device_ids
-from kubelet_plugin.cdi.spec_files import read_spec, write_spec
+from kubelet_plugin.cdi.cdi_spec import (
+    CdiDevice,
+    ClaimFiles,
+    claim_spec_path,
+    device_ids,
+    read_spec,
+    write_claim_spec,
+    write_spec,
+)
 from kubelet_plugin.checkpoint.records import ClaimRecord, ClaimState, MpsRecord
 from kubelet_plugin.checkpoint.store import CheckpointStore, CheckpointWriteError
 from kubelet_plugin.inventory import NodeInventory
@@ -202,7 +209,7 @@ class Preparer:
                                         shared_devices=[d.device.name for d in plan.devices if d.shared],
                                         cdi_spec=spec, cdi_spec_file=path, recovered="", updated_at=time.time())
         if spec is not None and not os.path.exists(path):
-            self.write_spec(path, spec)
+            self.rewrite_spec(plan.uid, spec)
         log.info("claim_record_completed", claim_uid=plan.uid, claim=f"{plan.namespace}/{plan.name}",
                  node=self.settings.pool, reason="record rebuilt from its CDI spec; the claim was asked again")
         return ClaimOutcome(devices=tuple(answer))
@@ -295,7 +302,7 @@ class Preparer:
             return None
         spec_file = self.spec_path(record.uid)  # derived, never the recorded path
         if record.cdi_spec is not None and not os.path.exists(spec_file):
-            self.write_spec(spec_file, record.cdi_spec)  # lost (e.g. /var/run cleaned): rebuild
+            self.rewrite_spec(record.uid, record.cdi_spec)  # lost (e.g. /var/run cleaned): rebuild
         return ClaimOutcome(devices=tuple(record.answer))
 
     def record_intent(self, plan: ClaimPlan) -> ClaimRecord:
@@ -347,10 +354,7 @@ class Preparer:
                     config=d.config, memory_bytes=d.device.memory_bytes)
             if record.mps is not None:  # the MIG step changes only the record's instances
                 cdi_devices = self.start_mps(plan, record, cdi_devices)
-            settings = self.settings
-            files = claim_files(settings.driver_name, settings.cdi_root, plan.uid, list(cdi_devices.values()),
-                                settings.control_device_nodes, settings.driver_mounts, settings.driver_hooks)
-            self.write_spec(files.path, files.spec)
+            files = self.write_spec(plan.uid, list(cdi_devices.values()))
             answer = answer_for(plan, files.device_ids)
             self.record_completion(plan.uid, answer, files)
         except BaseException:
@@ -375,9 +379,17 @@ class Preparer:
             records[uid] = replace(records[uid], state=ClaimState.PREPARE_COMPLETED, answer=answer,
                                    cdi_spec=files.spec, cdi_spec_file=files.path, updated_at=time.time())
 
-    def write_spec(self, path: str, spec: Mapping[str, Any]) -> None:
-        """Write a CDI spec atomically (step ``write_cdi_spec``; :func:`kubelet_plugin.cdi.spec_files.write_spec`)."""
-        write_spec(self.settings.cdi_root, path, spec)
+    def write_spec(self, uid: str, devices: list[CdiDevice]) -> ClaimFiles:
+        """The claim's CDI spec, computed and written atomically in one call into :mod:`~kubelet_plugin.cdi.
+        cdi_spec` (step ``write_cdi_spec``); what it wrote, with the devices' CDI IDs."""
+        s = self.settings
+        return write_claim_spec(s.driver_name, s.cdi_root, uid, devices, s.control_device_nodes, s.driver_mounts,
+                                s.driver_hooks)
+
+    def rewrite_spec(self, uid: str, spec: Mapping[str, Any]) -> None:
+        """Write a prepared claim's spec again, as recorded or rewritten (a lost file, a driver reload);
+        the path is derived from the UID, never read from a record (a file anyone could edit)."""
+        write_spec(self.settings.cdi_root, self.spec_path(uid), spec)
 
 
 # --- one claim at a time ----------------------------------------------------------------------------

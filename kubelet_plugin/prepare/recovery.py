@@ -41,8 +41,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from dra_driver.logs import get_logger
-from kubelet_plugin.cdi.cdi_spec import CDI_CLASS, cdi_vendor
-from kubelet_plugin.cdi.spec_files import read_spec
+from kubelet_plugin.cdi.cdi_spec import CDI_CLASS, cdi_vendor, read_spec
 from kubelet_plugin.checkpoint.records import ClaimRecord, ClaimState
 from kubelet_plugin.checkpoint.store import CheckpointStore
 from kubelet_plugin.node_api import emit_node_event
@@ -118,8 +117,7 @@ def recover(preparer: Preparer, boot_id: str, claims: ClaimLookup | None = None)
                     preparer.undo(record)
                     report.unprepares_finished.append(uid)
                 elif record.cdi_spec is not None and not os.path.exists(preparer.spec_path(uid)):
-                    # The path is derived from the UID, never read from the record (a file anyone could edit).
-                    preparer.write_spec(preparer.spec_path(uid), record.cdi_spec)
+                    preparer.rewrite_spec(uid, record.cdi_spec)
                     report.specs_rebuilt.append(uid)
         except Exception as exc:
             report.failures.append(f"{uid}: {exc}")

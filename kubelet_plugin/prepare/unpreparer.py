@@ -19,8 +19,7 @@ from contextlib import AbstractContextManager
 from dataclasses import replace
 
 from dra_driver.logs import get_logger
-from kubelet_plugin.cdi.cdi_spec import claim_spec_path
-from kubelet_plugin.cdi.spec_files import remove_file
+from kubelet_plugin.cdi.cdi_spec import claim_spec_path, remove_file
 from kubelet_plugin.checkpoint.records import ClaimRecord, MigRecord
 from kubelet_plugin.checkpoint.store import CheckpointStore
 from kubelet_plugin.kubelet.driver import ClaimOutcome, ClaimRef

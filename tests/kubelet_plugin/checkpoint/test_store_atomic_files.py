@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kubelet_plugin.cdi.spec_files import atomic_write, remove_file
+from kubelet_plugin.cdi.cdi_spec import atomic_write, remove_file
 from testbed.plugin_harness import PluginHarness
 
 

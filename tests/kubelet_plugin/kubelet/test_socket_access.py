@@ -2,7 +2,7 @@
 
 Modes are set, not inherited from the umask: under umask 000 any local user could call prepare and
 unprepare through the sockets. The checkpoint (every claim and its devices) is root's alone; CDI
-specs are 0644, what runtimes and operators' tools read (kubelet_plugin/cdi/spec_files.py says why). A read-only plugin directory at start is retried with the flag and the fix
+specs are 0644, what runtimes and operators' tools read (kubelet_plugin/cdi/cdi_spec.py says why). A read-only plugin directory at start is retried with the flag and the fix
 in the message; before, the retry's clean-up hit the same directory and the plugin crashed with a
 traceback.
 """
