@@ -119,7 +119,7 @@ class DeviceView:
     @property
     def memory(self) -> Fraction:
         """The ``memory`` capacity in bytes (0 when the device has none)."""
-        return self.capacity.get(f"{self.driver}/memory", Fraction(0))
+        return self.capacity.get(f"{self.driver}/memory", _NO_MEMORY)
 
     def fit_facts(self) -> tuple[dict[str, Any], dict[str, Fraction]]:
         """This driver's attributes and capacities by short name (what :mod:`dra_driver.ordering` reads)."""
@@ -138,6 +138,7 @@ class DeviceView:
         return f"{self.name}{where} ({what})"
 
 
+_NO_MEMORY = Fraction(0)  # one shared zero: the default of a hot property
 _COPIED = ("driver", "pool", "name", "node", "attributes", "capacity", "allow_multiple_allocations",
            "request_policies", "consumes_counters", "taints", "binding_conditions", "binding_failure_conditions",
            "slice_name", "order", "shape", "cel_cache", "signature_cache", "fit_key_cache")
