@@ -14,16 +14,21 @@ but failing prepare.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
-from controller.cluster_snapshot import api_client, read_cluster
-from controller.explain_report import EXIT_PREPARE_FAILING, ExplainAnswer, explain_subject, find_subject
+from controller.cluster_snapshot import read_cluster
+from controller.explain_report import EXIT_PREPARE_FAILING, ExplainAnswer, Read, explain_subject, find_subject
 from controller.node_readiness.plugin_down import explain_lines, plugin_down_since
-from controller.planning.prepare_failures import PrepareFailure, prepare_failure, reserving_pods
-from controller.planning.prepare_failures import render as render_prepare_failure
-from dra_driver.kube_api import describe_error
+from dra_driver.kube_api import ApiError, JsonApi, connect, describe_error, is_unreachable
+
+if TYPE_CHECKING:
+    from controller.planning.prepare_failures import PrepareFailure
+
+# Nothing of ``controller.planning`` is imported with this module: any of it loads the whole planner
+# (CEL and its parser, half a second), which an answer from the controller does not need. The
+# prepare-failure reading imports it when a claim is allocated; the fleet listing when it lists.
 
 # The chart's Service for the controller's explain endpoint (deploy/helm/gpuready/templates/controller-deployment.yaml).
 DEFAULT_SERVICE = "gpuready/gpuready-controller-explain"
@@ -52,34 +57,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"(default {DEFAULT_SERVICE}; '' lists the whole fleet instead)")
 
 
-def _get(call: Any, *args: Any) -> dict[str, Any] | None:
-    import kubernetes
-
+def _read(api: JsonApi, path: str) -> dict[str, Any] | None:
+    """One object, or None when the API server has none of that name."""
     try:
-        response = call(*args, _preload_content=False)
-    except kubernetes.client.ApiException as exc:
+        found: dict[str, Any] = api.request("GET", path)
+    except ApiError as exc:
         if exc.status == 404:
             return None
         raise
-    result: dict[str, Any] = json.loads(response.data)
-    return result
+    return found
+
+
+def _readers(api: JsonApi, namespace: str) -> tuple[Read, Read, Read]:
+    """Reads of one claim, pod and claim template of ``namespace`` by name."""
+    ns = quote(namespace, safe="")
+    claims = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/"
+    templates = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates/"
+    pods = f"/api/v1/namespaces/{ns}/pods/"
+    return (lambda name: _read(api, claims + quote(name, safe="")), lambda name: _read(api, pods + quote(name, safe="")),
+            lambda name: _read(api, templates + quote(name, safe="")))
 
 
 def run(args: argparse.Namespace) -> int:
     """Explain the named claim or pod: from the running controller when it answers, else from a list
     of the whole fleet (saying so)."""
     try:
-        client = api_client(args.kubeconfig, getattr(args, "context", ""))
+        api = JsonApi(connect(args.kubeconfig, context=getattr(args, "context", "")))
     except Exception as exc:
         print(f"gpuready explain: cannot read the cluster: {describe_error(exc)}", file=sys.stderr)
         return 2
     service = getattr(args, "controller", DEFAULT_SERVICE)
     if service:
-        answer, why = controller_answer(client, service, args.namespace, args.name, args.policy, _kind(args))
+        answer, why = controller_answer(api, service, args.namespace, args.name, args.policy, _kind(args))
         if answer is not None:
             status = _print(answer)
             try:
-                failing = _prepare_failures_of(client, args) if status in (0, 1) else []
+                failing = _prepare_failures_of(api, args) if status in (0, 1) else []
             except Exception as exc:  # the answer stands; say why prepare was not looked at
                 print(f"gpuready explain: cannot read the claim's Events: {describe_error(exc)}", file=sys.stderr)
                 failing = []
@@ -88,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_PREPARE_FAILING if failing else status
         print(f"gpuready explain: the controller did not answer ({why}); listing the whole fleet instead, "
               "which takes longer on a large cluster", file=sys.stderr)
-    return _print(_from_a_list(client, args))
+    return _print(_from_a_list(api, args))
 
 
 def _print(answer: ExplainAnswer) -> int:
@@ -99,97 +112,83 @@ def _print(answer: ExplainAnswer) -> int:
     return answer.status
 
 
-def _from_a_list(client: Any, args: argparse.Namespace) -> ExplainAnswer:
-    import kubernetes
-
+def _from_a_list(api: JsonApi, args: argparse.Namespace) -> ExplainAnswer:
+    read_claim, read_pod, read_template = _readers(api, args.namespace)
     try:
-        custom = kubernetes.client.CustomObjectsApi(client)
-        core = kubernetes.client.CoreV1Api(client)
-        ns = args.namespace
-
-        def read_claim(name: str) -> dict[str, Any] | None:
-            return _get(custom.get_namespaced_custom_object, "resource.k8s.io", "v1", ns, "resourceclaims", name)
-
-        def read_template(name: str) -> dict[str, Any] | None:
-            return _get(custom.get_namespaced_custom_object, "resource.k8s.io", "v1", ns,
-                        "resourceclaimtemplates", name)
-
-        subject = find_subject(ns, args.name, read_claim, lambda name: _get(core.read_namespaced_pod, name, ns),
-                               read_template, _kind(args))
+        subject = find_subject(args.namespace, args.name, read_claim, read_pod, read_template, _kind(args))
         if isinstance(subject, ExplainAnswer):
             return subject
-        inventory = read_cluster(client)
-        nodes = json.loads(core.list_node(_preload_content=False).data).get("items", [])
+        inventory = read_cluster(api.connection)
+        nodes = (api.request("GET", "/api/v1/nodes") or {}).get("items") or []
     except Exception as exc:  # any client or connection failure: one clear line, exit 2
         return ExplainAnswer("", 2, f"cannot read the cluster: {describe_error(exc)}")
     down = plugin_down_since(nodes)
 
     def failing(claim: dict[str, Any]) -> str | None:
-        found = read_prepare_failure(core, claim, lambda name: _get(core.read_namespaced_pod, name, ns))
-        return render_prepare_failure(found) if found is not None else None
+        found = read_prepare_failure(api, claim, read_pod)
+        if found is None:
+            return None
+        from controller.planning.prepare_failures import render
+
+        return render(found)
 
     return explain_subject(subject, inventory, nodes, args.policy, notes=lambda c: explain_lines(c, down),
                            prepare_failing=failing)
 
 
-def _events_about(core: Any, namespace: str, kind: str, name: str) -> list[dict[str, Any]]:
+def _events_about(api: JsonApi, namespace: str, kind: str, name: str) -> list[dict[str, Any]]:
     selector = f"involvedObject.kind={kind},involvedObject.name={name}"
-    items: list[dict[str, Any]] = json.loads(core.list_namespaced_event(
-        namespace, field_selector=selector, _preload_content=False).data).get("items", [])
+    listed = api.request("GET", f"/api/v1/namespaces/{quote(namespace, safe='')}/events",
+                         [("fieldSelector", selector)]) or {}
+    items: list[dict[str, Any]] = listed.get("items") or []
     return items
 
 
-def read_prepare_failure(core: Any, claim: dict[str, Any], read_pod: Any) -> PrepareFailure | None:
+def read_prepare_failure(api: JsonApi, claim: dict[str, Any], read_pod: Read) -> PrepareFailure | None:
     """:func:`prepare_failure` of an allocated ``claim``, reading its pods and their Events and its own."""
     if not (claim.get("status") or {}).get("allocation"):
         return None
+    from controller.planning.prepare_failures import prepare_failure, reserving_pods
+
     meta = claim.get("metadata") or {}
     namespace = meta.get("namespace", "default")
     pods = [p for p in (read_pod(name) for name in reserving_pods(claim)) if p is not None]
-    events = _events_about(core, namespace, "ResourceClaim", meta.get("name", ""))
+    events = _events_about(api, namespace, "ResourceClaim", meta.get("name", ""))
     for pod in pods:
-        events += _events_about(core, namespace, "Pod", (pod.get("metadata") or {}).get("name", ""))
+        events += _events_about(api, namespace, "Pod", (pod.get("metadata") or {}).get("name", ""))
     return prepare_failure(claim, pods, events)
 
 
-def _prepare_failures_of(client: Any, args: argparse.Namespace) -> list[str]:
+def _prepare_failures_of(api: JsonApi, args: argparse.Namespace) -> list[str]:
     """The prepare-failure reports of the asked claim or pod's allocated claims, read with the user's
     own credentials (the controller's caches hold no Events): a few reads, not the fleet."""
-    import kubernetes
-
-    core = kubernetes.client.CoreV1Api(client)
-    custom = kubernetes.client.CustomObjectsApi(client)
-    ns = args.namespace
-
-    def read_claim(name: str) -> dict[str, Any] | None:
-        return _get(custom.get_namespaced_custom_object, "resource.k8s.io", "v1", ns, "resourceclaims", name)
-
-    def read_pod(name: str) -> dict[str, Any] | None:
-        return _get(core.read_namespaced_pod, name, ns)
-
-    subject = find_subject(ns, args.name, read_claim, read_pod, lambda name: None, _kind(args))
+    read_claim, read_pod, _ = _readers(api, args.namespace)
+    subject = find_subject(args.namespace, args.name, read_claim, read_pod, lambda name: None, _kind(args))
     if isinstance(subject, ExplainAnswer):
         return []
-    found = (read_prepare_failure(core, c, read_pod) for c in subject.claims)
-    return [render_prepare_failure(f) for f in found if f is not None]
+    found = (read_prepare_failure(api, c, read_pod) for c in subject.claims)
+    failures = [f for f in found if f is not None]
+    if not failures:
+        return []
+    from controller.planning.prepare_failures import render
+
+    return [render(f) for f in failures]
 
 
 def _kind(args: argparse.Namespace) -> str:
     return str(getattr(args, "kind", ""))  # "pod" or "claim" from `kubectl gpuready explain pod/NAME`
 
 
-def controller_answer(client: Any, service: str, namespace: str, name: str, policy: str, kind: str = ""
+def controller_answer(api: JsonApi, service: str, namespace: str, name: str, policy: str, kind: str = ""
                       ) -> tuple[ExplainAnswer | None, str]:
     """Ask the controller's ``/explain`` through the API server's service proxy (the API server
     authenticates the caller and checks ``get`` on ``services/proxy`` of that Service); the answer,
     or None and why there is none."""
-    from dra_driver.kube_api import JsonApi, is_unreachable
-
     svc_ns, _, svc = service.rpartition("/")
     path = f"/api/v1/namespaces/{svc_ns or 'gpuready'}/services/http:{svc}:explain/proxy/explain"
     query = [("namespace", namespace), ("name", name), ("policy", policy), ("kind", kind)]
     try:
-        body = JsonApi(client).request("GET", path, query)
+        body = api.request("GET", path, query)
     except Exception as exc:  # no such Service, no ready endpoint, forbidden: list instead
         if is_unreachable(exc):  # no API server to list from either: say so once
             return ExplainAnswer("", 2, f"cannot read the cluster: {describe_error(exc)}"), ""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from controller import explain_command
 from controller.explain_report import KINDS
@@ -40,15 +41,30 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def context_namespace(kubeconfig: str, context: str) -> str:
-    """The namespace the kubeconfig context sets (kubectl's default for ``-n``), else ``default``."""
-    import kubernetes
+    """The namespace the kubeconfig context sets (kubectl's default for ``-n``), else ``default``.
 
-    try:
-        contexts, current = kubernetes.config.list_kube_config_contexts(config_file=kubeconfig or None)
-    except Exception:  # no kubeconfig (in a pod) or an unreadable one: the client says why later
-        return "default"
-    chosen = next((c for c in contexts if c.get("name") == context), None) if context else current
-    return str(((chosen or {}).get("context") or {}).get("namespace") or "default")
+    Read as kubectl reads it, without the ``kubernetes`` package: ``--kubeconfig``, else every file
+    ``$KUBECONFIG`` names (the first to set ``current-context`` or a context's name wins), else
+    ``~/.kube/config``."""
+    import os
+
+    from dra_driver.kube_connection import KubeConfigError, read_kubeconfig
+
+    paths = [kubeconfig] if kubeconfig else ([p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+                                             or [os.path.expanduser("~/.kube/config")])
+    current, contexts = context, dict[str, Any]()
+    for path in paths:
+        try:
+            config = read_kubeconfig(path) if os.path.isfile(path) else None
+        except KubeConfigError:  # unreadable: the connection says why, with the file and the fix
+            continue
+        if not isinstance(config, dict):
+            continue
+        current = current or str(config.get("current-context") or "")
+        for item in config.get("contexts") or []:
+            if isinstance(item, dict) and isinstance(item.get("context"), dict):
+                contexts.setdefault(str(item.get("name")), item["context"])
+    return str((contexts.get(current) or {}).get("namespace") or "default")
 
 
 def main(argv: list[str] | None = None) -> int:

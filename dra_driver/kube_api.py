@@ -155,19 +155,27 @@ def is_unreachable(exc: BaseException) -> bool:
     return isinstance(exc, ConnectionError | TimeoutError) or _is_urllib3_failure(exc)
 
 
-def connect(kubeconfig: str = "", flag: str = "--kubeconfig") -> KubeConnection:
-    """The node daemon's connection: from ``kubeconfig`` when given, the pod's service account inside
-    a pod, else the default kubeconfig (``$KUBECONFIG``, ``~/.kube/config``); read without the
-    ``kubernetes`` package unless the kubeconfig needs it (an exec plugin, an auth-provider).
+def connect(kubeconfig: str = "", flag: str = "--kubeconfig", context: str = "") -> KubeConnection:
+    """A connection to the API server: from ``kubeconfig`` when given, the pod's service account inside
+    a pod, else the default kubeconfig (``$KUBECONFIG``, ``~/.kube/config``); ``context`` picks a
+    kubeconfig context other than the current one (as kubectl's ``--context``; it implies a
+    kubeconfig, never the in-cluster account). Read without the ``kubernetes`` package (a second of
+    imports) unless the kubeconfig needs it: an exec plugin, an auth-provider, or ``$KUBECONFIG``
+    naming several files to merge.
 
     Raises :class:`~dra_driver.kube_connection.KubeConfigError` naming the file, the flag and the fix.
     """
     import os
 
-    if not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
+    if not kubeconfig and not context and os.environ.get("KUBERNETES_SERVICE_HOST"):
         return in_cluster()
-    path = kubeconfig or (os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or
-                          os.path.expanduser("~/.kube/config"))
+    paths = [kubeconfig] if kubeconfig else [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    if len(paths) > 1:  # kubectl merges them: so does the kubernetes client
+        try:
+            return KubeConnection.of(make_api_client("", flag, context))
+        except Exception as exc:
+            raise KubeConfigError(str(exc)) from exc
+    path = paths[0] if paths else os.path.expanduser("~/.kube/config")
     if not os.path.isfile(path):
         if kubeconfig:
             raise KubeConfigError(f"{flag} {kubeconfig}: no such file; pass a kubeconfig (e.g. one written by "
@@ -175,14 +183,14 @@ def connect(kubeconfig: str = "", flag: str = "--kubeconfig") -> KubeConnection:
         raise KubeConfigError(f"no cluster to talk to: {flag} not given, not running in a pod, and the default "
                               f"kubeconfig ({path}) does not exist; pass {flag}")
     try:
-        simple = simple_kubeconfig(path)
+        simple = simple_kubeconfig(path, context)
     except KubeConfigError as exc:
         raise KubeConfigError(f"{flag} {path}: not a usable kubeconfig ({exc}); check that it names a current "
                               "context with a cluster and a user") from exc
     if simple is not None:
         return simple
     try:  # exec credential plugins, auth-providers, proxies: the kubernetes client knows them all
-        return KubeConnection.of(make_api_client(path, flag))
+        return KubeConnection.of(make_api_client(path, flag, context))
     except Exception as exc:
         raise KubeConfigError(str(exc)) from exc
 

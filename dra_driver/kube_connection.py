@@ -190,13 +190,14 @@ def read_kubeconfig(path: str) -> Any:
         raise KubeConfigError(f"{path}: not readable as a kubeconfig ({exc})") from exc
 
 
-def simple_kubeconfig(path: str) -> KubeConnection | None:
-    """The connection a kubeconfig describes, or None when it needs the ``kubernetes`` client (exec,
-    auth-provider, proxy...). Raises :class:`KubeConfigError` naming what is missing."""
+def simple_kubeconfig(path: str, context_name: str = "") -> KubeConnection | None:
+    """The connection a kubeconfig describes (its current context, or ``context_name``), or None when
+    it needs the ``kubernetes`` client (exec, auth-provider, proxy...). Raises
+    :class:`KubeConfigError` naming what is missing."""
     config = read_kubeconfig(path)
     if not isinstance(config, dict):
         raise KubeConfigError(f"{path}: not a kubeconfig (expected a YAML mapping)")
-    current = config.get("current-context")
+    current = context_name or config.get("current-context")
     if not current:
         raise KubeConfigError(f"{path}: no current-context")
     context = _named(config.get("contexts"), current, "context", path)

@@ -219,3 +219,26 @@ def test_kubectl_plugin_reads_the_namespace_of_the_kubeconfig_context(cluster: t
                                 "--controller", ""]) == 2
     assert "no ResourceClaim named 'job-0'" in capsys.readouterr().err
     assert kubectl_plugin.main(["explain", "deployment/x", "--kubeconfig", ml]) == 2
+
+
+def test_kubectl_plugin_takes_the_namespace_from_every_file_kubeconfig_names(
+        cluster: tuple[LocalApiServer, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # $KUBECONFIG may name several files, as kubectl merges them: the current context can be set in
+    # one and defined in another, and the first file to name a context wins.
+    _, kubeconfig = cluster
+    with open(kubeconfig) as f:
+        config = yaml.safe_load(f)
+    base = tempfile.mkdtemp(dir="/tmp")
+    first, second = os.path.join(base, "first"), os.path.join(base, "second")
+    with open(first, "w") as f:
+        yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "current-context": "ml-team",
+                        "contexts": [{"name": "ml-team", "context": {**config["contexts"][0]["context"],
+                                                                     "namespace": "ml"}}]}, f)
+    with open(second, "w") as f:
+        yaml.safe_dump({**config, "current-context": "other",
+                        "contexts": [{"name": "ml-team", "context": {"cluster": "x", "namespace": "elsewhere"}},
+                                     {"name": "other", "context": {"cluster": "x", "namespace": "other-ns"}}]}, f)
+    monkeypatch.setenv("KUBECONFIG", os.pathsep.join([first, second]))
+    assert kubectl_plugin.context_namespace("", "") == "ml"
+    assert kubectl_plugin.context_namespace("", "other") == "other-ns"
+    assert kubectl_plugin.context_namespace(second, "") == "other-ns"

@@ -64,10 +64,16 @@ def explain_service(e2e: E2E) -> Iterator[str]:
         e2e.core.delete_namespace(HOST_NAMESPACE)
 
 
-def _explain(e2e: E2E, namespace: str, controller: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "controller.kubectl_plugin", "explain", "resourceclaim/nowhere",
-                           "-n", namespace, "--kubeconfig", e2e.cluster.kubeconfig, "--controller", controller],
+def _explain(e2e: E2E, namespace: str, controller: str, *python_flags: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *python_flags, "-m", "controller.kubectl_plugin", "explain",
+                           "resourceclaim/nowhere", "-n", namespace, "--kubeconfig", e2e.cluster.kubeconfig,
+                           "--controller", controller],
                           capture_output=True, text=True, timeout=120, cwd=REPO, check=False)
+
+
+def _imported(stderr: str) -> set[str]:
+    """The modules a ``python -X importtime`` run imported (its stderr's table)."""
+    return {line.rsplit("|", 1)[1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
 
 
 def test_explain_is_answered_by_the_controller_as_a_list_would(e2e: E2E, namespace: str, explain_service: str) -> None:
@@ -83,6 +89,15 @@ def test_explain_is_answered_by_the_controller_as_a_list_would(e2e: E2E, namespa
     assert asked.returncode == listed.returncode == 1, (asked.stderr, listed.stderr)
     assert asked.stdout == listed.stdout
     assert 'productName == "no such GPU"' in asked.stdout
+    # Answered by the controller, the command loads neither the planner (CEL and its parser) nor the
+    # kubernetes package's generated API (together over a second of a fresh process's start): a
+    # person waits for the answer, not for imports.
+    timed = _explain(e2e, namespace, explain_service, "-X", "importtime")
+    assert timed.stdout == asked.stdout
+    loaded = _imported(timed.stderr)
+    assert "controller.explain_command" in loaded, timed.stderr[-500:]
+    assert not {m for m in loaded if m.startswith(("controller.planning", "celpy", "kubernetes"))}, \
+        sorted(m for m in loaded if m.startswith(("controller.planning", "celpy", "kubernetes")))
     # A Service that is not there: the command says so and lists the fleet instead, with the same answer.
     missing = _explain(e2e, namespace, f"{namespace}/no-such-service")
     assert "the controller did not answer" in missing.stderr and missing.stdout == listed.stdout
