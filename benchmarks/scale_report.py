@@ -64,6 +64,19 @@ def last_run(path: Path = SCALE_RESULTS) -> tuple[int, list[dict[str, Any]]]:
     return run, [r for r in rows if int(r.get("run", 0)) == run]
 
 
+def last_series(path: Path = SCALE_RESULTS) -> list[tuple[int, list[dict[str, Any]]]]:
+    """The runs to show side by side: every run of the last run's ``series`` (repeats of one
+    setting, e.g. issue 44's three runs per size), in run order; the last run alone when it names
+    no series."""
+    run, rows = last_run(path)
+    series = next((r.get("series") for r in rows if r.get("series")), None)
+    if not series:
+        return [(run, rows)] if rows else []
+    every = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    runs = sorted({int(r.get("run", 0)) for r in every if r.get("series") == series})
+    return [(k, [r for r in every if int(r.get("run", 0)) == k]) for k in runs]
+
+
 def _cell(matches: list[dict[str, Any]], how: str) -> str:
     if not matches:
         return ""
@@ -74,15 +87,17 @@ def _cell(matches: list[dict[str, Any]], how: str) -> str:
     return " / ".join(_fmt(m["median"]) for m in matches)
 
 
-def _slice_rows(rows: list[dict[str, Any]]) -> list[str]:
-    """What the fleet's slices weigh: bytes and slices per node for each node kind, in the bench's order."""
+def _slice_rows(rows: list[dict[str, Any]], columns: int = 1) -> list[str]:
+    """What the fleet's slices weigh: bytes and slices per node for each node kind, in the bench's order
+    (the same in every run of a series: shown in the last column)."""
     out = []
     for what, label in (("ResourceSlice bytes per node", "ResourceSlice bytes per node (JSON)"),
                         ("ResourceSlices per node", "ResourceSlices per node")):
         kinds = [(m.group(1), r["median"]) for r in rows
                  if (m := re.match(rf"N=\d+ ([\w-]+): {what}\b", str(r["name"])))]
         if kinds:
-            out.append(f"| {label}: {' / '.join(k for k, _ in kinds)} | {' / '.join(_fmt(v) for _, v in kinds)} |")
+            out.append(f"| {label}: {' / '.join(k for k, _ in kinds)} | {' | ' * (columns - 1)}"
+                       f"{' / '.join(_fmt(v) for _, v in kinds)} |")
     return out
 
 
@@ -97,29 +112,34 @@ def shaped_cost_ratio(rows: list[dict[str, Any]], n: int) -> float:
 
 
 def render_scale(path: Path = SCALE_RESULTS) -> list[str]:
-    """Markdown lines: the last run's table per fleet size."""
-    run, rows = last_run(path)
-    if not rows:
+    """Markdown lines: one table per fleet size, a column per run of the last series."""
+    runs = last_series(path)
+    if not runs:
         return []
+    rows = [r for _, figures in runs for r in figures]
+    numbers = [k for k, _ in runs]
     sizes = sorted({int(m.group(1)) for r in rows if (m := re.match(r"N=(\d+)", str(r["name"])))})
     rates = sorted({m.group(1) for r in rows if (m := re.search(r"scheduler (QPS [^)(]*?)(?= \()", str(r["name"])))})
+    which = (f"run {numbers[0]} of" if len(numbers) == 1
+             else f"runs {', '.join(str(k) for k in numbers[:-1])} and {numbers[-1]}, side by side, of")
     out = ["", "## At scale: a GPU fleet on one real control plane (micro-benchmark of the control plane)", "",
-           f"`python -m benchmarks.bench_fleet` (run {run} of `docs/scale-results.jsonl`; setup, every figure and",
+           f"`python -m benchmarks.bench_fleet` ({which} `docs/scale-results.jsonl`; setup, every figure and",
            "how to read them: [scale.md](scale.md)). Real etcd, kube-apiserver and kube-scheduler v1.37.2, N fake",
            "nodes (no kubelet) publishing gpuready's own slices for a mixed fleet, 200 pods per scenario, scheduler",
            f"client {', '.join(rates) or 'QPS 50 (default)'}; gpuready's controller as its own process. Time per pod",
            "is 1 / pods per second.", ""]
     for n in sizes:
-        mine = [r for r in rows if re.match(rf"N={n}\b", str(r["name"]))]
-        out += [f"### N = {n:,}", "", "| figure | value |", "|---|---|"]
+        per_run = [[r for r in figures if re.match(rf"N={n}\b", str(r["name"]))] for _, figures in runs]
+        head = " | ".join(f"run {k}" for k in numbers) if len(numbers) > 1 else "value"
+        out += [f"### N = {n:,}", "", f"| figure | {head} |", "|---|" + "---|" * len(numbers)]
         for label, pattern, how in _ROWS:
-            cell = _cell([r for r in mine if re.search(pattern, str(r["name"]))], how)
-            if cell:
-                out.append(f"| {label} | {cell} |")
-        out += _slice_rows(mine)
-        ratio = shaped_cost_ratio(rows, n)
-        if not math.isnan(ratio):
-            out.append(f"| **(b) / (a) time per pod: what shaping costs the scheduler** (target < 1.5) | "
-                       f"**{ratio:.2f}** |")
+            cells = [_cell([r for r in mine if re.search(pattern, str(r["name"]))], how) for mine in per_run]
+            if any(cells):
+                out.append(f"| {label} | {' | '.join(cells)} |")
+        out += _slice_rows(per_run[-1], len(numbers))
+        ratios = [shaped_cost_ratio(figures, n) for _, figures in runs]
+        if not all(math.isnan(r) for r in ratios):
+            out.append("| **(b) / (a) time per pod: what shaping costs the scheduler** (target < 1.5) | "
+                       + " | ".join("" if math.isnan(r) else f"**{r:.2f}**" for r in ratios) + " |")
         out.append("")
     return out

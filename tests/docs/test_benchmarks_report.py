@@ -120,3 +120,28 @@ def test_update_replaces_only_the_areas_run_and_keeps_a_failed_areas_figures(tmp
     kept = {json.loads(x)["area"]: json.loads(x)["median"] for x in results.read_text().splitlines()}
     assert kept == {"kubelet": 2.0, "prepare": 1.0, "publish": 1.0}
     assert "| prepare | prepare figure |" in (tmp_path / "benchmarks.md").read_text()
+
+
+def test_scale_section_puts_the_runs_of_one_series_side_by_side(tmp_path: Path) -> None:
+    # Issue 44 asks for three runs per fleet size: a reader compares them column by column, and an
+    # older run outside the series stays out of the table.
+    from benchmarks.scale_report import render_scale
+
+    def row(run: int, name: str, median: float, series: str = "three") -> str:
+        return json.dumps({"run": run, "name": name, "unit": "pods/s", "n": 1, "median": median, "p99": median,
+                           **({"series": series} if series else {})})
+
+    plain, shaped = ("N=1000 scheduler QPS 500 (a-claim) 200 pods, plain: pods bound per second",
+                     "N=1000 scheduler QPS 500 (b-shaped) 200 pods, shaped: pods bound per second")
+    results = tmp_path / "scale-results.jsonl"
+    results.write_text("\n".join([
+        row(4, plain, 77.0, ""),
+        row(5, plain, 9.0), row(5, shaped, 6.0),
+        row(6, plain, 8.0), row(6, shaped, 8.0),
+        row(7, plain, 10.0), row(7, shaped, 5.0),
+    ]) + "\n")
+    text = "\n".join(render_scale(results))
+    assert "runs 5, 6 and 7, side by side, of" in text
+    assert "| figure | run 5 | run 6 | run 7 |" in text
+    assert "| (a) one-GPU claim each: pods bound per second | 9 | 8 | 10 |" in text and "77" not in text
+    assert "(target < 1.5) | **1.50** | **1.00** | **2.00** |" in text
