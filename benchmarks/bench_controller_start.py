@@ -5,8 +5,9 @@ The fleet is bench_fleet's (``fleet_slices``: gpuready's own slice builder over 
 profiles, a quarter each of h100-static, h200-whole, h200-dynamic and h200-shared nodes, every GPU
 with a UUID of its own) and N Nodes as bench_fleet makes them, each object with the metadata and
 managed fields the API server adds. A stand-in list server in a process of its own serves them as
-kube-apiserver does (``limit`` and ``continue`` pages of compact JSON, watches that stay open, 404
-for the rest), from bytes prepared beforehand: so the figures are the controller's own work (HTTP,
+kube-apiserver does (``limit`` and ``continue`` pages of compact JSON, the whole list in one answer
+without ``limit``, items without a kind of their own, watches that stay open, 404 for the rest),
+from bytes prepared beforehand: so the figures are the controller's own work (HTTP,
 decoding, parsing, the inventory build), with the server's CPU on the other core, as on a real
 control plane; the real API server's own encoding of the list is not in them (bench_fleet's
 ``controller_at_scale`` has it).
@@ -67,7 +68,9 @@ def fleet_objects(n: int) -> dict[str, list[bytes]]:
     vram = yaml.safe_load((ROOT / "deploy/deviceclasses/vram.gpu.nvidia.com.yaml").read_text())
 
     def encoded(objs: list[dict[str, Any]]) -> list[bytes]:
-        return [json.dumps(_with_metadata(o, i), separators=(",", ":")).encode() for i, o in enumerate(objs)]
+        # As kube-apiserver lists a built-in kind: the items carry no kind or apiVersion of their own.
+        return [json.dumps({k: v for k, v in _with_metadata(o, i).items() if k not in ("kind", "apiVersion")},
+                           separators=(",", ":")).encode() for i, o in enumerate(objs)]
 
     return {"/apis/resource.k8s.io/v1/resourceslices": encoded(slices), "/api/v1/nodes": encoded(nodes),
             "/apis/resource.k8s.io/v1/deviceclasses": encoded([dict(CLASS), vram])}

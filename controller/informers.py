@@ -20,7 +20,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
@@ -36,7 +36,7 @@ from controller.object_trim import trim_object
 from controller.planning import Inventory, Skipped, build_inventory
 from controller.planning.interning import Interner
 from controller.planning.published_slice import PublishedSlice, compact_slice
-from controller.planning.slice_wire import compact_slice_bytes, decode_slice_page
+from controller.planning.slice_wire import compact_slice_bytes, decode_slice_page, decode_slice_stream
 from dra_driver import informer as list_watch
 from dra_driver.informer import object_key
 from dra_driver.logs import get_logger
@@ -99,10 +99,11 @@ class Informer(Generic[T]):
 
     def __init__(self, api: KubeApi, kind: Kind, resync_s: float = 300.0,
                  keep: Callable[[dict[str, Any]], T] = trim_object,  # type: ignore[assignment]
-                 page_decoder: Callable[[bytes], dict[str, Any]] | None = None) -> None:
+                 page_decoder: Callable[[bytes], dict[str, Any]] | None = None,
+                 stream_decoder: Callable[[Iterator[bytes]], dict[str, Any]] | None = None) -> None:
         self.api, self.kind, self.resync_s, self._keep = api, kind, resync_s, keep
-        # Lists may arrive already kept (the slices' decoder makes PublishedSlice records from bytes).
-        self._page_decoder = page_decoder
+        # Lists may arrive already kept (the slices' decoders make PublishedSlice records from bytes).
+        self._page_decoder, self._stream_decoder = page_decoder, stream_decoder
         self._lock = threading.Lock()
         self._cache: dict[str, T] = {}
         self._versions: dict[str, int] = {}  # resourceVersion of each cached object
@@ -122,7 +123,8 @@ class Informer(Generic[T]):
             resync_s=self.resync_s, backoff=BACKOFF,
             watch_timeout_s=min(list_watch.WATCH_TIMEOUT_SECONDS, max(1, int(self.resync_s))),
             log_fields={"kind": kind.name}, name=f"informer-{kind.name}",
-            page_size=SLICE_PAGE_SIZE if kind is SLICES else LIST_PAGE_SIZE, page_decoder=self._page_decoder)
+            page_size=SLICE_PAGE_SIZE if kind is SLICES else LIST_PAGE_SIZE, page_decoder=self._page_decoder,
+            stream_decoder=self._stream_decoder)
 
     # --- reading ---------------------------------------------------------------------------------
     def add_handler(self, handler: Handler) -> None:
@@ -328,7 +330,8 @@ class ClusterCache:
         self._interner = Interner()
         self._intern_lock = threading.Lock()
         self.slices: Informer[PublishedSlice] = Informer(api, SLICES, resync_s, keep=self._compact_slice,
-                                                         page_decoder=self._slice_page)
+                                                         page_decoder=self._slice_page,
+                                                         stream_decoder=self._slice_stream)
         self.claims: Informer[dict[str, Any]] = Informer(api, CLAIMS, resync_s)
         self.classes: Informer[dict[str, Any]] = Informer(api, CLASSES, resync_s)
         self.nodes: Informer[dict[str, Any]] = Informer(api, NODES, resync_s)
@@ -373,6 +376,10 @@ class ClusterCache:
         # A list's slices go from the API server's bytes to what planning keeps with no dict between
         # (controller.planning.slice_wire): at 5,000 nodes, 180 MB of JSON.
         return decode_slice_page(data, self._slice_bytes)
+
+    def _slice_stream(self, chunks: Iterator[bytes]) -> dict[str, Any]:
+        # The first list: the API server's watch cache in one answer, each slice kept as it arrives.
+        return decode_slice_stream(chunks, self._slice_bytes)
 
     def _changed(self, event: str, _key: str, _obj: object) -> None:
         if event == "RESYNC":  # the cache handed round again, unchanged: nothing to rebuild

@@ -14,7 +14,9 @@ Four users, each with its own callbacks on the same loop:
 The contract, in the order things happen:
 
 1. **List.** ``GET <path>`` (with the field selector) returns every object and the collection's
-   ``resourceVersion`` (RV): the point in the server's history the list shows.
+   ``resourceVersion`` (RV): the point in the server's history the list shows. An informer with a
+   ``stream_decoder`` reads its first list from the API server's watch cache
+   (``resourceVersion=0``, one answer read as it arrives); every other list is a consistent read.
 2. **Watch from that RV.** ``GET <path>?watch=true&resourceVersion=<RV>&allowWatchBookmarks=true``
    streams every change *after* the list, one JSON event per line: ADDED, MODIFIED and DELETED go to
    ``on_event``; each event's object carries its new RV, which becomes the informer's RV.
@@ -71,6 +73,7 @@ log = get_logger(__name__)
 WATCH_TIMEOUT_SECONDS = 300  # the server ends each watch after this; the informer resumes it
 READ_SLACK_SECONDS = 30.0  # a stream silent this long past its timeout is dead, not idle
 RELIST_AFTER_FAILURES = 3
+STREAM_CHUNK = 1 << 20  # bytes read at a time from a streamed list
 EVENT_TYPES = ("ADDED", "MODIFIED", "DELETED")
 
 EventCallback = Callable[[str, dict[str, Any]], None]
@@ -208,6 +211,13 @@ class Informer:
     ``page_decoder``: turns a list answer's bytes into its dict (``metadata``, ``items``) instead
     of ``json``; its items may be records of its own (:class:`Listed`), handed to ``on_event`` as
     they are. Watch events are always JSON dicts.
+    ``stream_decoder``: the first list is one request answered from the API server's watch cache
+    (``resourceVersion=0``, as client-go's reflector lists first), read as it arrives: the decoder
+    turns the answer's chunks into its dict (``metadata`` first, then ``items`` as they come), so
+    the informer takes in each object while the rest is still on its way, and never holds the
+    whole answer. A paged list from etcd can take the API server twice as long (measured with 5,000
+    nodes' ResourceSlices: 5.4 s against 2.5 s). Later lists (after a 410, or when the first one
+    failed) are paged consistent reads, which never go back in time.
     """
 
     def __init__(self, api: ListWatchApi, path: str, *, field_selector: str = "", label_selector: str = "",
@@ -217,7 +227,8 @@ class Informer:
                  deliver_initial: bool = True, backoff: Backoff = Backoff(),
                  relist_after: int = RELIST_AFTER_FAILURES, watch_timeout_s: int = WATCH_TIMEOUT_SECONDS,
                  log_fields: Mapping[str, Any] | None = None, name: str = "informer",
-                 page_size: int | None = None, page_decoder: Callable[[bytes], dict[str, Any]] | None = None) -> None:
+                 page_size: int | None = None, page_decoder: Callable[[bytes], dict[str, Any]] | None = None,
+                 stream_decoder: Callable[[Iterator[bytes]], dict[str, Any]] | None = None) -> None:
         self.api = api
         self.path = path
         self.field_selector = field_selector
@@ -236,6 +247,8 @@ class Informer:
         self.name = name
         self.page_size = page_size
         self.page_decoder = page_decoder
+        self.stream_decoder = stream_decoder
+        self._streamed = False  # the one list read from the watch cache was tried
         self._known: dict[str, str] = {}  # key -> resourceVersion of every object seen
         self._known_lock = threading.Lock()
         self._rv = ""
@@ -378,6 +391,10 @@ class Informer:
     def _pages(self) -> Iterator[dict[str, Any]]:
         """The list's answers, one page at a time (one answer when not paged); each next page is
         already on its way while the caller reads the one before."""
+        if self.stream_decoder is not None and not self._streamed:
+            self._streamed = True
+            yield from self._streamed_list()
+            return
         query = self._selector()
         if self.page_size:
             query = [*query, ("limit", str(self.page_size))]
@@ -390,6 +407,18 @@ class Informer:
             following = _Prefetch(self._get_page, [*query, ("continue", token)], f"{self.name}-page")
             yield answer
             answer = following.result()
+
+    def _streamed_list(self) -> Iterator[dict[str, Any]]:
+        """The first list, from the API server's watch cache, decoded as it arrives (``stream_decoder``)."""
+        assert self.stream_decoder is not None
+        response = self.api.open_stream(self.path, [*self._selector(), ("resourceVersion", "0")],
+                                        self.watch_timeout_s + READ_SLACK_SECONDS)
+        self._response = response  # stop() unblocks this read as it does a watch's
+        try:
+            yield self.stream_decoder(response.chunks(STREAM_CHUNK))
+        finally:
+            self._response = None
+            response.close()
 
     def _list(self) -> None:
         with self._known_lock:

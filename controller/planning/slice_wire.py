@@ -25,7 +25,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from sys import intern
 from typing import Any
 
@@ -133,6 +133,59 @@ def decode_slice_page(data: bytes, keep: Callable[[msgspec.Raw], PublishedSlice]
         return decoded
     return {"metadata": {"resourceVersion": page.metadata.resourceVersion, "continue": page.metadata.continue_},
             "items": (keep(item) for item in page.items)}
+
+
+# Between two items of a ResourceSlice list as the API server writes it: each item opens with its
+# metadata. The sequence cannot occur inside a string (a quote there is escaped), and no object
+# within a ResourceSlice opens with a "metadata" key, so it is always an item boundary.
+_NEXT_ITEM = b'},{"metadata":'
+_ITEMS = b'"items":['
+
+
+def decode_slice_stream(chunks: Iterator[bytes], keep: Callable[[bytes | msgspec.Raw], PublishedSlice]
+                        ) -> dict[str, Any]:
+    """A ResourceSlice list answer read as it arrives (``chunks``): ``metadata`` at once, then
+    ``items``, each slice handed to ``keep`` (:func:`compact_slice_bytes`) as soon as its bytes are
+    in, so the answer (180 MB at 5,000 nodes) is parsed while the rest of it is still on its way and
+    is never held whole. An answer laid out otherwise (items that open with their ``apiVersion``, or
+    ``metadata`` after them) is read whole and decoded as a page: slower, never wrong."""
+    pending = iter(chunks)
+    head = bytearray()
+    at = -1
+    for chunk in pending:
+        head += chunk
+        at = head.find(_ITEMS)
+        if at >= 0:
+            break
+    if at >= 0:
+        frame = json.loads(bytes(head[:at]) + b'"items":[]}')
+        metadata = frame.get("metadata") if isinstance(frame, dict) else None
+        if isinstance(metadata, dict) and metadata.get("resourceVersion"):
+            return {"metadata": metadata, "items": _streamed_items(head[at + len(_ITEMS):], pending, keep)}
+    for chunk in pending:  # the metadata comes later, or there are no items: the answer whole
+        head += chunk
+    return decode_slice_page(bytes(head), keep)
+
+
+def _streamed_items(buf: bytearray, pending: Iterator[bytes], keep: Callable[[bytes | msgspec.Raw], PublishedSlice]
+                    ) -> Iterator[PublishedSlice]:
+    start = searched = 0
+    while True:
+        cut = buf.find(_NEXT_ITEM, searched)
+        if cut >= 0:
+            yield keep(bytes(buf[start:cut + 1]))
+            start = searched = cut + 2  # the next item opens with '{"metadata":'
+            continue
+        chunk = next(pending, None)
+        if chunk is None:
+            break
+        del buf[:start]  # what is kept already: the buffer holds about one chunk
+        searched = max(0, len(buf) - len(_NEXT_ITEM))
+        start = 0
+        buf += chunk
+    # The last item, and whatever closes the answer: decoded as the rest of a list.
+    for raw in _PAGE.decode(b'{"items":[' + bytes(buf[start:])).items:
+        yield keep(raw)
 
 
 def compact_slice_bytes(data: bytes | msgspec.Raw, interner: Interner) -> PublishedSlice:

@@ -9,6 +9,7 @@ what they do with the events; this file is where the fault handling is tested.""
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import threading
 import time
@@ -358,3 +359,70 @@ def test_a_large_list_is_read_in_pages_and_a_relist_reports_what_went() -> None:
     api.names.remove("s-3")
     inf._list()
     assert seen.changes()[5:] == [("DELETED", "s-3")]
+
+
+class _StreamedThenPaged(_PagedList):
+    """A server whose watch cache answers the first list in one streamed answer (resourceVersion=0);
+    a streamed answer that breaks off mid-way raises as a dropped connection does."""
+
+    def __init__(self, names: list[str], break_stream: bool = False) -> None:
+        super().__init__(names)
+        self.streams: list[dict[str, str]] = []
+        self.break_stream = break_stream
+
+    def open_stream(self, path: str, query: list[tuple[str, str]], read_timeout: float) -> Any:
+        q = dict(query)
+        self.streams.append(q)
+        body = json.dumps({"metadata": {"resourceVersion": "90"},
+                           "items": [{"metadata": {"name": n, "resourceVersion": "7"}} for n in self.names]}).encode()
+        breaks = self.break_stream
+
+        class Answer:
+            status = 200
+
+            def chunks(self, size: int = 65536) -> Any:
+                yield body[:10]
+                if breaks:
+                    raise ConnectionResetError("connection reset mid-answer")
+                yield body[10:]
+
+            def close(self) -> None:
+                pass
+
+            def shutdown(self) -> None:
+                pass
+
+        return Answer()
+
+
+def _decode_stream(chunks: Any) -> dict[str, Any]:
+    answer: dict[str, Any] = json.loads(b"".join(chunks))
+    return answer
+
+
+def test_the_first_list_streams_from_the_watch_cache_and_relists_are_paged() -> None:
+    # The first list is one answer from the API server's watch cache (resourceVersion=0, as
+    # client-go lists first), read as it arrives; a relist (after a 410) must not go back in time,
+    # so it is a paged consistent read.
+    api = _StreamedThenPaged([f"s-{i}" for i in range(3)])
+    seen = Seen()
+    inf = Informer(api, SLICES, on_event=seen.on_event, page_size=2, stream_decoder=_decode_stream)
+    inf._list()
+    assert [q.get("resourceVersion") for q in api.streams] == ["0"] and "limit" not in api.streams[0]
+    assert api.queries == [] and inf.resource_version == "90"
+    assert seen.changes() == [("ADDED", f"s-{i}") for i in range(3)]
+    inf._list()
+    assert len(api.streams) == 1 and [q.get("limit") for q in api.queries] == ["2", "2"]
+    assert inf.resource_version == "100"
+
+
+def test_a_streamed_first_list_that_breaks_off_is_listed_again_in_pages() -> None:
+    api = _StreamedThenPaged([f"s-{i}" for i in range(3)], break_stream=True)
+    seen = Seen()
+    inf = Informer(api, SLICES, on_event=seen.on_event, page_size=2, stream_decoder=_decode_stream)
+    with pytest.raises(ConnectionResetError):
+        inf._list()
+    assert inf.lists == 0 and inf.resource_version == ""  # nothing taken from the broken answer
+    inf._list()
+    assert [q.get("limit") for q in api.queries] == ["2", "2"] and inf.lists == 1
+    assert sorted(seen.changes()) == [("ADDED", f"s-{i}") for i in range(3)]

@@ -126,3 +126,59 @@ def test_anything_unusual_is_kept_exactly_as_the_dict_path_keeps_it(change: Any)
 def test_an_answer_that_is_not_a_slice_list_is_decoded_as_plain_json() -> None:
     assert wire.decode_slice_page(b'{"kind":"Status","items":{"odd":1}}', lambda data: None) == {  # type: ignore[arg-type,return-value]
         "kind": "Status", "items": {"odd": 1}}
+
+
+def _api_server_list(slices: list[dict[str, Any]], rv: str = "4242") -> bytes:
+    """A ResourceSlice list laid out as kube-apiserver writes one: the list's metadata first, then the
+    items, each opening with its own metadata (a typed list's items carry no kind)."""
+    items = [{k: v for k, v in s.items() if k not in ("apiVersion", "kind")} for s in slices]
+    return json.dumps({"kind": "ResourceSliceList", "apiVersion": "resource.k8s.io/v1",
+                       "metadata": {"resourceVersion": rv}, "items": items}, separators=(",", ":")).encode()
+
+
+def _in_chunks(data: bytes, size: int) -> list[bytes]:
+    return [data[i:i + size] for i in range(0, len(data), size)]
+
+
+@pytest.mark.parametrize("size", [1, 13, 4096, 1 << 20])
+def test_a_list_read_as_it_arrives_keeps_what_the_whole_page_keeps(size: int) -> None:
+    # The first list is read as it arrives, a chunk at a time, wherever the chunks happen to split:
+    # every slice must come out exactly as from the whole answer, in order, with the list's version.
+    data = _api_server_list([*_fleet(), *_published_fleet()])
+    whole = wire.decode_slice_page(data, lambda raw: wire.compact_slice_bytes(raw, Interner()))
+    kept: list[int] = []
+
+    def keep(raw: Any) -> PublishedSlice:
+        kept.append(len(bytes(raw)))
+        return wire.compact_slice_bytes(raw, Interner())
+
+    streamed = wire.decode_slice_stream(iter(_in_chunks(data, size)), keep)
+    assert streamed["metadata"]["resourceVersion"] == "4242"
+    assert [_facts(s) for s in streamed["items"]] == [_facts(s) for s in whole["items"]]
+    # one slice at a time: each piece handed on is exactly one item's bytes, never more of the answer
+    items = json.loads(data)["items"]
+    assert kept == [len(json.dumps(i, separators=(",", ":")).encode()) for i in items]
+
+
+@pytest.mark.parametrize("answer", [
+    _api_server_list([]),
+    json.dumps({"items": [resource_slice("n", [gpu_device(0, node="n")])],
+                "metadata": {"resourceVersion": "9"}}).encode(),  # the version after the items
+    json.dumps({"apiVersion": "v1", "metadata": {"resourceVersion": "9"},
+                "items": [resource_slice("n", [gpu_device(0, node="n")])]}).encode(),  # items open with apiVersion
+])
+def test_a_list_laid_out_otherwise_is_still_read_right(answer: bytes) -> None:
+    streamed = wire.decode_slice_stream(iter(_in_chunks(answer, 7)), lambda raw: wire.compact_slice_bytes(raw, Interner()))
+    expected = json.loads(answer)
+    assert streamed["metadata"]["resourceVersion"] == expected["metadata"]["resourceVersion"]
+    assert [s.name for s in streamed["items"]] == [s["metadata"]["name"] for s in expected["items"]]
+
+
+def test_a_list_cut_short_is_an_error_not_a_shorter_list() -> None:
+    # A connection dropped mid-answer must fail the list (the informer lists again), never deliver
+    # the slices that arrived as if they were the fleet.
+    data = _api_server_list(_published_fleet())
+    streamed = wire.decode_slice_stream(iter([data[: len(data) * 2 // 3]]),
+                                        lambda raw: wire.compact_slice_bytes(raw, Interner()))
+    with pytest.raises(ValueError):  # msgspec's DecodeError (or json's) for the cut item
+        list(streamed["items"])
