@@ -48,10 +48,9 @@ def context_namespace(kubeconfig: str, context: str) -> str:
     ``~/.kube/config``."""
     import os
 
-    from dra_driver.kube_connection import KubeConfigError, read_kubeconfig
+    from dra_driver.kube_connection import KubeConfigError, kubeconfig_paths, read_kubeconfig
 
-    paths = [kubeconfig] if kubeconfig else ([p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
-                                             or [os.path.expanduser("~/.kube/config")])
+    paths = kubeconfig_paths(kubeconfig)
     current, contexts = context, dict[str, Any]()
     for path in paths:
         try:

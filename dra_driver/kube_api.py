@@ -17,7 +17,13 @@ from typing import Any
 from urllib.parse import urlencode
 
 from dra_driver.http_transport import ApiUnreachable, StreamingResponse, plain_words
-from dra_driver.kube_connection import KubeConfigError, KubeConnection, in_cluster, simple_kubeconfig
+from dra_driver.kube_connection import (
+    KubeConfigError,
+    KubeConnection,
+    in_cluster,
+    kubeconfig_paths,
+    simple_kubeconfig,
+)
 
 REQUEST_TIMEOUT = (5.0, 15.0)  # connect, read: a hung API server must not hang a daemon's thread
 JSON = "application/json"
@@ -169,13 +175,13 @@ def connect(kubeconfig: str = "", flag: str = "--kubeconfig", context: str = "")
 
     if not kubeconfig and not context and os.environ.get("KUBERNETES_SERVICE_HOST"):
         return in_cluster()
-    paths = [kubeconfig] if kubeconfig else [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    paths = kubeconfig_paths(kubeconfig)
     if len(paths) > 1:  # kubectl merges them: so does the kubernetes client
         try:
             return KubeConnection.of(make_api_client("", flag, context))
         except Exception as exc:
             raise KubeConfigError(str(exc)) from exc
-    path = paths[0] if paths else os.path.expanduser("~/.kube/config")
+    path = paths[0]
     if not os.path.isfile(path):
         if kubeconfig:
             raise KubeConfigError(f"{flag} {kubeconfig}: no such file; pass a kubeconfig (e.g. one written by "

@@ -167,6 +167,14 @@ def _file_or_data(user: dict[str, Any], field: str, base: str, scratch: list[str
     return os.path.join(base, value) if value else None
 
 
+def kubeconfig_paths(kubeconfig: str = "") -> list[str]:
+    """The kubeconfig files to read, as kubectl picks them: ``kubeconfig`` when given, else every file
+    ``$KUBECONFIG`` names (merged, the first to set a value wins), else ``~/.kube/config``."""
+    if kubeconfig:
+        return [kubeconfig]
+    return [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p] or [os.path.expanduser("~/.kube/config")]
+
+
 def read_kubeconfig(path: str) -> Any:
     """The parsed kubeconfig file: JSON without importing PyYAML when it is JSON, else YAML.
 
