@@ -90,7 +90,8 @@ def test_unhealthy_device_sets_condition_tells_pods_evicts_only_controlled_pods_
 
     # The pod with a controller is evicted (its ReplicaSet would recreate it on a healthy GPU) ...
     wait_for("owned pod evicted", lambda: api.get(pod_path(NS, "owned")) is None)
-    assert events(api, "owned", "DeviceUnhealthy") and events(api, "owned", "Evicted")
+    assert events(api, "owned", "DeviceUnhealthy")  # told before the eviction was asked for
+    wait_for("Evicted on owned", lambda: events(api, "owned", "Evicted"))  # written just after it
     # ... the bare pod is not: nothing would recreate it. It is told why.
     [why] = wait_for("NotEvicted on bare", lambda: events(api, "bare", "NotEvicted"))
     assert "no controller" in why["message"]

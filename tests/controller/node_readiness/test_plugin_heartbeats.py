@@ -97,10 +97,12 @@ def test_a_dead_plugin_is_tainted_within_the_threshold_and_lifted_when_it_return
         assert rule["spec"]["taint"]["effect"] == "NoSchedule"
         # The local server serves no ClusterRoles: the rule goes without an owner (logged), not unwritten.
         assert "ownerReferences" not in rule["metadata"]
+        # The leader writes the rule, then GPUReady, then the Event: each is waited for in that order,
+        # since a reader can see the rule before the next write lands.
+        wait_for("the Event", lambda: "GPUPluginNotRunning" in events(api))
         cond = gpu_ready(api)
         assert (cond["status"], cond["reason"]) == ("False", "PluginNotRunning")
         assert "gpuready-plugin-node-a" in cond["message"] and "claims already prepared keep" in cond["message"]
-        assert "GPUPluginNotRunning" in events(api)
         assert list(rules(api)) == ["gpuready-plugin-down-node-a"]  # node-b, renewing, is untouched
         assert sample(ctrl, "gpuready_controller_plugin_down", node="node-a") == 1
         assert sample(ctrl, "gpuready_controller_plugin_down", node="node-b") is None
@@ -113,7 +115,7 @@ def test_a_dead_plugin_is_tainted_within_the_threshold_and_lifted_when_it_return
             assert time.monotonic() - returned <= 2.0
             wait_for("the plugin's own GPUReady back", lambda: gpu_ready(api)["reason"] == "AllGPUsReady")
             assert gpu_ready(api)["status"] == "True"
-            assert "GPUPluginRunning" in events(api)
+            wait_for("the Event", lambda: "GPUPluginRunning" in events(api))
             assert sample(ctrl, "gpuready_controller_plugin_down", node="node-a") is None
             assert sample(ctrl, "gpuready_controller_plugin_down_changes_total", action="lift", result="success") == 1
         finally:
