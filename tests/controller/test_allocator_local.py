@@ -134,8 +134,9 @@ def test_unfit_claim_gets_an_event_and_runs_once_the_device_is_returned(world: d
     assert event["type"] == "Warning"
     assert "cannot be allocated" in event["message"] and "in use" in event["message"]
     assert bound(api, "second") is None
-    unfit = ctrl.metrics.registry.get_sample_value("gpuready_controller_unfit_claims", {"reason": "in_use"})
-    assert unfit == 1
+    # The gauge is set when the pass ends, after the Event it posted on the way.
+    wait_for("the in-use gauge at 1", lambda: ctrl.metrics.registry.get_sample_value(
+        "gpuready_controller_unfit_claims", {"reason": "in_use"}) == 1)
 
     # The first pod goes away: its generated claim is deallocated, released and garbage collected,
     # and the H200 goes to the second pod.

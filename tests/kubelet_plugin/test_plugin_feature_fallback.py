@@ -69,6 +69,9 @@ def test_shared_gpus_without_consumable_capacity_publish_whole_gpus_and_say_so(
             caplog.at_level(logging.INFO, logger="kubelet_plugin"):
         plugin = h.start_plugin(node, "sim:8xh100", shared_gpus=True)
         wait_for("fallback to whole GPUs", lambda: plugin.pool.fallback.shared_gpus is False)
+        # The pool hands the publisher the whole-GPU slices, then posts the Event: once the Event is
+        # there, "synced" means the whole-GPU slices are written, not the shared ones before them.
+        wait_for("the fallback's Event", lambda: _node_events(h, node, "SharedGpusFallback"))
         assert plugin.kubelet.publisher.wait_until_synced(20)
         writes = plugin.kubelet.publisher.stats().updates + plugin.kubelet.publisher.stats().creates
         plugin.kubelet.publisher.resync()

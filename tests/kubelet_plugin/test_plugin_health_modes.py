@@ -24,6 +24,12 @@ def _start_with_gpu0_failed(h: PluginHarness, node: str, health_mode: str) -> tu
     assert plugin.health_monitor.wait_validated(60)
     plugin.nvml.faults.inject_xid(0, 79)
     reason = wait_for("gpu-0 unhealthy", lambda: plugin.health_monitor.snapshot().unhealthy().get("gpu-0"))
+    # The monitor's snapshot changes before its subscribers hand the publisher the new slices: wait
+    # for what the API server holds, tainted or withdrawn.
+    if health_mode == "taint":
+        wait_for("gpu-0 published tainted", lambda: bool(h.published_taints(node).get("gpu-0")))
+    else:
+        wait_for("gpu-0 withdrawn", lambda: "gpu-0" not in h.published_taints(node))
     assert plugin.kubelet.publisher.wait_until_synced(20)
     return plugin, str(reason)
 

@@ -17,6 +17,7 @@ import pytest
 from kubelet_plugin.daemon import KubeletPlugin
 from testbed import local_faults
 from testbed.plugin_harness import PluginHarness
+from testbed.waiting import wait_for
 from tests.kubelet_plugin.test_plugin_probes import _get, _start, _wait_for
 
 
@@ -89,7 +90,8 @@ def test_a_background_loop_failing_run_after_run_is_counted_makes_the_plugin_not
                             contains="the mps-watch loop failed its last")
         assert "OSError: [Errno 24] Too many open files" in body, body
         assert _get(port, "/healthz") == (200, "ok\n")  # retried, not given up: no restart yet
-        assert _loop_failures(plugin, "mps-watch") >= 3
+        # The loop counts a failure after readiness can already see it: wait for the count.
+        wait_for("three failures counted", lambda: _loop_failures(plugin, "mps-watch") >= 3, timeout=5)
         watch.tick = healthy_tick
         _wait_for("readyz once the loop runs again", lambda: _get(port, "/readyz"), 200)
         assert watch.dead_threads() == []

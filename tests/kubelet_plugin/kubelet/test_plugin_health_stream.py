@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import grpc
 import kubernetes
 
 from proto import health_v1alpha1_pb2, health_v1alpha1_pb2_grpc
 from testbed.plugin_harness import PluginHarness
+from testbed.waiting import wait_for
 
 NODE = "hn"
 
@@ -71,11 +73,13 @@ def test_health_monitor_withdraws_device_and_stream_reports_it() -> None:
         err = kubelet.prepare([("default", "c1", uid)])[uid].error
         assert "gpu-0 is unhealthy" in err
         stream.close()
-        # People see it on the Node too.
-        assert plugin.node_status.flush(10)
-        node = kubernetes.client.CoreV1Api(h.api_client).read_node(NODE)
-        ready = next(c for c in node.status.conditions if c.type == "GPUReady")
-        assert ready.status == "False" and "79" in ready.message
+        # People see it on the Node too (its writer hears of the XID after the health stream does).
+        def gpu_ready_false() -> Any:
+            node = kubernetes.client.CoreV1Api(h.api_client).read_node(NODE)
+            ready = next(c for c in node.status.conditions or [] if c.type == "GPUReady")
+            return ready if ready.status == "False" else None
+
+        assert "79" in wait_for("GPUReady False on the Node", gpu_ready_false, timeout=10).message
 
 
 def test_a_stream_the_kubelet_closes_ends_at_once_though_it_sleeps_until_the_next_resend() -> None:
