@@ -111,7 +111,8 @@ def test_pods_bind_only_to_gpus_that_pass_the_bind_time_check(e2e: E2E, namespac
             assert "CUDA" in cond.message, cond.message  # freshness 0: a probe ran for this binding
             scheduled = next(c for c in pod.status.conditions if c.type == "PodScheduled")
             assert _time(cond.last_transition_time) <= _time(scheduled.last_transition_time)
-            assert log_has(plugin.log_path, "bind_validation_passed")
+            # Logged just after the condition that let the scheduler bind.
+            wait_for("bind_validation_passed logged", lambda: log_has(plugin.log_path, "bind_validation_passed"), 10)
             # The scheduler says it waited in PreBind (its Event on the pod).
             assert [m for r, m in e2e.events_for(namespace, "checked") if r == "BindingConditionsPending"]
             e2e.core.delete_namespaced_pod("checked", namespace, grace_period_seconds=0)
