@@ -232,8 +232,11 @@ def test_the_gpu_less_section_runs_as_written_and_uninstall_leaves_nothing(e2e: 
     wait_for("gpuready's files to leave the node", lambda: node_files(e2e, host_own) == [], 30)
     wait_for(f"{NODE}'s ResourceSlices to go", lambda: not e2e.slice_devices(), 90)
     # What the garbage collector removes after the release's own objects (the controller's pods and
-    # ReplicaSet, the heartbeat Lease) goes within a minute; anything still there then was left behind.
-    deadline = time.monotonic() + 60
-    while (left := leftover_objects(e2e.cluster, NAMESPACE)) and time.monotonic() < deadline:
-        time.sleep(1)
-    assert left == [], f"helm uninstall left objects of gpuready's behind: {left}"
+    # ReplicaSet, the heartbeat Lease) goes within a minute; anything still there then was left behind
+    # (wait_for's timeout names it: the check's last failure).
+    def nothing_left() -> bool:
+        left = leftover_objects(e2e.cluster, NAMESPACE)
+        assert left == [], f"helm uninstall left objects of gpuready's behind: {left}"
+        return True
+
+    wait_for("nothing of gpuready's left", nothing_left, 60)
